@@ -1,0 +1,42 @@
+use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+use drainwatch_common::{
+    EventKind, Tuple,
+    inet_sk_error_report::{Event, Fields},
+};
+
+use crate::util::{
+    CONFIG, IPPROTO_TCP, TupleFields, cfg, field, fill_header, reserve, task_netns, tp_tuple,
+};
+
+#[tracepoint]
+pub fn inet_sk_error_report(ctx: TracePointContext) -> u32 {
+    try_inet_sk_error_report(&ctx);
+    0
+}
+
+fn try_inet_sk_error_report(ctx: &TracePointContext) -> Option<()> {
+    let f: Fields = cfg(&CONFIG.inet_sk_error_report);
+    if field::<u16>(ctx, f.protocol)? != IPPROTO_TCP {
+        return None;
+    }
+    let mut entry = reserve::<Event>(EventKind::InetSkErrorReport)?;
+    let ev = unsafe { entry.assume_init_mut() };
+    // The format has no socket pointer: the namespace is the current task's, which is the
+    // socket owner's only in process context (userspace knows which case it has).
+    fill_header(&mut ev.header, EventKind::InetSkErrorReport, task_netns());
+    ev.tuple = Tuple::default();
+    let tf = TupleFields {
+        family: f.family,
+        sport: f.sport,
+        dport: f.dport,
+        saddr: f.saddr,
+        daddr: f.daddr,
+        saddr_v6: f.saddr_v6,
+        daddr_v6: f.daddr_v6,
+    };
+    tp_tuple(ctx, &tf, &mut ev.tuple);
+    ev.error = field::<i32>(ctx, f.error).unwrap_or(0);
+    ev._pad = 0;
+    entry.submit(0);
+    Some(())
+}

@@ -1,0 +1,46 @@
+use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+use drainwatch_common::{
+    EventKind, Tuple,
+    inet_sock_set_state::{Event, Fields},
+};
+
+use crate::util::{
+    CONFIG, IPPROTO_TCP, TupleFields, cfg, field, fill_header, reserve, sock_netns, tp_tuple,
+};
+
+#[tracepoint]
+pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
+    try_inet_sock_set_state(&ctx);
+    0
+}
+
+fn try_inet_sock_set_state(ctx: &TracePointContext) -> Option<()> {
+    let f: Fields = cfg(&CONFIG.inet_sock_set_state);
+    if field::<u16>(ctx, f.protocol)? != IPPROTO_TCP {
+        return None;
+    }
+    let skaddr = field::<u64>(ctx, f.skaddr).unwrap_or(0);
+    let mut entry = reserve::<Event>(EventKind::InetSockSetState)?;
+    let ev = unsafe { entry.assume_init_mut() };
+    fill_header(
+        &mut ev.header,
+        EventKind::InetSockSetState,
+        sock_netns(skaddr),
+    );
+    ev.skaddr = skaddr;
+    ev.tuple = Tuple::default();
+    let tf = TupleFields {
+        family: f.family,
+        sport: f.sport,
+        dport: f.dport,
+        saddr: f.saddr,
+        daddr: f.daddr,
+        saddr_v6: f.saddr_v6,
+        daddr_v6: f.daddr_v6,
+    };
+    tp_tuple(ctx, &tf, &mut ev.tuple);
+    ev.oldstate = field::<i32>(ctx, f.oldstate).unwrap_or(-1);
+    ev.newstate = field::<i32>(ctx, f.newstate).unwrap_or(-1);
+    entry.submit(0);
+    Some(())
+}

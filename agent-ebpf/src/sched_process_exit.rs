@@ -1,0 +1,39 @@
+use aya_ebpf::{helpers::bpf_get_current_task, macros::tracepoint, programs::TracePointContext};
+use drainwatch_common::{
+    ABSENT_U32, EventKind,
+    config::NO_FIELD,
+    sched_process_exit::{Event, Fields},
+};
+
+use crate::util::{CONFIG, cfg, field, fill_header, kread, reserve, task_netns};
+
+#[tracepoint]
+pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
+    try_sched_process_exit(&ctx);
+    0
+}
+
+fn try_sched_process_exit(ctx: &TracePointContext) -> Option<()> {
+    let f: Fields = cfg(&CONFIG.sched_process_exit);
+    // A process ends when its last thread does; kernels without `group_dead` fall back to the
+    // group leader's exit.
+    let group_dead = if f.group_dead == NO_FIELD {
+        let pid_tgid = aya_ebpf::helpers::bpf_get_current_pid_tgid();
+        pid_tgid as u32 == (pid_tgid >> 32) as u32
+    } else {
+        field::<u8>(ctx, f.group_dead)? != 0
+    };
+    if !group_dead {
+        return None;
+    }
+    let task = unsafe { bpf_get_current_task() };
+    let exit_code =
+        kread::<i32>(task, cfg(&CONFIG.kernel.task_exit_code)).unwrap_or(ABSENT_U32 as i32);
+    let mut entry = reserve::<Event>(EventKind::SchedProcessExit)?;
+    let ev = unsafe { entry.assume_init_mut() };
+    fill_header(&mut ev.header, EventKind::SchedProcessExit, task_netns());
+    ev.exit_code = exit_code;
+    ev.group_dead = 1;
+    entry.submit(0);
+    Some(())
+}

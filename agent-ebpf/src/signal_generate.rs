@@ -1,0 +1,33 @@
+use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+use drainwatch_common::{
+    EventKind,
+    signal_generate::{Event, Fields, SIGNALS},
+};
+
+use crate::util::{CONFIG, cfg, field, fill_header, reserve, task_netns};
+
+#[tracepoint]
+pub fn signal_generate(ctx: TracePointContext) -> u32 {
+    try_signal_generate(&ctx);
+    0
+}
+
+fn try_signal_generate(ctx: &TracePointContext) -> Option<()> {
+    let f: Fields = cfg(&CONFIG.signal_generate);
+    let sig = field::<i32>(ctx, f.sig)?;
+    if !SIGNALS.contains(&sig) {
+        return None;
+    }
+    let mut entry = reserve::<Event>(EventKind::SignalGenerate)?;
+    let ev = unsafe { entry.assume_init_mut() };
+    fill_header(&mut ev.header, EventKind::SignalGenerate, task_netns());
+    ev.sig = sig;
+    ev.target_pid = field::<i32>(ctx, f.pid).unwrap_or(-1);
+    ev.group = field::<i32>(ctx, f.group).unwrap_or(-1);
+    ev.result = field::<i32>(ctx, f.result).unwrap_or(-1);
+    ev.code = field::<i32>(ctx, f.code).unwrap_or(0);
+    ev._pad = 0;
+    ev.target_comm = field::<[u8; 16]>(ctx, f.comm).unwrap_or([0; 16]);
+    entry.submit(0);
+    Some(())
+}

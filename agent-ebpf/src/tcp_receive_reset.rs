@@ -1,0 +1,44 @@
+use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+use drainwatch_common::{
+    EventKind, Tuple,
+    tcp_receive_reset::{Event, Fields},
+};
+
+use crate::util::{
+    CONFIG, TupleFields, cfg, field, fill_header, reserve, sock_netns, sock_state, tp_tuple,
+};
+
+#[tracepoint]
+pub fn tcp_receive_reset(ctx: TracePointContext) -> u32 {
+    try_tcp_receive_reset(&ctx);
+    0
+}
+
+fn try_tcp_receive_reset(ctx: &TracePointContext) -> Option<()> {
+    let f: Fields = cfg(&CONFIG.tcp_receive_reset);
+    let skaddr = field::<u64>(ctx, f.skaddr).unwrap_or(0);
+    let mut entry = reserve::<Event>(EventKind::TcpReceiveReset)?;
+    let ev = unsafe { entry.assume_init_mut() };
+    fill_header(
+        &mut ev.header,
+        EventKind::TcpReceiveReset,
+        sock_netns(skaddr),
+    );
+    ev.skaddr = skaddr;
+    ev.sock_cookie = field::<u64>(ctx, f.sock_cookie).unwrap_or(0);
+    ev.tuple = Tuple::default();
+    let tf = TupleFields {
+        family: f.family,
+        sport: f.sport,
+        dport: f.dport,
+        saddr: f.saddr,
+        daddr: f.daddr,
+        saddr_v6: f.saddr_v6,
+        daddr_v6: f.daddr_v6,
+    };
+    tp_tuple(ctx, &tf, &mut ev.tuple);
+    ev.state = sock_state(skaddr);
+    ev._pad = 0;
+    entry.submit(0);
+    Some(())
+}

@@ -1,0 +1,122 @@
+use aya_ebpf::{
+    macros::{kprobe, tracepoint},
+    programs::{ProbeContext, TracePointContext},
+};
+use drainwatch_common::{
+    ABSENT_U32, AF_INET6, EventKind, Tuple,
+    config::NO_FIELD,
+    tcp_send_reset::{Event, Fields},
+};
+
+use crate::util::{
+    CONFIG, TupleFields, cfg, field, fill_header, reserve, skb_netns, sock_netns, sock_state,
+    sock_tuple, tp_tuple,
+};
+
+#[tracepoint]
+pub fn tcp_send_reset(ctx: TracePointContext) -> u32 {
+    try_tcp_send_reset(&ctx);
+    0
+}
+
+/// Decodes a `sockaddr_in`/`sockaddr_in6` blob (6.10+ layout): family, port (network order),
+/// then the IPv4 address at 4 or the IPv6 address at 8.
+#[inline(always)]
+fn sockaddr(blob: &[u8; 28], family: &mut u16, port: &mut u16, addr: &mut [u8; 16]) {
+    *family = u16::from_ne_bytes([blob[0], blob[1]]);
+    *port = u16::from_be_bytes([blob[2], blob[3]]);
+    if *family == AF_INET6 {
+        addr.copy_from_slice(&blob[8..24]);
+    } else {
+        addr[..4].copy_from_slice(&blob[4..8]);
+    }
+}
+
+fn try_tcp_send_reset(ctx: &TracePointContext) -> Option<()> {
+    let f: Fields = cfg(&CONFIG.tcp_send_reset);
+    let skaddr = field::<u64>(ctx, f.skaddr).unwrap_or(0);
+    let netns = if skaddr != 0 {
+        sock_netns(skaddr)
+    } else {
+        field::<u64>(ctx, f.skbaddr).map_or(0, skb_netns)
+    };
+    let mut entry = reserve::<Event>(EventKind::TcpSendReset)?;
+    let ev = unsafe { entry.assume_init_mut() };
+    fill_header(&mut ev.header, EventKind::TcpSendReset, netns);
+    ev.skaddr = skaddr;
+    ev.tuple = Tuple::default();
+    if f.sockaddr_layout != 0 {
+        let t = &mut ev.tuple;
+        let mut dfamily = 0;
+        if let Some(s) = field::<[u8; 28]>(ctx, f.saddr) {
+            sockaddr(&s, &mut t.family, &mut t.sport, &mut t.saddr);
+        }
+        if let Some(d) = field::<[u8; 28]>(ctx, f.daddr) {
+            sockaddr(&d, &mut dfamily, &mut t.dport, &mut t.daddr);
+        }
+    } else {
+        let tf = TupleFields {
+            family: f.family,
+            sport: f.sport,
+            dport: f.dport,
+            saddr: f.saddr,
+            daddr: f.daddr,
+            saddr_v6: f.saddr_v6,
+            daddr_v6: f.daddr_v6,
+        };
+        tp_tuple(ctx, &tf, &mut ev.tuple);
+    }
+    ev.state = if f.state == NO_FIELD {
+        -1
+    } else if skaddr == 0 {
+        -1
+    } else {
+        field::<i32>(ctx, f.state).unwrap_or(-1)
+    };
+    ev.reason = field::<u32>(ctx, f.reason).unwrap_or(ABSENT_U32);
+    entry.submit(0);
+    Some(())
+}
+
+/// Fallback for kernels whose tracepoint misses socket-less resets: the first argument of
+/// `tcp_v4_send_reset`, `tcp_v6_send_reset` and `tcp_send_active_reset` is the socket (NULL
+/// when none matched), the second of the first two the packet answered. No reason here.
+#[inline(always)]
+fn probe_send_reset(ctx: &ProbeContext, has_skb: bool) -> Option<()> {
+    let sk: u64 = ctx.arg::<*const u8>(0).map_or(0, |p| p as u64);
+    let netns = if sk != 0 {
+        sock_netns(sk)
+    } else if has_skb {
+        ctx.arg::<*const u8>(1).map_or(0, |p| skb_netns(p as u64))
+    } else {
+        0
+    };
+    let mut entry = reserve::<Event>(EventKind::TcpSendReset)?;
+    let ev = unsafe { entry.assume_init_mut() };
+    fill_header(&mut ev.header, EventKind::TcpSendReset, netns);
+    ev.skaddr = sk;
+    ev.tuple = Tuple::default();
+    sock_tuple(sk, &mut ev.tuple);
+    ev.state = if sk == 0 { -1 } else { sock_state(sk) };
+    ev.reason = ABSENT_U32;
+    entry.submit(0);
+    Some(())
+}
+
+#[kprobe]
+pub fn kprobe_tcp_v4_send_reset(ctx: ProbeContext) -> u32 {
+    probe_send_reset(&ctx, true);
+    0
+}
+
+#[kprobe]
+pub fn kprobe_tcp_v6_send_reset(ctx: ProbeContext) -> u32 {
+    probe_send_reset(&ctx, true);
+    0
+}
+
+#[kprobe]
+pub fn kprobe_tcp_send_active_reset(ctx: ProbeContext) -> u32 {
+    probe_send_reset(&ctx, false);
+    0
+}

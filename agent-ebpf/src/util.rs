@@ -1,0 +1,156 @@
+//! What every program shares: the ring buffer, the loss counters, the configuration global and
+//! reads through BTF offsets.
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
+        bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel,
+    },
+    macros::map,
+    maps::{PerCpuArray, RingBuf, ring_buf::RingBufEntry},
+    programs::TracePointContext,
+};
+use drainwatch_common::{
+    AF_INET, AF_INET6, EventKind, Header, Tuple,
+    config::{Config, NO_FIELD, NO_OFFSET},
+};
+
+/// Overridden by the agent before load (`--ring-buffer-bytes`).
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// Reserve failures (ring buffer full), per event kind, per CPU.
+#[map]
+pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(EventKind::COUNT, 0);
+
+#[unsafe(no_mangle)]
+pub static CONFIG: Config = Config::UNSET;
+
+/// Reads a configuration value; volatile so the compiler cannot fold the load-time default.
+#[inline(always)]
+pub fn cfg<T: Copy>(p: *const T) -> T {
+    unsafe { core::ptr::read_volatile(p) }
+}
+
+/// Reserves a record, counting the failure when the ring buffer is full.
+#[inline(always)]
+pub fn reserve<T: 'static>(kind: EventKind) -> Option<RingBufEntry<T>> {
+    let entry = EVENTS.reserve::<T>(0);
+    if entry.is_none() {
+        if let Some(n) = LOST.get_ptr_mut(kind.index() as u32) {
+            unsafe { *n += 1 };
+        }
+    }
+    entry
+}
+
+#[inline(always)]
+pub fn fill_header(h: &mut Header, kind: EventKind, netns: u32) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    h.ts_ns = unsafe { bpf_ktime_get_ns() };
+    h.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    h.kind = kind as u32;
+    h.pid = pid_tgid as u32;
+    h.tgid = (pid_tgid >> 32) as u32;
+    h.netns = netns;
+    h.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+}
+
+/// Reads a tracepoint field at an offset from the format file; `None` if this kernel lacks it.
+#[inline(always)]
+pub fn field<T>(ctx: &TracePointContext, off: u16) -> Option<T> {
+    if off == NO_FIELD {
+        return None;
+    }
+    unsafe { ctx.read_at::<T>(off as usize) }.ok()
+}
+
+/// Reads a `T` at `base + off` in kernel memory; `None` for unresolved offsets or NULL bases.
+#[inline(always)]
+pub fn kread<T>(base: u64, off: u32) -> Option<T> {
+    if base == 0 || off == NO_OFFSET {
+        return None;
+    }
+    unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) }.ok()
+}
+
+#[inline(always)]
+fn net_inum(net: u64) -> u32 {
+    kread::<u32>(net, cfg(&CONFIG.kernel.net_inum)).unwrap_or(0)
+}
+
+/// Network namespace inode of a `struct sock`.
+#[inline(always)]
+pub fn sock_netns(sk: u64) -> u32 {
+    kread::<u64>(sk, cfg(&CONFIG.kernel.sock_net)).map_or(0, net_inum)
+}
+
+/// Network namespace inode of the device a packet arrived on (sockets-less paths).
+#[inline(always)]
+pub fn skb_netns(skb: u64) -> u32 {
+    let k = &CONFIG.kernel;
+    kread::<u64>(skb, cfg(&k.skb_dev))
+        .and_then(|dev| kread::<u64>(dev, cfg(&k.net_device_nd_net)))
+        .map_or(0, net_inum)
+}
+
+/// Network namespace inode of the current task.
+#[inline(always)]
+pub fn task_netns() -> u32 {
+    let k = &CONFIG.kernel;
+    let task = unsafe { bpf_get_current_task() };
+    kread::<u64>(task, cfg(&k.task_nsproxy))
+        .and_then(|ns| kread::<u64>(ns, cfg(&k.nsproxy_net_ns)))
+        .map_or(0, net_inum)
+}
+
+/// TCP state of a `struct sock`, -1 if unreadable.
+#[inline(always)]
+pub fn sock_state(sk: u64) -> i32 {
+    kread::<u8>(sk, cfg(&CONFIG.kernel.sock_state)).map_or(-1, i32::from)
+}
+
+/// The 4-tuple a `struct sock` holds (local = s*, remote = d*).
+#[inline(always)]
+pub fn sock_tuple(sk: u64, t: &mut Tuple) {
+    let k = &CONFIG.kernel;
+    t.family = kread::<u16>(sk, cfg(&k.sock_family)).unwrap_or(0);
+    t.sport = kread::<u16>(sk, cfg(&k.sock_num)).unwrap_or(0);
+    t.dport = u16::from_be(kread::<u16>(sk, cfg(&k.sock_dport)).unwrap_or(0));
+    if t.family == AF_INET {
+        t.saddr[..4]
+            .copy_from_slice(&kread::<[u8; 4]>(sk, cfg(&k.sock_rcv_saddr)).unwrap_or([0; 4]));
+        t.daddr[..4].copy_from_slice(&kread::<[u8; 4]>(sk, cfg(&k.sock_daddr)).unwrap_or([0; 4]));
+    } else if t.family == AF_INET6 {
+        t.saddr = kread::<[u8; 16]>(sk, cfg(&k.sock_v6_rcv_saddr)).unwrap_or([0; 16]);
+        t.daddr = kread::<[u8; 16]>(sk, cfg(&k.sock_v6_daddr)).unwrap_or([0; 16]);
+    }
+}
+
+/// Offsets of the classic tracepoint address fields (`TCP_EVENT_STRUCTURE` and friends).
+pub struct TupleFields {
+    pub family: u16,
+    pub sport: u16,
+    pub dport: u16,
+    pub saddr: u16,
+    pub daddr: u16,
+    pub saddr_v6: u16,
+    pub daddr_v6: u16,
+}
+
+/// Reads a tuple from separate family/port/address fields (ports are host order there).
+#[inline(always)]
+pub fn tp_tuple(ctx: &TracePointContext, f: &TupleFields, t: &mut Tuple) {
+    t.family = field::<u16>(ctx, f.family).unwrap_or(0);
+    t.sport = field::<u16>(ctx, f.sport).unwrap_or(0);
+    t.dport = field::<u16>(ctx, f.dport).unwrap_or(0);
+    if t.family == AF_INET6 {
+        t.saddr = field::<[u8; 16]>(ctx, f.saddr_v6).unwrap_or([0; 16]);
+        t.daddr = field::<[u8; 16]>(ctx, f.daddr_v6).unwrap_or([0; 16]);
+    } else {
+        t.saddr[..4].copy_from_slice(&field::<[u8; 4]>(ctx, f.saddr).unwrap_or([0; 4]));
+        t.daddr[..4].copy_from_slice(&field::<[u8; 4]>(ctx, f.daddr).unwrap_or([0; 4]));
+    }
+}
+
+pub const IPPROTO_TCP: u16 = 6;

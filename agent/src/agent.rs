@@ -1,0 +1,164 @@
+//! Wires the pipeline together and owns the process lifecycle: preflight checks, capture,
+//! HTTP, and the one place that waits for SIGTERM or SIGINT and shuts everything down.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
+
+use tokio::{
+    net::TcpListener,
+    signal::unix::{SignalKind, signal},
+    sync::{mpsc, watch},
+};
+
+use crate::{
+    capture::{self, Capture, event::Event, reader::Reader},
+    cli::Cli,
+    export::{http, metrics::Metrics},
+};
+
+/// Start-up failures: each renders as one sentence, and the binary exits 2.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error("drainwatch needs root, or the capabilities CAP_BPF and CAP_PERFMON: run it with sudo")]
+    NotPrivileged,
+    #[error("{flag} {path} does not exist or is not a directory")]
+    MissingDir { flag: &'static str, path: PathBuf },
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot set up signal handling: {0}")]
+    Signals(std::io::Error),
+    #[error(transparent)]
+    Capture(#[from] capture::CaptureError),
+    #[error("no probe could attach on this kernel; see the lines above for why")]
+    NothingAttached,
+}
+
+/// CAP_PERFMON (38) and CAP_BPF (39) from a `/proc/<pid>/status` text.
+pub fn has_bpf_caps(status: &str) -> bool {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << 38) != 0 && caps & (1 << 39) != 0)
+}
+
+fn preflight(cli: &Cli) -> Result<(), StartupError> {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let caps = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| has_bpf_caps(&s));
+    if !root && !caps {
+        return Err(StartupError::NotPrivileged);
+    }
+    for (flag, path) in [
+        ("--procfs-root", &cli.procfs_root),
+        ("--cgroupfs-root", &cli.cgroupfs_root),
+    ] {
+        if !path.is_dir() {
+            return Err(StartupError::MissingDir {
+                flag,
+                path: path.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn kernel_release(procfs_root: &Path) -> String {
+    std::fs::read_to_string(procfs_root.join("sys/kernel/osrelease"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Placeholder consumer until enrichment and correlation land: events are counted by the
+/// reader and logged at debug level here.
+async fn consume(mut rx: mpsc::Receiver<Event>) {
+    while let Some(ev) = rx.recv().await {
+        tracing::debug!(event = ?ev, "event");
+    }
+}
+
+pub async fn run(cli: Cli) -> Result<(), StartupError> {
+    preflight(&cli)?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(StartupError::Signals)?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(StartupError::Signals)?;
+    let listener = TcpListener::bind(cli.listen)
+        .await
+        .map_err(|source| StartupError::Listen {
+            addr: cli.listen,
+            source,
+        })?;
+
+    let metrics = Arc::new(Metrics::new(&kernel_release(&cli.procfs_root)));
+    let state = Arc::new(http::State {
+        metrics: metrics.clone(),
+        ready: false.into(),
+    });
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let server = tokio::spawn(http::serve(listener, state.clone(), shutdown_rx.clone()));
+    tracing::info!(listen = %cli.listen, "serving /metrics, /healthz, /readyz");
+
+    let mut capture = Capture::load(&capture::Options {
+        ring_buffer_bytes: cli.ring_buffer_bytes,
+        btf_path: cli.btf.clone(),
+        only: None,
+    })?;
+    for st in &capture.statuses {
+        if st.chosen().is_some() {
+            tracing::info!("{}", st.summary());
+        } else {
+            tracing::warn!("{}", st.summary());
+        }
+    }
+    metrics.record_plan(&capture.statuses);
+    if !capture.all_attached() {
+        return Err(StartupError::NothingAttached);
+    }
+
+    let (tx, rx) = mpsc::channel(cli.queue_events.max(1));
+    let reader = Reader::new(
+        capture.take_reader_maps()?,
+        capture.names.clone(),
+        metrics.clone(),
+        tx,
+    )?;
+    let reader = tokio::spawn(reader.run(shutdown_rx.clone()));
+    let consumer = tokio::spawn(consume(rx));
+    state.ready.store(true, Ordering::Relaxed);
+    tracing::info!("ready");
+
+    tokio::select! {
+        _ = sigterm.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = sigint.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+    state.ready.store(false, Ordering::Relaxed);
+    let _ = shutdown_tx.send(true);
+    // The reader drains what the kernel already handed over; bounded so exit stays under 1 s.
+    let _ = tokio::time::timeout(Duration::from_millis(500), reader).await;
+    drop(capture); // detaches every program
+    let _ = tokio::time::timeout(Duration::from_millis(200), consumer).await;
+    let _ = tokio::time::timeout(Duration::from_millis(100), server).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_bpf_capabilities_from_proc_status() {
+        let root = "Name:\tx\nCapEff:\t000001ffffffffff\n";
+        assert!(has_bpf_caps(root));
+        let none = "CapEff:\t0000000000000000\n";
+        assert!(!has_bpf_caps(none));
+        let perfmon_only = format!("CapEff:\t{:016x}\n", 1u64 << 38);
+        assert!(!has_bpf_caps(&perfmon_only));
+        assert!(!has_bpf_caps("garbage"));
+    }
+}

@@ -1,0 +1,212 @@
+//! Kernel struct member offsets from BTF (`/sys/kernel/btf/vmlinux`), handed to the programs so
+//! no layout is compiled in. Rust eBPF objects carry no CO-RE relocations: this replaces them.
+
+use btf_rs::{Btf, Type};
+use drainwatch_common::config::{KernelOffsets, NO_OFFSET};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BtfError {
+    #[error(
+        "cannot read kernel BTF from {path}: {source} (drainwatch needs a kernel built with CONFIG_DEBUG_INFO_BTF)"
+    )]
+    Read { path: String, source: btf_rs::Error },
+}
+
+pub fn load(path: &str) -> Result<Btf, BtfError> {
+    Btf::from_file(path).map_err(|source| BtfError::Read {
+        path: path.to_string(),
+        source,
+    })
+}
+
+/// Strips typedefs and qualifiers down to a struct or union.
+fn struct_of(btf: &Btf, mut ty: Type) -> Option<btf_rs::Struct> {
+    for _ in 0..16 {
+        ty = match ty {
+            Type::Struct(s) | Type::Union(s) => return Some(s),
+            Type::Typedef(t) => btf.resolve_chained_type(&t).ok()?,
+            Type::Const(t) | Type::Volatile(t) | Type::Restrict(t) => {
+                btf.resolve_chained_type(&t).ok()?
+            }
+            _ => return None,
+        };
+    }
+    None
+}
+
+/// Byte offset of `name` in `s`, looking through anonymous struct/union members.
+fn member_offset(btf: &Btf, s: &btf_rs::Struct, name: &str, depth: u32) -> Option<u32> {
+    if depth > 8 {
+        return None;
+    }
+    for m in &s.members {
+        let m_name = btf.resolve_name(m).unwrap_or_default();
+        if m_name == name {
+            return (m.bitfield_size().unwrap_or(0) == 0 && m.bit_offset() % 8 == 0)
+                .then_some(m.bit_offset() / 8);
+        }
+        if m_name.is_empty() {
+            let inner = btf
+                .resolve_chained_type(m)
+                .ok()
+                .and_then(|t| struct_of(btf, t));
+            if let Some(off) = inner.and_then(|i| member_offset(btf, &i, name, depth + 1)) {
+                return Some(m.bit_offset() / 8 + off);
+            }
+        }
+    }
+    None
+}
+
+/// Offset of a dotted member path (`"__sk_common.skc_net"`) in the named struct.
+pub fn offset_of(btf: &Btf, strukt: &str, path: &str) -> Option<u32> {
+    let ty = btf
+        .resolve_types_by_name(strukt)
+        .ok()?
+        .into_iter()
+        .find(|t| matches!(t, Type::Struct(_)))?;
+    let mut s = struct_of(btf, ty)?;
+    let mut total = 0;
+    let mut parts = path.split('.').peekable();
+    while let Some(part) = parts.next() {
+        total += member_offset(btf, &s, part, 0)?;
+        if parts.peek().is_some() {
+            let member = find_member(btf, &s, part, 0)?;
+            s = struct_of(btf, btf.resolve_chained_type(&member).ok()?)?;
+        }
+    }
+    Some(total)
+}
+
+fn find_member(btf: &Btf, s: &btf_rs::Struct, name: &str, depth: u32) -> Option<btf_rs::Member> {
+    if depth > 8 {
+        return None;
+    }
+    for m in &s.members {
+        let m_name = btf.resolve_name(m).unwrap_or_default();
+        if m_name == name {
+            return Some(m.clone());
+        }
+        if m_name.is_empty() {
+            let inner = btf
+                .resolve_chained_type(m)
+                .ok()
+                .and_then(|t| struct_of(btf, t));
+            if let Some(found) = inner.and_then(|i| find_member(btf, &i, name, depth + 1)) {
+                return Some(found);
+            }
+        }
+    }
+    None
+}
+
+/// Which members the programs read, as (struct, member path, slot).
+const MEMBERS: &[(&str, &str, fn(&mut KernelOffsets) -> &mut u32)] = &[
+    ("sock", "__sk_common.skc_net", |k| &mut k.sock_net),
+    ("sock", "__sk_common.skc_family", |k| &mut k.sock_family),
+    ("sock", "__sk_common.skc_state", |k| &mut k.sock_state),
+    ("sock", "__sk_common.skc_num", |k| &mut k.sock_num),
+    ("sock", "__sk_common.skc_dport", |k| &mut k.sock_dport),
+    ("sock", "__sk_common.skc_rcv_saddr", |k| {
+        &mut k.sock_rcv_saddr
+    }),
+    ("sock", "__sk_common.skc_daddr", |k| &mut k.sock_daddr),
+    ("sock", "__sk_common.skc_v6_rcv_saddr", |k| {
+        &mut k.sock_v6_rcv_saddr
+    }),
+    ("sock", "__sk_common.skc_v6_daddr", |k| &mut k.sock_v6_daddr),
+    ("net", "ns.inum", |k| &mut k.net_inum),
+    ("task_struct", "nsproxy", |k| &mut k.task_nsproxy),
+    ("task_struct", "exit_code", |k| &mut k.task_exit_code),
+    ("nsproxy", "net_ns", |k| &mut k.nsproxy_net_ns),
+    ("sk_buff", "dev", |k| &mut k.skb_dev),
+    ("net_device", "nd_net", |k| &mut k.net_device_nd_net),
+];
+
+/// Resolves every member the programs read. Unresolved ones stay `NO_OFFSET` and are listed
+/// (`struct.member`) so the attach plan can report what they cost.
+pub fn kernel_offsets(btf: &Btf) -> (KernelOffsets, Vec<String>) {
+    let mut k = KernelOffsets::UNRESOLVED;
+    let mut missing = Vec::new();
+    for (strukt, path, slot) in MEMBERS {
+        match offset_of(btf, strukt, path) {
+            Some(off) => *slot(&mut k) = off,
+            None => {
+                *slot(&mut k) = NO_OFFSET;
+                missing.push(format!("{strukt}.{path}"));
+            }
+        }
+    }
+    (k, missing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Offset of a direct member as an independent reader, bpftool, prints it.
+    fn bpftool_offset(strukt: &str, member: &str) -> u32 {
+        let raw = std::process::Command::new("bpftool")
+            .args([
+                "btf",
+                "dump",
+                "file",
+                "/sys/kernel/btf/vmlinux",
+                "format",
+                "raw",
+            ])
+            .output()
+            .expect("bpftool must be installed (cargo xtask setup installs it)");
+        assert!(raw.status.success(), "bpftool failed");
+        let raw = String::from_utf8_lossy(&raw.stdout);
+        let head = format!("STRUCT '{strukt}' size=");
+        let pos = raw.find(&head).unwrap_or_else(|| panic!("{head} missing"));
+        for line in raw[pos..].lines().skip(1) {
+            if !line.starts_with('\t') {
+                break;
+            }
+            if line.trim_start().starts_with(&format!("'{member}' ")) {
+                let bits = line.split("bits_offset=").nth(1).unwrap();
+                let bits: u32 = bits.split_whitespace().next().unwrap().parse().unwrap();
+                return bits / 8;
+            }
+        }
+        panic!("{strukt}.{member} is not a direct member in bpftool's output");
+    }
+
+    #[test]
+    fn resolves_every_member_on_this_kernel_and_agrees_with_bpftool() {
+        let btf = load("/sys/kernel/btf/vmlinux").expect("this machine has kernel BTF");
+        let (k, missing) = kernel_offsets(&btf);
+        assert!(missing.is_empty(), "unresolved: {missing:?}");
+        assert_eq!(k.task_exit_code, bpftool_offset("task_struct", "exit_code"));
+        assert_eq!(k.task_nsproxy, bpftool_offset("task_struct", "nsproxy"));
+        assert_eq!(k.nsproxy_net_ns, bpftool_offset("nsproxy", "net_ns"));
+        assert_eq!(k.net_device_nd_net, bpftool_offset("net_device", "nd_net"));
+        // __sk_common is the first member of struct sock.
+        assert_eq!(offset_of(&btf, "sock", "__sk_common"), Some(0));
+        assert_eq!(k.sock_family, bpftool_offset("sock_common", "skc_family"));
+        assert_eq!(k.sock_state, bpftool_offset("sock_common", "skc_state"));
+        // skc_num sits in an anonymous struct inside an anonymous union, right after skc_dport.
+        assert_eq!(k.sock_num, k.sock_dport + 2);
+        // sk_buff.dev is inside anonymous unions too; it shares its slot with dev_scratch.
+        assert_eq!(Some(k.skb_dev), offset_of(&btf, "sk_buff", "dev_scratch"));
+    }
+
+    #[test]
+    fn unknown_members_are_reported_not_guessed() {
+        let btf = load("/sys/kernel/btf/vmlinux").unwrap();
+        assert_eq!(offset_of(&btf, "task_struct", "no_such_member"), None);
+        assert_eq!(offset_of(&btf, "no_such_struct", "x"), None);
+    }
+
+    #[test]
+    fn missing_btf_file_is_a_clear_error() {
+        let Err(err) = load("/nonexistent/vmlinux") else {
+            panic!("loading a missing file succeeded");
+        };
+        let err = err.to_string();
+        assert!(err.contains("/nonexistent/vmlinux"), "{err}");
+        assert!(err.contains("CONFIG_DEBUG_INFO_BTF"), "{err}");
+    }
+}

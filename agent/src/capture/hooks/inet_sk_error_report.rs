@@ -1,0 +1,67 @@
+use drainwatch_common::inet_sk_error_report::{Event, Fields};
+
+use crate::capture::{
+    event::{DecodeError, Endpoints, Meta, SocketError, read_record},
+    tracefs::Resolver,
+};
+
+pub fn fields(r: &mut Resolver) -> Fields {
+    let mut f = Fields::ABSENT;
+    f.error = r.required("error", 4);
+    f.protocol = r.required("protocol", 2);
+    f.family = r.required("family", 2);
+    f.sport = r.required("sport", 2);
+    f.dport = r.required("dport", 2);
+    f.saddr = r.required("saddr", 4);
+    f.daddr = r.required("daddr", 4);
+    f.saddr_v6 = r.optional("saddr_v6", 16);
+    f.daddr_v6 = r.optional("daddr_v6", 16);
+    f
+}
+
+pub fn decode(bytes: &[u8]) -> Result<SocketError, DecodeError> {
+    let e: Event = read_record("inet_sk_error_report", bytes)?;
+    Ok(SocketError {
+        meta: Meta::from(&e.header),
+        conn: Endpoints::from_tuple(&e.tuple),
+        errno: e.error,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use drainwatch_common::EventKind;
+
+    use super::*;
+    use crate::capture::{
+        event::tests::{bytes_of, header, v4_tuple},
+        tracefs::tests::fixture,
+    };
+
+    #[test]
+    fn fields_on_6_18() {
+        let fmt = fixture("6.18", "inet_sk_error_report");
+        let mut r = Resolver::new(&fmt);
+        let f = fields(&mut r);
+        assert_eq!(
+            (
+                f.error, f.sport, f.dport, f.family, f.protocol, f.saddr, f.daddr
+            ),
+            (8, 12, 14, 16, 18, 20, 24)
+        );
+        assert!(r.missing_required.is_empty());
+    }
+
+    #[test]
+    fn decodes_connection_refused() {
+        let e = Event {
+            header: header(EventKind::InetSkErrorReport),
+            tuple: v4_tuple([127, 0, 0, 1], 51000, [127, 0, 0, 1], 9),
+            error: 111,
+            _pad: 0,
+        };
+        let d = decode(&bytes_of(&e)).unwrap();
+        assert_eq!(d.errno, 111);
+        assert_eq!(d.conn.unwrap().local.port(), 51000);
+    }
+}

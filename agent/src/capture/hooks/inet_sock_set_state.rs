@@ -1,0 +1,77 @@
+use drainwatch_common::inet_sock_set_state::{Event, Fields};
+
+use crate::capture::{
+    event::{DecodeError, Endpoints, KernelNames, Meta, StateChange, read_record},
+    tracefs::Resolver,
+};
+
+pub fn fields(r: &mut Resolver) -> Fields {
+    let mut f = Fields::ABSENT;
+    f.skaddr = r.required("skaddr", 8);
+    f.oldstate = r.required("oldstate", 4);
+    f.newstate = r.required("newstate", 4);
+    f.protocol = r.required("protocol", 2);
+    f.family = r.required("family", 2);
+    f.sport = r.required("sport", 2);
+    f.dport = r.required("dport", 2);
+    f.saddr = r.required("saddr", 4);
+    f.daddr = r.required("daddr", 4);
+    f.saddr_v6 = r.optional("saddr_v6", 16);
+    f.daddr_v6 = r.optional("daddr_v6", 16);
+    f
+}
+
+pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<StateChange, DecodeError> {
+    let e: Event = read_record("inet_sock_set_state", bytes)?;
+    Ok(StateChange {
+        meta: Meta::from(&e.header),
+        skaddr: e.skaddr,
+        conn: Endpoints::from_tuple(&e.tuple),
+        old: names.tcp_state(e.oldstate),
+        new: names.tcp_state(e.newstate),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use drainwatch_common::EventKind;
+
+    use super::*;
+    use crate::capture::{
+        event::tests::{bytes_of, header, v4_tuple},
+        tracefs::tests::fixture,
+    };
+
+    #[test]
+    fn fields_on_6_18() {
+        let fmt = fixture("6.18", "inet_sock_set_state");
+        let mut r = Resolver::new(&fmt);
+        let f = fields(&mut r);
+        assert_eq!(
+            (
+                f.skaddr, f.oldstate, f.newstate, f.sport, f.dport, f.family, f.protocol, f.saddr,
+                f.daddr, f.saddr_v6, f.daddr_v6
+            ),
+            (8, 16, 20, 24, 26, 28, 30, 32, 36, 40, 56)
+        );
+        assert!(r.missing_required.is_empty());
+    }
+
+    #[test]
+    fn decodes_close_with_names() {
+        let names = KernelNames {
+            tcp_states: fixture("6.18", "inet_sock_set_state").symbols("newstate"),
+            ..Default::default()
+        };
+        let e = Event {
+            header: header(EventKind::InetSockSetState),
+            skaddr: 1,
+            tuple: v4_tuple([127, 0, 0, 1], 8080, [127, 0, 0, 1], 50000),
+            oldstate: 10,
+            newstate: 7,
+        };
+        let d = decode(&bytes_of(&e), &names).unwrap();
+        assert_eq!(d.old.unwrap().name.as_deref(), Some("TCP_LISTEN"));
+        assert_eq!(d.new.unwrap().name.as_deref(), Some("TCP_CLOSE"));
+    }
+}

@@ -1,0 +1,74 @@
+use drainwatch_common::signal_generate::{Event, Fields};
+
+use crate::capture::{
+    event::{DecodeError, Meta, Signal, c_string, read_record},
+    tracefs::Resolver,
+};
+
+pub fn fields(r: &mut Resolver) -> Fields {
+    let mut f = Fields::ABSENT;
+    f.sig = r.required("sig", 4);
+    f.pid = r.required("pid", 4);
+    f.comm = r.optional("comm", 16);
+    f.code = r.optional("code", 4);
+    f.group = r.optional("group", 4);
+    f.result = r.optional("result", 4);
+    f
+}
+
+pub fn decode(bytes: &[u8]) -> Result<Signal, DecodeError> {
+    let e: Event = read_record("signal_generate", bytes)?;
+    Ok(Signal {
+        meta: Meta::from(&e.header),
+        sig: e.sig,
+        target_pid: e.target_pid,
+        target_comm: c_string(&e.target_comm),
+        group: e.group == 1,
+        result: e.result,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use drainwatch_common::EventKind;
+
+    use super::*;
+    use crate::capture::{
+        event::tests::{bytes_of, header},
+        tracefs::tests::fixture,
+    };
+
+    #[test]
+    fn fields_on_6_18() {
+        let fmt = fixture("6.18", "signal_generate");
+        let mut r = Resolver::new(&fmt);
+        let f = fields(&mut r);
+        assert_eq!(
+            (f.sig, f.code, f.comm, f.pid, f.group, f.result),
+            (8, 16, 20, 36, 40, 44)
+        );
+        assert!(r.missing_required.is_empty() && r.missing_optional.is_empty());
+    }
+
+    #[test]
+    fn decodes_sigterm_sender_and_target() {
+        let mut target_comm = [0u8; 16];
+        target_comm[..6].copy_from_slice(b"server");
+        let e = Event {
+            header: header(EventKind::SignalGenerate),
+            sig: 15,
+            target_pid: 4242,
+            group: 1,
+            result: 0,
+            code: 0,
+            _pad: 0,
+            target_comm,
+        };
+        let d = decode(&bytes_of(&e)).unwrap();
+        assert_eq!(
+            (d.sig, d.target_pid, d.target_comm.as_str(), d.group),
+            (15, 4242, "server", true)
+        );
+        assert_eq!(d.meta.tgid, 1000);
+    }
+}

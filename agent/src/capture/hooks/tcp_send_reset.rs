@@ -1,0 +1,133 @@
+use drainwatch_common::{
+    ABSENT_U32,
+    tcp_send_reset::{Event, Fields},
+};
+
+use crate::capture::{
+    event::{DecodeError, Endpoints, KernelNames, Meta, ResetSent, read_record},
+    tracefs::Resolver,
+};
+
+/// Since 6.10 the addresses are 28-byte sockaddr blobs and `reason` exists; before, separate
+/// port/family/address fields and no reason.
+pub fn fields(r: &mut Resolver) -> Fields {
+    let mut f = Fields::ABSENT;
+    f.skaddr = r.required("skaddr", 8);
+    f.skbaddr = r.optional("skbaddr", 8);
+    f.state = r.optional("state", 4);
+    f.reason = r.optional("reason", 4);
+    if r.has("saddr", 28) {
+        f.sockaddr_layout = 1;
+        f.saddr = r.required("saddr", 28);
+        f.daddr = r.required("daddr", 28);
+    } else {
+        f.family = r.required("family", 2);
+        f.sport = r.required("sport", 2);
+        f.dport = r.required("dport", 2);
+        f.saddr = r.required("saddr", 4);
+        f.daddr = r.required("daddr", 4);
+        f.saddr_v6 = r.optional("saddr_v6", 16);
+        f.daddr_v6 = r.optional("daddr_v6", 16);
+    }
+    f
+}
+
+pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<ResetSent, DecodeError> {
+    let e: Event = read_record("tcp_send_reset", bytes)?;
+    Ok(ResetSent {
+        meta: Meta::from(&e.header),
+        skaddr: e.skaddr,
+        conn: Endpoints::from_tuple(&e.tuple),
+        state: names.tcp_state(e.state),
+        reason: (e.reason != ABSENT_U32).then(|| names.rst_reason(e.reason)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use drainwatch_common::{EventKind, config::NO_FIELD};
+
+    use super::*;
+    use crate::capture::{
+        event::tests::{bytes_of, header, v4_tuple},
+        tracefs::tests::fixture,
+    };
+
+    #[test]
+    fn fields_on_6_18_use_sockaddr_blobs_and_reason() {
+        let fmt = fixture("6.18", "tcp_send_reset");
+        let mut r = Resolver::new(&fmt);
+        let f = fields(&mut r);
+        assert_eq!(
+            (
+                f.skbaddr,
+                f.skaddr,
+                f.state,
+                f.reason,
+                f.saddr,
+                f.daddr,
+                f.sockaddr_layout
+            ),
+            (8, 16, 24, 28, 32, 60, 1)
+        );
+        assert_eq!(f.sport, NO_FIELD);
+        assert!(r.missing_required.is_empty() && r.missing_optional.is_empty());
+    }
+
+    #[test]
+    fn fields_before_6_10_use_separate_ports_and_miss_the_reason() {
+        let fmt = fixture("6.1", "tcp_send_reset");
+        let mut r = Resolver::new(&fmt);
+        let f = fields(&mut r);
+        assert_eq!(f.sockaddr_layout, 0);
+        assert_eq!(
+            (
+                f.sport, f.dport, f.family, f.saddr, f.daddr, f.saddr_v6, f.daddr_v6
+            ),
+            (28, 30, 32, 34, 38, 42, 58)
+        );
+        assert_eq!(f.reason, NO_FIELD);
+        assert!(r.missing_required.is_empty());
+        assert_eq!(r.missing_optional, ["reason"]);
+    }
+
+    #[test]
+    fn decodes_a_socketless_reset_with_its_reason() {
+        let names = KernelNames {
+            rst_reasons: fixture("6.18", "tcp_send_reset").symbols("reason"),
+            ..Default::default()
+        };
+        let e = Event {
+            header: header(EventKind::TcpSendReset),
+            skaddr: 0,
+            tuple: v4_tuple([127, 0, 0, 1], 9, [127, 0, 0, 1], 51000),
+            state: -1,
+            reason: 1,
+        };
+        let d = decode(&bytes_of(&e), &names).unwrap();
+        assert_eq!(d.skaddr, 0);
+        assert_eq!(d.reason.unwrap().name.as_deref(), Some("NO_SOCKET"));
+        assert_eq!(d.state, None);
+        let conn = d.conn.unwrap();
+        assert_eq!(conn.local.to_string(), "127.0.0.1:9");
+        assert_eq!(conn.remote.to_string(), "127.0.0.1:51000");
+        assert_eq!(
+            (d.meta.pid, d.meta.tgid, d.meta.comm.as_str()),
+            (1001, 1000, "curl")
+        );
+    }
+
+    #[test]
+    fn reason_is_absent_on_old_kernels() {
+        let e = Event {
+            header: header(EventKind::TcpSendReset),
+            skaddr: 0xffff_8880_0000_1000,
+            tuple: v4_tuple([10, 0, 0, 1], 80, [10, 0, 0, 2], 40000),
+            state: 1,
+            reason: ABSENT_U32,
+        };
+        let d = decode(&bytes_of(&e), &KernelNames::default()).unwrap();
+        assert_eq!(d.reason, None);
+        assert_eq!(d.state.unwrap().value, 1);
+    }
+}

@@ -1,0 +1,317 @@
+//! Capture: reads what this kernel offers (tracefs formats, BTF), loads the eBPF object with
+//! that configuration, works through the attach plan and streams decoded events.
+
+pub mod btf;
+pub mod event;
+pub mod hooks;
+pub mod plan;
+pub mod reader;
+pub mod tracefs;
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    programs::{KProbe, TracePoint},
+};
+use drainwatch_common::config::{Config, KernelOffsets, NO_OFFSET};
+use event::KernelNames;
+use plan::{Hook, PLAN, SignalStatus};
+use tracefs::{Format, Resolver};
+
+/// The eBPF object agent/build.rs built with aya-build.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/drainwatch"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error(
+        "tracefs is not mounted (looked in /sys/kernel/tracing and /sys/kernel/debug/tracing); mount it with `mount -t tracefs nodev /sys/kernel/tracing`"
+    )]
+    NoTracefs,
+    #[error(transparent)]
+    Btf(#[from] btf::BtfError),
+    #[error(
+        "loading the eBPF programs failed: {0} (drainwatch needs root, or CAP_BPF and CAP_PERFMON)"
+    )]
+    Load(#[source] aya::EbpfError),
+    #[error("the eBPF object has no map {0}")]
+    NoMap(&'static str),
+    #[error("ring buffer: {0}")]
+    Map(#[from] aya::maps::MapError),
+    #[error("ring buffer: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("--ring-buffer-bytes must be a power of two of at least 4096, got {0}")]
+    RingSize(u32),
+}
+
+pub struct Options {
+    pub ring_buffer_bytes: u32,
+    pub btf_path: String,
+    /// Only these signals (plan names); all when `None`. Tests use it to isolate one hook.
+    pub only: Option<Vec<&'static str>>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            ring_buffer_bytes: 1 << 20,
+            btf_path: "/sys/kernel/btf/vmlinux".into(),
+            only: None,
+        }
+    }
+}
+
+/// What one tracepoint's format file told us.
+struct TracepointInfo {
+    format: Result<Format, String>,
+}
+
+fn tracefs_events_dir() -> Result<PathBuf, CaptureError> {
+    [
+        "/sys/kernel/tracing/events",
+        "/sys/kernel/debug/tracing/events",
+    ]
+    .into_iter()
+    .map(PathBuf::from)
+    .find(|p| p.is_dir())
+    .ok_or(CaptureError::NoTracefs)
+}
+
+fn read_format(dir: &std::path::Path, category: &str, name: &str) -> Result<Format, String> {
+    let path = dir.join(category).join(name).join("format");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("no tracepoint ({}: {e})", path.display()))?;
+    Format::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Per-hook results of resolving format fields into the config.
+#[derive(Default)]
+struct Resolution {
+    missing_required: BTreeMap<&'static str, Vec<String>>,
+    missing_optional: BTreeMap<&'static str, Vec<String>>,
+}
+
+/// Reads every format file the programs use and fills the config's field offsets.
+fn resolve_tracepoints(
+    dir: &std::path::Path,
+    config: &mut Config,
+    names: &mut KernelNames,
+) -> (BTreeMap<&'static str, TracepointInfo>, Resolution) {
+    let mut infos = BTreeMap::new();
+    let mut res = Resolution::default();
+    macro_rules! hook {
+        ($cat:literal, $name:ident) => {{
+            let format = read_format(dir, $cat, stringify!($name));
+            if let Ok(fmt) = &format {
+                let mut r = Resolver::new(fmt);
+                config.$name = hooks::$name::fields(&mut r);
+                res.missing_required
+                    .insert(stringify!($name), r.missing_required);
+                res.missing_optional
+                    .insert(stringify!($name), r.missing_optional);
+            }
+            infos.insert(stringify!($name), TracepointInfo { format });
+        }};
+    }
+    hook!("tcp", tcp_send_reset);
+    hook!("tcp", tcp_receive_reset);
+    hook!("sock", inet_sock_set_state);
+    hook!("sock", inet_sk_error_report);
+    hook!("signal", signal_generate);
+    hook!("sched", sched_process_exit);
+    hook!("cgroup", cgroup_rmdir);
+    hook!("skb", kfree_skb);
+    let table = |hook: &str, field: &str| {
+        infos
+            .get(hook)
+            .and_then(|i: &TracepointInfo| i.format.as_ref().ok())
+            .map(|f| f.symbols(field))
+            .unwrap_or_default()
+    };
+    names.rst_reasons = table("tcp_send_reset", "reason");
+    names.drop_reasons = table("kfree_skb", "reason");
+    names.tcp_states = table("inet_sock_set_state", "newstate");
+    (infos, res)
+}
+
+/// BTF members whose absence degrades a hook, and what is lost.
+fn btf_degradations(k: &KernelOffsets, hook: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut need = |off: u32, what: &str| {
+        if off == NO_OFFSET {
+            out.push(what.to_string());
+        }
+    };
+    match hook {
+        "sched_process_exit" => need(
+            k.task_exit_code,
+            "no exit code (task_struct.exit_code not in BTF)",
+        ),
+        "signal_generate" | "cgroup_rmdir" | "inet_sk_error_report" => need(
+            k.task_nsproxy.min(k.nsproxy_net_ns),
+            "no network namespace (task_struct.nsproxy not in BTF)",
+        ),
+        _ => need(
+            k.sock_net.min(k.net_inum),
+            "no network namespace (sock.skc_net not in BTF)",
+        ),
+    }
+    out
+}
+
+/// Loaded programs and the outcome of the attach plan. Dropping it detaches everything.
+pub struct Capture {
+    ebpf: Ebpf,
+    pub statuses: Vec<SignalStatus>,
+    pub names: KernelNames,
+    pub kernel_offsets: KernelOffsets,
+}
+
+impl Capture {
+    /// Loads the programs and works through the attach plan. Hooks that fail are reported in
+    /// `statuses`, not as errors: only a kernel where nothing can load is an error.
+    pub fn load(opts: &Options) -> Result<Self, CaptureError> {
+        let size = opts.ring_buffer_bytes;
+        if size < 4096 || !size.is_power_of_two() {
+            return Err(CaptureError::RingSize(size));
+        }
+        let events_dir = tracefs_events_dir()?;
+        let btf = btf::load(&opts.btf_path)?;
+        let (kernel, _missing_members) = btf::kernel_offsets(&btf);
+        let mut config = Config::UNSET;
+        config.kernel = kernel;
+        let mut names = KernelNames::default();
+        let (infos, res) = resolve_tracepoints(&events_dir, &mut config, &mut names);
+
+        let mut ebpf = EbpfLoader::new()
+            .override_global("CONFIG", &config, true)
+            .map_max_entries("EVENTS", size)
+            .load(EBPF_OBJECT)
+            .map_err(CaptureError::Load)?;
+
+        let mut statuses = Vec::new();
+        for p in PLAN {
+            if opts
+                .only
+                .as_ref()
+                .is_some_and(|only| !only.contains(&p.signal))
+            {
+                continue;
+            }
+            let mut st = SignalStatus {
+                signal: p.signal,
+                title: p.title,
+                tried: Vec::new(),
+                degraded: Vec::new(),
+                unavailable: p.unavailable,
+            };
+            for hook in p.hooks {
+                let result = match hook {
+                    Hook::Tracepoint {
+                        category,
+                        name,
+                        needs,
+                        degraded,
+                    } => attach_tracepoint(&mut ebpf, &infos, &res, category, name, needs).map(
+                        |optional| {
+                            st.degraded
+                                .extend(optional.into_iter().map(|f| format!("no field {f}")));
+                            st.degraded.extend(degraded.map(String::from));
+                            st.degraded.extend(btf_degradations(&kernel, name));
+                        },
+                    ),
+                    Hook::Kprobe { functions, ret: _ } => attach_kprobes(&mut ebpf, functions),
+                };
+                let ok = result.is_ok();
+                st.tried.push((hook.label(), result));
+                if ok {
+                    break;
+                }
+            }
+            statuses.push(st);
+        }
+        Ok(Self {
+            ebpf,
+            statuses,
+            names,
+            kernel_offsets: kernel,
+        })
+    }
+
+    /// Takes the ring buffer and loss counters for the reader; call once.
+    pub fn take_reader_maps(&mut self) -> Result<reader::Maps, CaptureError> {
+        reader::Maps::take(&mut self.ebpf)
+    }
+
+    pub fn all_attached(&self) -> bool {
+        self.statuses.iter().any(|s| s.chosen().is_some())
+    }
+}
+
+fn attach_tracepoint(
+    ebpf: &mut Ebpf,
+    infos: &BTreeMap<&'static str, TracepointInfo>,
+    res: &Resolution,
+    category: &str,
+    name: &str,
+    needs: &[&str],
+) -> Result<Vec<String>, String> {
+    let info = infos
+        .get(name)
+        .ok_or_else(|| "no decoder for this tracepoint".to_string())?;
+    let fmt = info.format.as_ref().map_err(Clone::clone)?;
+    let missing_needed: Vec<_> = needs.iter().filter(|f| fmt.field(f).is_none()).collect();
+    if !missing_needed.is_empty() {
+        return Err(format!("format lacks {missing_needed:?}"));
+    }
+    if let Some(missing) = res.missing_required.get(name).filter(|m| !m.is_empty()) {
+        return Err(format!("format lacks required fields {missing:?}"));
+    }
+    let prog: &mut TracePoint = ebpf
+        .program_mut(name)
+        .ok_or_else(|| format!("program {name} missing from the eBPF object"))?
+        .try_into()
+        .map_err(|e| format!("{e}"))?;
+    if prog.fd().is_err() {
+        prog.load().map_err(|e| format!("load: {e}"))?;
+    }
+    prog.attach(category, name)
+        .map_err(|e| format!("attach: {e}"))?;
+    Ok(res.missing_optional.get(name).cloned().unwrap_or_default())
+}
+
+fn attach_kprobes(ebpf: &mut Ebpf, functions: &[(&str, &str)]) -> Result<(), String> {
+    let mut attached = Vec::new();
+    let mut result = Ok(());
+    for (function, program) in functions {
+        let step = (|| {
+            let prog: &mut KProbe = ebpf
+                .program_mut(program)
+                .ok_or_else(|| format!("program {program} missing from the eBPF object"))?
+                .try_into()
+                .map_err(|e| format!("{e}"))?;
+            if prog.fd().is_err() {
+                prog.load().map_err(|e| format!("load: {e}"))?;
+            }
+            prog.attach(function, 0)
+                .map(|link| (*program, link))
+                .map_err(|e| format!("attach {function}: {e}"))
+        })();
+        match step {
+            Ok(link) => attached.push(link),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    // All or nothing: a partial set would silently miss some resets.
+    if result.is_err() {
+        for (program, link) in attached {
+            if let Some(Ok(prog)) = ebpf.program_mut(program).map(<&mut KProbe>::try_from) {
+                let _ = prog.detach(link);
+            }
+        }
+    }
+    result
+}

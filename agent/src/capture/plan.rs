@@ -1,0 +1,231 @@
+//! The attach plan: for every signal drainwatch watches, an ordered list of hooks. The agent
+//! tries them in order and keeps the first that attaches; what a kernel offers is learned from
+//! the real attach result, never from version numbers or feature probes.
+
+/// One way of getting a signal from the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    /// A classic tracepoint; `needs` lists format fields without which this entry is skipped
+    /// (the next entry is then tried), beyond those the hook module requires anyway.
+    Tracepoint {
+        category: &'static str,
+        name: &'static str,
+        needs: &'static [&'static str],
+        /// Why the entry is only a fallback when it is the chosen one.
+        degraded: Option<&'static str>,
+    },
+    /// kprobes on every listed function (all must attach), or kretprobes when `ret`.
+    Kprobe {
+        functions: &'static [(&'static str, &'static str)],
+        ret: bool,
+    },
+}
+
+impl Hook {
+    /// The `hook` label value: `tracepoint:tcp:tcp_send_reset`, `kprobe:tcp_v4_send_reset+...`.
+    pub fn label(&self) -> String {
+        match self {
+            Hook::Tracepoint { category, name, .. } => format!("tracepoint:{category}:{name}"),
+            Hook::Kprobe { functions, ret } => {
+                let kind = if *ret { "kretprobe" } else { "kprobe" };
+                let names: Vec<_> = functions.iter().map(|(f, _)| *f).collect();
+                format!("{kind}:{}", names.join("+"))
+            }
+        }
+    }
+}
+
+pub struct SignalPlan {
+    /// The `signal` label value.
+    pub signal: &'static str,
+    /// Human wording for the start-up log line.
+    pub title: &'static str,
+    pub hooks: &'static [Hook],
+    /// What to say when nothing attached.
+    pub unavailable: &'static str,
+}
+
+const fn tp(category: &'static str, name: &'static str) -> Hook {
+    Hook::Tracepoint {
+        category,
+        name,
+        needs: &[],
+        degraded: None,
+    }
+}
+
+pub const PLAN: &[SignalPlan] = &[
+    SignalPlan {
+        signal: "resets_sent",
+        title: "resets sent",
+        hooks: &[
+            // 6.10+ fires for socket-less resets too (and carries the reason): `reason` marks it.
+            Hook::Tracepoint {
+                category: "tcp",
+                name: "tcp_send_reset",
+                needs: &["reason"],
+                degraded: None,
+            },
+            Hook::Kprobe {
+                functions: &[
+                    ("tcp_v4_send_reset", "kprobe_tcp_v4_send_reset"),
+                    ("tcp_v6_send_reset", "kprobe_tcp_v6_send_reset"),
+                    ("tcp_send_active_reset", "kprobe_tcp_send_active_reset"),
+                ],
+                ret: false,
+            },
+            Hook::Tracepoint {
+                category: "tcp",
+                name: "tcp_send_reset",
+                needs: &[],
+                degraded: Some(
+                    "pre-6.10 tracepoint: misses resets that answer packets with no socket",
+                ),
+            },
+        ],
+        unavailable: "needs tracepoint tcp:tcp_send_reset or kprobes",
+    },
+    SignalPlan {
+        signal: "resets_received",
+        title: "resets received",
+        hooks: &[tp("tcp", "tcp_receive_reset")],
+        unavailable: "needs tracepoint tcp:tcp_receive_reset",
+    },
+    SignalPlan {
+        signal: "socket_states",
+        title: "socket states",
+        hooks: &[tp("sock", "inet_sock_set_state")],
+        unavailable: "needs tracepoint sock:inet_sock_set_state",
+    },
+    SignalPlan {
+        signal: "socket_errors",
+        title: "socket errors",
+        hooks: &[tp("sock", "inet_sk_error_report")],
+        unavailable: "needs tracepoint sock:inet_sk_error_report",
+    },
+    SignalPlan {
+        signal: "signals",
+        title: "signals",
+        hooks: &[tp("signal", "signal_generate")],
+        unavailable: "needs tracepoint signal:signal_generate",
+    },
+    SignalPlan {
+        signal: "process_exits",
+        title: "process exits",
+        hooks: &[tp("sched", "sched_process_exit")],
+        unavailable: "needs tracepoint sched:sched_process_exit",
+    },
+    SignalPlan {
+        signal: "cgroup_removals",
+        title: "cgroup removals",
+        hooks: &[tp("cgroup", "cgroup_rmdir")],
+        unavailable: "needs tracepoint cgroup:cgroup_rmdir",
+    },
+    SignalPlan {
+        signal: "listen_overflows",
+        title: "listen overflows",
+        hooks: &[tp("skb", "kfree_skb")],
+        unavailable: "needs tracepoint skb:kfree_skb with drop reason TCP_LISTEN_OVERFLOW",
+    },
+    SignalPlan {
+        signal: "accept_wait",
+        title: "accept wait",
+        hooks: &[Hook::Kprobe {
+            functions: &[("inet_csk_accept", "kretprobe_inet_csk_accept")],
+            ret: true,
+        }],
+        unavailable: "needs kprobe or fentry",
+    },
+];
+
+/// What happened to one signal's plan on this kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignalStatus {
+    pub signal: &'static str,
+    pub title: &'static str,
+    /// Every hook tried, in order, with the error of those that failed.
+    pub tried: Vec<(String, Result<(), String>)>,
+    /// Why the chosen hook is less than complete (missing optional fields or BTF members).
+    pub degraded: Vec<String>,
+    pub unavailable: &'static str,
+}
+
+impl SignalStatus {
+    pub fn chosen(&self) -> Option<&str> {
+        self.tried
+            .iter()
+            .find(|(_, r)| r.is_ok())
+            .map(|(h, _)| h.as_str())
+    }
+
+    /// The one start-up log line for this signal.
+    pub fn summary(&self) -> String {
+        match self.chosen() {
+            Some(hook) if self.degraded.is_empty() => format!("{}: {hook}", self.title),
+            Some(hook) => format!(
+                "{}: {hook} (degraded: {})",
+                self.title,
+                self.degraded.join("; ")
+            ),
+            None => {
+                let why: Vec<_> = self
+                    .tried
+                    .iter()
+                    .filter_map(|(h, r)| r.as_ref().err().map(|e| format!("{h}: {e}")))
+                    .collect();
+                format!(
+                    "{}: unavailable: {} ({})",
+                    self.title,
+                    self.unavailable,
+                    why.join("; ")
+                )
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_signal_has_hooks_and_unique_labels() {
+        let mut seen = std::collections::HashSet::new();
+        for p in PLAN {
+            assert!(!p.hooks.is_empty(), "{}", p.signal);
+            assert!(seen.insert(p.signal), "duplicate {}", p.signal);
+        }
+        assert_eq!(
+            PLAN[0].hooks[1].label(),
+            "kprobe:tcp_v4_send_reset+tcp_v6_send_reset+tcp_send_active_reset"
+        );
+        assert_eq!(PLAN[0].hooks[0].label(), "tracepoint:tcp:tcp_send_reset");
+    }
+
+    #[test]
+    fn summaries_read_as_one_line_per_signal() {
+        let ok = SignalStatus {
+            signal: "resets_sent",
+            title: "resets sent",
+            tried: vec![("tracepoint:tcp:tcp_send_reset".into(), Ok(()))],
+            degraded: vec![],
+            unavailable: "x",
+        };
+        assert_eq!(ok.summary(), "resets sent: tracepoint:tcp:tcp_send_reset");
+        let none = SignalStatus {
+            signal: "accept_wait",
+            title: "accept wait",
+            tried: vec![(
+                "kretprobe:inet_csk_accept".into(),
+                Err("kprobes are not supported by this kernel".into()),
+            )],
+            degraded: vec![],
+            unavailable: "needs kprobe or fentry",
+        };
+        assert_eq!(none.chosen(), None);
+        assert_eq!(
+            none.summary(),
+            "accept wait: unavailable: needs kprobe or fentry (kretprobe:inet_csk_accept: kprobes are not supported by this kernel)"
+        );
+    }
+}

@@ -1,0 +1,134 @@
+//! The ring-buffer reader: drains records, decodes them and hands them on through a bounded
+//! queue. Every record that does not make it is counted by stage: `ringbuf` (the kernel could
+//! not reserve space; per-CPU counters in the `LOST` map), `decode` (a malformed record),
+//! `queue` (the consumer fell behind).
+
+use aya::maps::{MapData, PerCpuArray, RingBuf};
+use tokio::{
+    io::unix::AsyncFd,
+    sync::{mpsc, watch},
+};
+
+use super::{
+    CaptureError,
+    event::{self, Event, KernelNames},
+};
+use crate::export::metrics::{LossStage, Metrics};
+
+pub struct Maps {
+    pub ring: RingBuf<MapData>,
+    pub lost: PerCpuArray<MapData, u64>,
+}
+
+impl Maps {
+    pub(super) fn take(ebpf: &mut aya::Ebpf) -> Result<Self, CaptureError> {
+        let ring = ebpf
+            .take_map("EVENTS")
+            .ok_or(CaptureError::NoMap("EVENTS"))?;
+        let lost = ebpf.take_map("LOST").ok_or(CaptureError::NoMap("LOST"))?;
+        Ok(Self {
+            ring: RingBuf::try_from(ring)?,
+            lost: PerCpuArray::try_from(lost)?,
+        })
+    }
+
+    /// Records the kernel could not reserve, summed over kinds and CPUs.
+    pub fn lost_total(&self) -> u64 {
+        self.lost
+            .iter()
+            .filter_map(Result::ok)
+            .map(|per_cpu| per_cpu.iter().sum::<u64>())
+            .sum()
+    }
+}
+
+pub struct Reader {
+    ring: AsyncFd<RingBuf<MapData>>,
+    lost: PerCpuArray<MapData, u64>,
+    lost_seen: u64,
+    names: KernelNames,
+    metrics: std::sync::Arc<Metrics>,
+    tx: mpsc::Sender<Event>,
+}
+
+impl Reader {
+    pub fn new(
+        maps: Maps,
+        names: KernelNames,
+        metrics: std::sync::Arc<Metrics>,
+        tx: mpsc::Sender<Event>,
+    ) -> Result<Self, CaptureError> {
+        Ok(Self {
+            // SAFETY: the RingBuf owns its map fd and keeps it open, unchanged, for as long as
+            // the AsyncFd holds it.
+            ring: unsafe { AsyncFd::register(maps.ring) }.map_err(std::io::Error::from)?,
+            lost: maps.lost,
+            lost_seen: 0,
+            names,
+            metrics,
+            tx,
+        })
+    }
+
+    /// Reads every record available now; returns how many were read.
+    pub fn drain(&mut self) -> usize {
+        let mut n = 0;
+        let ring = self.ring.get_mut();
+        while let Some(item) = ring.next() {
+            n += 1;
+            match event::decode(&item, &self.names) {
+                Ok(ev) => {
+                    self.metrics.event_received(ev.kind());
+                    if self.tx.try_send(ev).is_err() {
+                        self.metrics.lost(LossStage::Queue, 1);
+                    }
+                }
+                Err(e) => {
+                    self.metrics.lost(LossStage::Decode, 1);
+                    tracing::warn!(error = %e, "dropping a malformed ring-buffer record");
+                }
+            }
+        }
+        n
+    }
+
+    /// Brings the `ringbuf` loss counter up to the kernel's per-CPU totals.
+    pub fn poll_lost(&mut self) {
+        let total: u64 = self
+            .lost
+            .iter()
+            .filter_map(Result::ok)
+            .map(|per_cpu| per_cpu.iter().sum::<u64>())
+            .sum();
+        if total > self.lost_seen {
+            self.metrics
+                .lost(LossStage::Ringbuf, total - self.lost_seen);
+            self.lost_seen = total;
+        }
+    }
+
+    /// Runs until `shutdown` turns true, then drains what is left.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                guard = self.ring.readable_mut() => {
+                    match guard {
+                        Ok(mut g) => {
+                            g.clear_ready();
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "ring buffer poll failed; capture stops");
+                            break;
+                        }
+                    }
+                    self.drain();
+                }
+                _ = tick.tick() => self.poll_lost(),
+                _ = shutdown.changed() => break,
+            }
+        }
+        self.drain();
+        self.poll_lost();
+    }
+}

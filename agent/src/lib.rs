@@ -1,0 +1,7 @@
+//! drainwatch: the pipeline is capture (eBPF programs and the ring-buffer reader) → enrich →
+//! correlate → export (metrics and HTTP). See ARCHITECTURE.md.
+
+pub mod agent;
+pub mod capture;
+pub mod cli;
+pub mod export;

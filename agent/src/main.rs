@@ -1,0 +1,39 @@
+use std::process::ExitCode;
+
+use clap::Parser;
+use drainwatch::cli::{Cli, LogFormat};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter =
+        EnvFilter::try_from_env("DRAINWATCH_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("drainwatch: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(drainwatch::agent::run(cli)) {
+        Ok(()) => {
+            runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("drainwatch: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! What the agent learns at start-up and hands to the programs as one global: tracepoint field
+//! offsets from tracefs format files, kernel struct offsets from BTF, and filters.
+
+use crate::{
+    cgroup_rmdir, inet_sk_error_report, inet_sock_set_state, kfree_skb, sched_process_exit,
+    signal_generate, tcp_receive_reset, tcp_send_reset,
+};
+
+/// A tracepoint field this kernel's format does not have.
+pub const NO_FIELD: u16 = u16::MAX;
+/// A struct member BTF did not resolve.
+pub const NO_OFFSET: u32 = u32::MAX;
+
+/// Byte offsets of kernel struct members, resolved from `/sys/kernel/btf/vmlinux`.
+/// Offsets are from the start of the named struct (`sock_*` from `struct sock`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelOffsets {
+    pub sock_net: u32,
+    pub sock_family: u32,
+    pub sock_state: u32,
+    pub sock_num: u32,
+    pub sock_dport: u32,
+    pub sock_rcv_saddr: u32,
+    pub sock_daddr: u32,
+    pub sock_v6_rcv_saddr: u32,
+    pub sock_v6_daddr: u32,
+    pub net_inum: u32,
+    pub task_nsproxy: u32,
+    pub task_exit_code: u32,
+    pub nsproxy_net_ns: u32,
+    pub skb_dev: u32,
+    pub net_device_nd_net: u32,
+    pub _pad: u32,
+}
+
+impl KernelOffsets {
+    pub const UNRESOLVED: Self = Self {
+        sock_net: NO_OFFSET,
+        sock_family: NO_OFFSET,
+        sock_state: NO_OFFSET,
+        sock_num: NO_OFFSET,
+        sock_dport: NO_OFFSET,
+        sock_rcv_saddr: NO_OFFSET,
+        sock_daddr: NO_OFFSET,
+        sock_v6_rcv_saddr: NO_OFFSET,
+        sock_v6_daddr: NO_OFFSET,
+        net_inum: NO_OFFSET,
+        task_nsproxy: NO_OFFSET,
+        task_exit_code: NO_OFFSET,
+        nsproxy_net_ns: NO_OFFSET,
+        skb_dev: NO_OFFSET,
+        net_device_nd_net: NO_OFFSET,
+        _pad: 0,
+    };
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub kernel: KernelOffsets,
+    pub tcp_send_reset: tcp_send_reset::Fields,
+    pub tcp_receive_reset: tcp_receive_reset::Fields,
+    pub inet_sock_set_state: inet_sock_set_state::Fields,
+    pub inet_sk_error_report: inet_sk_error_report::Fields,
+    pub signal_generate: signal_generate::Fields,
+    pub sched_process_exit: sched_process_exit::Fields,
+    pub cgroup_rmdir: cgroup_rmdir::Fields,
+    pub kfree_skb: kfree_skb::Fields,
+}
+
+impl Config {
+    /// Nothing resolved: every program emits nothing until the agent overrides this.
+    pub const UNSET: Self = Self {
+        kernel: KernelOffsets::UNRESOLVED,
+        tcp_send_reset: tcp_send_reset::Fields::ABSENT,
+        tcp_receive_reset: tcp_receive_reset::Fields::ABSENT,
+        inet_sock_set_state: inet_sock_set_state::Fields::ABSENT,
+        inet_sk_error_report: inet_sk_error_report::Fields::ABSENT,
+        signal_generate: signal_generate::Fields::ABSENT,
+        sched_process_exit: sched_process_exit::Fields::ABSENT,
+        cgroup_rmdir: cgroup_rmdir::Fields::ABSENT,
+        kfree_skb: kfree_skb::Fields::ABSENT,
+    };
+}
+
+pod!(Config, KernelOffsets);

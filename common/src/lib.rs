@@ -1,0 +1,108 @@
+//! Types shared by the eBPF programs (`agent-ebpf`) and the agent: one module per kernel hook,
+//! named after the hook, plus the header every event starts with and the start-up configuration
+//! the agent hands to the programs as globals.
+//!
+//! Every struct is `#[repr(C)]`, 8-byte aligned at most (ring-buffer records must be) and laid
+//! out without implicit padding, so the bytes the kernel writes are the bytes userspace reads.
+#![no_std]
+
+/// Marks types as plain data for aya (userspace only).
+macro_rules! pod {
+    ($($t:ty),*) => {
+        $(
+            #[cfg(feature = "user")]
+            unsafe impl aya::Pod for $t {}
+        )*
+    };
+}
+
+pub mod cgroup_rmdir;
+pub mod config;
+pub mod inet_csk_accept;
+pub mod inet_sk_error_report;
+pub mod inet_sock_set_state;
+pub mod kfree_skb;
+pub mod sched_process_exit;
+pub mod signal_generate;
+pub mod tcp_receive_reset;
+pub mod tcp_send_reset;
+
+/// Which hook produced an event; the first field of every record.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    TcpSendReset = 1,
+    TcpReceiveReset = 2,
+    InetSockSetState = 3,
+    InetSkErrorReport = 4,
+    SignalGenerate = 5,
+    SchedProcessExit = 6,
+    CgroupRmdir = 7,
+    KfreeSkb = 8,
+    InetCskAccept = 9,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 9] = [
+        EventKind::TcpSendReset,
+        EventKind::TcpReceiveReset,
+        EventKind::InetSockSetState,
+        EventKind::InetSkErrorReport,
+        EventKind::SignalGenerate,
+        EventKind::SchedProcessExit,
+        EventKind::CgroupRmdir,
+        EventKind::KfreeSkb,
+        EventKind::InetCskAccept,
+    ];
+
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| *k as u32 == v)
+    }
+
+    pub const COUNT: u32 = Self::ALL.len() as u32;
+
+    /// Index into per-kind arrays (loss counters), 0-based.
+    pub const fn index(self) -> usize {
+        self as usize - 1
+    }
+}
+
+pub const TASK_COMM_LEN: usize = 16;
+
+/// Written by every program: who was running, where, and when.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Header {
+    /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC nanoseconds.
+    pub ts_ns: u64,
+    /// v2 cgroup id of the current task; 0 in softirq context, where the task is unrelated.
+    pub cgroup_id: u64,
+    pub kind: u32,
+    /// Thread id and thread-group id of the current task (0 in softirq context).
+    pub pid: u32,
+    pub tgid: u32,
+    /// Network namespace inode: of the socket when there is one, else of the current task.
+    pub netns: u32,
+    pub comm: [u8; TASK_COMM_LEN],
+}
+
+pub const AF_INET: u16 = 2;
+pub const AF_INET6: u16 = 10;
+
+/// A TCP 4-tuple as the kernel reported it. IPv4 addresses use the first 4 bytes of the arrays.
+/// Ports are in host byte order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tuple {
+    pub family: u16,
+    pub sport: u16,
+    pub dport: u16,
+    pub _pad: u16,
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+}
+
+pod!(Header, Tuple);
+
+/// Marks a value the kernel did not provide (field absent from this kernel's format).
+pub const ABSENT_U32: u32 = u32::MAX;

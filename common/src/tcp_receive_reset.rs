@@ -1,0 +1,48 @@
+//! `tcp:tcp_receive_reset`: a RST arrived on one of this host's sockets.
+
+use crate::{Header, Tuple, config::NO_FIELD};
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Event {
+    pub header: Header,
+    pub skaddr: u64,
+    /// 0 when the kernel's format has no `sock_cookie`.
+    pub sock_cookie: u64,
+    pub tuple: Tuple,
+    /// TCP state of the socket when the RST arrived (from BTF), -1 if unknown.
+    pub state: i32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fields {
+    pub skaddr: u16,
+    pub sport: u16,
+    pub dport: u16,
+    pub family: u16,
+    pub saddr: u16,
+    pub daddr: u16,
+    pub saddr_v6: u16,
+    pub daddr_v6: u16,
+    pub sock_cookie: u16,
+    pub _pad: u16,
+}
+
+impl Fields {
+    pub const ABSENT: Self = Self {
+        skaddr: NO_FIELD,
+        sport: NO_FIELD,
+        dport: NO_FIELD,
+        family: NO_FIELD,
+        saddr: NO_FIELD,
+        daddr: NO_FIELD,
+        saddr_v6: NO_FIELD,
+        daddr_v6: NO_FIELD,
+        sock_cookie: NO_FIELD,
+        _pad: 0,
+    };
+}
+
+pod!(Event, Fields);

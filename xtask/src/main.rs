@@ -1,0 +1,331 @@
+//! `cargo xtask`: the one entry point for setting up a machine, running the agent and testing it.
+//!
+//! Everything here shells out with `std::process::Command`; nothing is clever on purpose.
+
+mod setup;
+
+use std::{
+    env,
+    ffi::{OsStr, OsString},
+    fmt::Write as _,
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+    process::{Command, ExitCode, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, ensure};
+use clap::{Args, Parser, Subcommand};
+
+/// Set when xtask re-runs itself through sudo, so it never loops.
+const REEXEC_ENV: &str = "DRAINWATCH_XTASK_SUDO";
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "Set up a machine for drainwatch, run the agent, run its tests",
+    long_about = "Set up a machine for drainwatch, run the agent, run its tests.\n\n\
+        All commands need root (they install packages, mount tracefs, load eBPF programs); \
+        when not root they re-run themselves through `sudo -E` if sudo exists."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what this machine lacks to build, run and test drainwatch (idempotent)
+    #[command(
+        long_about = "Install what this machine lacks to build, run and test drainwatch.\n\n\
+        Made for a fresh Debian 12 machine with rustup's stable toolchain, run as root. \
+        Each step checks first and only installs what is missing, so a second run installs \
+        nothing and takes a few seconds. Steps: mount tracefs if needed; apt packages (LLVM 22 \
+        for bpf-linker, podman + runc for test containers, nginx, haproxy, prometheus, \
+        bpftool, bpftrace, chromium, ...); the busybox image localhost/bb:latest and a podman \
+        smoke test; an LLVM 22 `nightly` Rust toolchain with rust-src (for the eBPF build); \
+        bpf-linker 0.13.0 built against LLVM 22; Python test packages (none yet).\n\n\
+        Progress lines start with `[setup]`. On failure it prints one sentence saying what \
+        failed and exits non-zero."
+    )]
+    Setup,
+    /// Build the agent in release mode and run it as root
+    #[command(long_about = "Build the agent in release mode and run it as root.\n\n\
+        Runs `cargo xtask setup` first (unless --no-setup), then \
+        `cargo build --release -p drainwatch`, then replaces itself with \
+        `target/release/drainwatch AGENT_ARGS...`. Without arguments the agent uses its own \
+        defaults (metrics on 127.0.0.1:9464).\n\n\
+        Example: cargo xtask run --no-setup -- --help")]
+    Run(RunArgs),
+    /// Build, then run the unit tests and the privileged integration tests
+    #[command(
+        long_about = "Build, then run the unit tests and the privileged integration tests.\n\n\
+        Phases: (1) `cargo build --release -p drainwatch`, so the integration tests can spawn \
+        target/release/drainwatch; (2) unit tests: \
+        `cargo test --workspace --lib --bins --exclude drainwatch-ebpf --exclude drainwatch-tests`; \
+        (3) integration tests \
+        (real eBPF, real containers): `cargo test -p drainwatch-tests -- --test-threads=1`. \
+        Runs `cargo xtask setup` first unless --no-setup. If the build fails the tests are \
+        skipped; otherwise both test phases run. Prints one summary line per phase and exits \
+        with the first failing phase's exit code.\n\n\
+        Example: cargo xtask test --no-setup -- reset"
+    )]
+    Test(TestArgs),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Skip `cargo xtask setup` (when the machine is known to be set up)
+    #[arg(long)]
+    no_setup: bool,
+    /// Arguments for the agent, after `--` (see `cargo xtask run -- --help`)
+    #[arg(last = true, value_name = "AGENT_ARGS")]
+    agent_args: Vec<OsString>,
+}
+
+#[derive(Args)]
+struct TestArgs {
+    /// Skip `cargo xtask setup` (when the machine is known to be set up)
+    #[arg(long)]
+    no_setup: bool,
+    /// Arguments for the test binaries of both test phases, after `--` (e.g. a name filter)
+    #[arg(last = true, value_name = "TEST_ARGS")]
+    test_args: Vec<OsString>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(code) = ensure_root() {
+        return code;
+    }
+    match cli.command {
+        Cmd::Setup => match setup::run() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(()) => ExitCode::FAILURE,
+        },
+        Cmd::Run(args) => run_agent(&args),
+        Cmd::Test(args) => test(&args),
+    }
+}
+
+/// Returns when running as root; otherwise re-runs this very command through `sudo -E` (this
+/// process is replaced), or says root is needed and hands back exit code 2.
+fn ensure_root() -> Result<(), ExitCode> {
+    let uid = capture(Command::new("id").arg("-u"));
+    if uid.as_deref().map(str::trim) == Some("0") {
+        return Ok(());
+    }
+    if env::var_os(REEXEC_ENV).is_none() && capture(Command::new("sudo").arg("--version")).is_some()
+    {
+        eprintln!("[xtask] not root: re-running through sudo -E");
+        let exe = env::current_exe()
+            .unwrap_or_else(|_| PathBuf::from(env::args_os().next().unwrap_or_default()));
+        // sudo resets PATH (secure_path) even with -E: pass ours on, cargo and rustup live in it.
+        let mut path = OsString::from("PATH=");
+        path.push(env::var_os("PATH").unwrap_or_default());
+        let err = Command::new("sudo")
+            .args([OsStr::new("-E"), OsStr::new("env"), &path])
+            .arg(format!("{REEXEC_ENV}=1"))
+            .arg(exe)
+            .args(env::args_os().skip(1))
+            .exec();
+        eprintln!("[xtask] could not re-run through sudo: {err}");
+        return Err(ExitCode::from(2));
+    }
+    eprintln!(
+        "[xtask] cargo xtask must run as root (it installs packages, mounts tracefs and loads eBPF programs): run it again as root."
+    );
+    Err(ExitCode::from(2))
+}
+
+fn run_agent(args: &RunArgs) -> ExitCode {
+    if !args.no_setup && setup::run().is_err() {
+        return ExitCode::FAILURE;
+    }
+    let root = repo_root();
+    let t = Instant::now();
+    let status = match cargo(&root)
+        .args(["build", "--release", "-p", "drainwatch"])
+        .status()
+    {
+        Ok(status) => status,
+        Err(e) => {
+            eprintln!("[run] could not start cargo: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if !status.success() {
+        eprintln!("[run] building drainwatch failed ({status}); see cargo's output above.");
+        return exit_code(status.code());
+    }
+    let bin = target_dir(&root).join("release/drainwatch");
+    println!(
+        "[run] built in {}; exec {}",
+        secs(t.elapsed()),
+        bin.display()
+    );
+    let err = Command::new(&bin).args(&args.agent_args).exec();
+    eprintln!("[run] could not start {}: {err}", bin.display());
+    ExitCode::FAILURE
+}
+
+/// How one phase of `cargo xtask test` ended.
+enum Phase {
+    Passed(Duration),
+    Failed(Duration, Option<i32>),
+    Skipped(&'static str),
+}
+
+fn test(args: &TestArgs) -> ExitCode {
+    if !args.no_setup && setup::run().is_err() {
+        return ExitCode::FAILURE;
+    }
+    let root = repo_root();
+
+    let mut build = cargo(&root);
+    build.args(["build", "--release", "-p", "drainwatch"]);
+    let mut unit = cargo(&root);
+    // The eBPF crate builds only for the BPF target. The privileged crate runs, lib tests included,
+    // in the serialized integration phase: it must not also run here, in parallel.
+    unit.args(["test", "--workspace", "--lib", "--bins"]).args([
+        "--exclude",
+        "drainwatch-ebpf",
+        "--exclude",
+        "drainwatch-tests",
+    ]);
+    if !args.test_args.is_empty() {
+        unit.arg("--").args(&args.test_args);
+    }
+    let mut integration = cargo(&root);
+    integration
+        .args(["test", "-p", "drainwatch-tests", "--", "--test-threads=1"])
+        .args(&args.test_args);
+
+    let mut results: Vec<(&str, Phase)> = vec![("build", phase("build", &mut build))];
+    let build_ok = matches!(results[0].1, Phase::Passed(_));
+    for (name, cmd) in [("unit", &mut unit), ("integration", &mut integration)] {
+        let result = if build_ok {
+            phase(name, cmd)
+        } else {
+            Phase::Skipped("the build failed")
+        };
+        results.push((name, result));
+    }
+
+    let mut code = None;
+    for (name, result) in &results {
+        match result {
+            Phase::Passed(d) => println!("[test] {name:<12} passed ({})", secs(*d)),
+            Phase::Failed(d, c) => {
+                let how = c.map_or("killed by a signal".to_owned(), |c| format!("exit {c}"));
+                println!("[test] {name:<12} FAILED: {how} ({})", secs(*d));
+                code = code.or(Some(exit_code(*c)));
+            }
+            Phase::Skipped(why) => println!("[test] {name:<12} skipped: {why}"),
+        }
+    }
+    code.unwrap_or(ExitCode::SUCCESS)
+}
+
+fn phase(name: &str, cmd: &mut Command) -> Phase {
+    println!("[test] {name}: {}", show(cmd));
+    let t = Instant::now();
+    match cmd.status() {
+        Ok(s) if s.success() => Phase::Passed(t.elapsed()),
+        Ok(s) => Phase::Failed(t.elapsed(), s.code()),
+        Err(e) => {
+            eprintln!("[test] {name}: could not start: {e}");
+            Phase::Failed(t.elapsed(), None)
+        }
+    }
+}
+
+/// A non-zero exit code for a failed child: its own code when it has one in 1..=255, else 1.
+fn exit_code(code: Option<i32>) -> ExitCode {
+    match code.and_then(|c| u8::try_from(c).ok()).filter(|&c| c != 0) {
+        Some(c) => ExitCode::from(c),
+        None => ExitCode::FAILURE,
+    }
+}
+
+/// The workspace root: xtask lives in `<root>/xtask`.
+fn repo_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+fn target_dir(root: &Path) -> PathBuf {
+    env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
+}
+
+/// The cargo that runs us (cargo sets `CARGO`), in the workspace root.
+fn cargo(root: &Path) -> Command {
+    let mut cmd = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(root);
+    cmd
+}
+
+/// `cmd` as it would be typed in a shell (for progress and error lines).
+fn show(cmd: &Command) -> String {
+    let mut s = String::new();
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            let _ = write!(s, "{}={} ", k.to_string_lossy(), v.to_string_lossy());
+        }
+    }
+    let program = Path::new(cmd.get_program());
+    // The full path of cargo (from $CARGO) is noise: show `cargo`.
+    let program = if program.file_name() == Some(OsStr::new("cargo")) {
+        OsStr::new("cargo")
+    } else {
+        program.as_os_str()
+    };
+    s += &program.to_string_lossy();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s += &a.to_string_lossy();
+    }
+    s
+}
+
+/// Runs `cmd` with the terminal as its stdio; an error unless it exits 0.
+fn run_cmd(cmd: &mut Command) -> Result<()> {
+    let status = cmd
+        .status()
+        .with_context(|| format!("could not start `{}`", show(cmd)))?;
+    ensure!(status.success(), "`{}` failed ({status})", show(cmd));
+    Ok(())
+}
+
+/// Runs `cmd` silently; an error carrying its stderr unless it exits 0.
+fn run_quiet(cmd: &mut Command) -> Result<()> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("could not start `{}`", show(cmd)))?;
+    ensure!(
+        out.status.success(),
+        "`{}` failed ({}): {}",
+        show(cmd),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
+/// Runs `cmd` silently: its stdout when it exits 0, `None` when it fails or cannot start.
+fn capture(cmd: &mut Command) -> Option<String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
