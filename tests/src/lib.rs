@@ -1,1 +1,91 @@
-//! Test-only crate: see the files under tests/.
+//! Harness for the privileged tests: loads the real programs into the running kernel through
+//! the agent's own capture code and collects the decoded events synchronously. Kernel paths
+//! that the tests trigger (connect, close, kill, waitpid, rmdir) run their tracepoints before
+//! the system call returns, so draining right after the action sees every event it caused.
+
+use std::sync::Arc;
+
+use drainwatch::{
+    capture::{self, Capture, event::Event, reader::Reader},
+    export::metrics::Metrics,
+};
+use tokio::sync::mpsc;
+
+/// Fails the test, loudly, when not root: privileged tests never skip.
+pub fn require_root() {
+    // SAFETY: no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "this privileged test loads eBPF programs and needs root; run it through `cargo xtask test` as root"
+    );
+}
+
+pub struct Harness {
+    pub capture: Capture,
+    pub reader: Reader,
+    pub rx: mpsc::Receiver<Event>,
+    pub metrics: Arc<Metrics>,
+    // Keeps the reactor the ring buffer's AsyncFd is registered with.
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Harness {
+    /// Loads the programs for `only` (plan signal names) with a ring buffer of `ring_bytes`.
+    pub fn start(only: &[&'static str], ring_bytes: u32) -> Self {
+        Self::start_with_queue(only, ring_bytes, 1 << 20)
+    }
+
+    /// As `start`, with a queue of `queue` events between reader and consumer.
+    pub fn start_with_queue(only: &[&'static str], ring_bytes: u32, queue: usize) -> Self {
+        require_root();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let _guard = rt.enter();
+        let mut capture = Capture::load(&capture::Options {
+            ring_buffer_bytes: ring_bytes,
+            only: Some(only.to_vec()),
+            ..Default::default()
+        })
+        .expect("loading the eBPF programs");
+        for st in &capture.statuses {
+            assert!(st.chosen().is_some(), "{}", st.summary());
+        }
+        let metrics = Arc::new(Metrics::new("test"));
+        let (tx, rx) = mpsc::channel(queue);
+        let maps = capture.take_reader_maps().expect("ring buffer maps");
+        let reader = Reader::new(maps, capture.names.clone(), metrics.clone(), tx).expect("reader");
+        drop(_guard);
+        Self {
+            capture,
+            reader,
+            rx,
+            metrics,
+            _rt: rt,
+        }
+    }
+
+    /// Everything the kernel has handed over so far, decoded, in order.
+    pub fn events(&mut self) -> Vec<Event> {
+        self.reader.drain();
+        self.reader.poll_lost();
+        let mut out = Vec::new();
+        while let Ok(ev) = self.rx.try_recv() {
+            out.push(ev);
+        }
+        out
+    }
+}
+
+/// The inode of this process's network namespace, as the programs report it.
+pub fn own_netns() -> u32 {
+    let link = std::fs::read_link("/proc/self/ns/net").expect("read /proc/self/ns/net");
+    let s = link.to_string_lossy();
+    // "net:[4026531840]"
+    s.trim_start_matches("net:[")
+        .trim_end_matches(']')
+        .parse()
+        .unwrap_or_else(|_| panic!("unexpected namespace link {s}"))
+}

@@ -161,6 +161,10 @@ fn btf_degradations(k: &KernelOffsets, hook: &str) -> Vec<String> {
 
 /// Loaded programs and the outcome of the attach plan. Dropping it detaches everything.
 pub struct Capture {
+    /// Attachments, owned here so they can be dropped in parallel: each detach waits for an
+    /// RCU grace period in the kernel (about 60 ms), which one after another would take most
+    /// of the one second the agent has to exit.
+    links: Vec<Box<dyn Send>>,
     ebpf: Ebpf,
     pub statuses: Vec<SignalStatus>,
     pub names: KernelNames,
@@ -190,6 +194,7 @@ impl Capture {
             .map_err(CaptureError::Load)?;
 
         let mut statuses = Vec::new();
+        let mut links = Vec::new();
         for p in PLAN {
             if opts
                 .only
@@ -212,15 +217,18 @@ impl Capture {
                         name,
                         needs,
                         degraded,
-                    } => attach_tracepoint(&mut ebpf, &infos, &res, category, name, needs).map(
-                        |optional| {
-                            st.degraded
-                                .extend(optional.into_iter().map(|f| format!("no field {f}")));
-                            st.degraded.extend(degraded.map(String::from));
-                            st.degraded.extend(btf_degradations(&kernel, name));
-                        },
-                    ),
-                    Hook::Kprobe { functions, ret: _ } => attach_kprobes(&mut ebpf, functions),
+                    } => attach_tracepoint(
+                        &mut ebpf, &mut links, &infos, &res, category, name, needs,
+                    )
+                    .map(|optional| {
+                        st.degraded
+                            .extend(optional.into_iter().map(|f| format!("no field {f}")));
+                        st.degraded.extend(degraded.map(String::from));
+                        st.degraded.extend(btf_degradations(&kernel, name));
+                    }),
+                    Hook::Kprobe { functions, ret: _ } => {
+                        attach_kprobes(&mut ebpf, &mut links, functions)
+                    }
                 };
                 let ok = result.is_ok();
                 st.tried.push((hook.label(), result));
@@ -231,6 +239,7 @@ impl Capture {
             statuses.push(st);
         }
         Ok(Self {
+            links,
             ebpf,
             statuses,
             names,
@@ -248,8 +257,19 @@ impl Capture {
     }
 }
 
+impl Drop for Capture {
+    fn drop(&mut self) {
+        std::thread::scope(|s| {
+            for link in self.links.drain(..) {
+                s.spawn(move || drop(link));
+            }
+        });
+    }
+}
+
 fn attach_tracepoint(
     ebpf: &mut Ebpf,
+    links: &mut Vec<Box<dyn Send>>,
     infos: &BTreeMap<&'static str, TracepointInfo>,
     res: &Resolution,
     category: &str,
@@ -275,14 +295,21 @@ fn attach_tracepoint(
     if prog.fd().is_err() {
         prog.load().map_err(|e| format!("load: {e}"))?;
     }
-    prog.attach(category, name)
-        .map_err(|e| format!("attach: {e}"))?;
+    let id = prog
+        .attach(category, name)
+        .map_err(|e| format!("attach: {}", chain(&e)))?;
+    links.push(Box::new(prog.take_link(id).map_err(|e| format!("{e}"))?));
     Ok(res.missing_optional.get(name).cloned().unwrap_or_default())
 }
 
-fn attach_kprobes(ebpf: &mut Ebpf, functions: &[(&str, &str)]) -> Result<(), String> {
-    let mut attached = Vec::new();
-    let mut result = Ok(());
+fn attach_kprobes(
+    ebpf: &mut Ebpf,
+    links: &mut Vec<Box<dyn Send>>,
+    functions: &[(&str, &str)],
+) -> Result<(), String> {
+    // All or nothing: a partial set would silently miss some resets. Links taken so far are
+    // dropped (detached) if a later function fails.
+    let mut attached: Vec<Box<dyn Send>> = Vec::new();
     for (function, program) in functions {
         let step = (|| {
             let prog: &mut KProbe = ebpf
@@ -293,25 +320,25 @@ fn attach_kprobes(ebpf: &mut Ebpf, functions: &[(&str, &str)]) -> Result<(), Str
             if prog.fd().is_err() {
                 prog.load().map_err(|e| format!("load: {e}"))?;
             }
-            prog.attach(function, 0)
-                .map(|link| (*program, link))
-                .map_err(|e| format!("attach {function}: {e}"))
+            let id = prog
+                .attach(function, 0)
+                .map_err(|e| format!("attach {function}: {}", chain(&e)))?;
+            prog.take_link(id).map_err(|e| format!("{e}"))
         })();
-        match step {
-            Ok(link) => attached.push(link),
-            Err(e) => {
-                result = Err(e);
-                break;
-            }
-        }
+        attached.push(Box::new(step?));
     }
-    // All or nothing: a partial set would silently miss some resets.
-    if result.is_err() {
-        for (program, link) in attached {
-            if let Some(Ok(prog)) = ebpf.program_mut(program).map(<&mut KProbe>::try_from) {
-                let _ = prog.detach(link);
-            }
-        }
+    links.extend(attached);
+    Ok(())
+}
+
+/// An error with its causes, `a: b: c`: aya's messages alone often omit the OS error.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cur = c.source();
     }
-    result
+    out
 }

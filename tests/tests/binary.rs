@@ -1,0 +1,316 @@
+//! The built binary, as an operator runs it: /metrics checked by promtool, content negotiation,
+//! readiness, SIGTERM, and start-up errors that are one sentence and exit code 2.
+
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use drainwatch_tests::require_root;
+
+fn binary() -> PathBuf {
+    let path = std::env::var_os("DRAINWATCH_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/drainwatch")
+        });
+    assert!(
+        path.exists(),
+        "{} is missing: `cargo xtask test` builds it first (or set DRAINWATCH_BIN)",
+        path.display()
+    );
+    path
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A minimal HTTP/1.1 GET: status, headers (lower-cased names) and body.
+fn get(
+    port: u16,
+    path: &str,
+    accept: &str,
+) -> std::io::Result<(u16, Vec<(String, String)>, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Ok((status, headers, body.to_string()))
+}
+
+struct Agent {
+    child: Child,
+    port: u16,
+}
+
+impl Agent {
+    fn start(extra: &[&str]) -> Self {
+        require_root();
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let child = Command::new(binary())
+            .args(["--listen", &listen])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn drainwatch");
+        let mut agent = Self { child, port };
+        // Bounded wait for readiness: the condition, not a fixed sleep.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok((200, _, _)) = get(port, "/readyz", "*/*") {
+                break;
+            }
+            if let Some(status) = agent.child.try_wait().unwrap() {
+                panic!(
+                    "drainwatch exited during start-up: {status}: {}",
+                    agent.stderr()
+                );
+            }
+            assert!(Instant::now() < deadline, "not ready within 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        agent
+    }
+
+    fn stderr(&mut self) -> String {
+        let mut s = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    }
+
+    fn metric(&self, name_and_labels: &str) -> Option<f64> {
+        let (_, _, body) = get(self.port, "/metrics", "text/plain").ok()?;
+        body.lines()
+            .find_map(|l| l.strip_prefix(name_and_labels))
+            .and_then(|v| v.trim().parse().ok())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn metrics_pass_promtool_and_negotiate_openmetrics() {
+    let agent = Agent::start(&[]);
+    // Cause one event so counters move: a connect to a closed port.
+    let closed = free_port();
+    assert!(TcpStream::connect(("127.0.0.1", closed)).is_err());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while agent
+        .metric("drainwatch_events_total{kind=\"inet_sk_error_report\"}")
+        .unwrap_or(0.0)
+        < 1.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the refused connect never reached /metrics"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let (status, headers, plain) = get(agent.port, "/metrics", "text/plain").unwrap();
+    assert_eq!(status, 200);
+    let ct = headers
+        .iter()
+        .find(|(k, _)| k == "content-type")
+        .map(|(_, v)| v.as_str());
+    assert_eq!(ct, Some("text/plain; version=0.0.4; charset=utf-8"));
+    for line in [
+        "drainwatch_probe_attached{signal=\"resets_sent\",hook=\"tracepoint:tcp:tcp_send_reset\"} 1",
+        "drainwatch_probe_attached{signal=\"accept_wait\",hook=\"kretprobe:inet_csk_accept\"} 0",
+        "drainwatch_events_lost_total{stage=\"ringbuf\"} 0",
+    ] {
+        assert!(plain.contains(line), "missing {line:?} in:\n{plain}");
+    }
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let build = format!(
+        "drainwatch_build_info{{version=\"{}\",kernel=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION"),
+        kernel.trim()
+    );
+    assert!(plain.contains(&build), "missing {build:?}");
+
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (cargo xtask setup installs prometheus)");
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(plain.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let (status, headers, om) = get(
+        agent.port,
+        "/metrics",
+        "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+    )
+    .unwrap();
+    assert_eq!(status, 200);
+    let ct = headers
+        .iter()
+        .find(|(k, _)| k == "content-type")
+        .map(|(_, v)| v.as_str());
+    assert_eq!(
+        ct,
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    assert!(om.ends_with("# EOF\n"));
+    assert_eq!(get(agent.port, "/healthz", "*/*").unwrap().0, 200);
+}
+
+#[test]
+fn sigterm_detaches_and_exits_0_within_a_second() {
+    let mut agent = Agent::start(&[]);
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(
+        unsafe { libc::kill(agent.child.id() as i32, libc::SIGTERM) },
+        0
+    );
+    let sent = Instant::now();
+    let status = loop {
+        if let Some(s) = agent.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(1),
+            "still running 1 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status.code(), Some(0), "{}", agent.stderr());
+}
+
+/// Runs the binary to completion; returns (exit code, stderr).
+fn run_to_exit(cmd: &mut Command) -> (Option<i32>, String) {
+    let out = cmd.stdout(Stdio::null()).output().expect("run drainwatch");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn assert_one_sentence(stderr: &str, needle: &str) {
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("drainwatch: ") && last.contains(needle),
+        "last line {last:?} in:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("stack backtrace"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn startup_errors_are_one_sentence_and_exit_2() {
+    require_root();
+    let held = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let (code, err) =
+        run_to_exit(Command::new(binary()).args(["--listen", &format!("127.0.0.1:{port}")]));
+    assert_eq!(code, Some(2));
+    assert_one_sentence(&err, "cannot listen on 127.0.0.1:");
+
+    let listen = format!("127.0.0.1:{}", free_port());
+    let (code, err) = run_to_exit(Command::new(binary()).args([
+        "--listen",
+        &listen,
+        "--btf",
+        "/nonexistent/vmlinux",
+    ]));
+    assert_eq!(code, Some(2));
+    assert_one_sentence(&err, "CONFIG_DEBUG_INFO_BTF");
+
+    let (code, err) = run_to_exit(Command::new(binary()).args([
+        "--listen",
+        &listen,
+        "--ring-buffer-bytes",
+        "5000",
+    ]));
+    assert_eq!(code, Some(2));
+    assert_one_sentence(&err, "power of two");
+
+    let (code, err) = run_to_exit(Command::new(binary()).args(["--listen", "not-an-address"]));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("invalid value 'not-an-address'"), "{err}");
+
+    let (code, err) = run_to_exit(
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+            ])
+            .arg(binary())
+            .args(["--listen", &listen]),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert_one_sentence(&err, "needs root");
+}
+
+#[test]
+fn every_flag_has_an_environment_variable() {
+    let out = Command::new(binary()).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for var in [
+        "DRAINWATCH_LISTEN",
+        "DRAINWATCH_PROCFS_ROOT",
+        "DRAINWATCH_CGROUPFS_ROOT",
+        "DRAINWATCH_LOG_FORMAT",
+        "DRAINWATCH_RING_BUFFER_BYTES",
+    ] {
+        assert!(help.contains(var), "--help lacks {var}:\n{help}");
+    }
+    // And the variable is honoured: a bad value through the environment fails like the flag.
+    let (code, err) = run_to_exit(
+        Command::new(binary())
+            .env("DRAINWATCH_RING_BUFFER_BYTES", "5000")
+            .env("DRAINWATCH_LISTEN", format!("127.0.0.1:{}", free_port())),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert_one_sentence(&err, "power of two");
+}

@@ -1,0 +1,321 @@
+//! Real programs, real kernel: each test causes one thing and asserts the exact events, with the
+//! pids, addresses and ports it caused.
+
+use std::{
+    io::ErrorKind,
+    net::{SocketAddr, TcpListener, TcpStream},
+    os::{fd::AsRawFd, unix::process::ExitStatusExt},
+    process::Command,
+};
+
+use drainwatch::capture::event::{Event, ExitStatus};
+use drainwatch_tests::{Harness, own_netns};
+
+const RING: u32 = 1 << 22;
+
+fn closed_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+    // dropped: nothing listens there any more
+}
+
+#[test]
+fn connect_to_a_closed_port_is_a_socketless_reset_a_received_reset_and_econnrefused() {
+    let mut h = Harness::start(&["resets_sent", "resets_received", "socket_errors"], RING);
+    let target = closed_port();
+    let err = TcpStream::connect(target).expect_err("nothing listens");
+    assert_eq!(err.kind(), ErrorKind::ConnectionRefused);
+    let events = h.events();
+
+    let sent: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ResetSent(r) if r.conn.is_some_and(|c| c.local == target) => Some(r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent.len(), 1, "one RST from {target}: {events:#?}");
+    let sent = sent[0];
+    assert_eq!(sent.skaddr, 0, "no socket owns a closed port");
+    assert_eq!(
+        sent.reason.as_ref().and_then(|r| r.name.as_deref()),
+        Some("NO_SOCKET")
+    );
+    assert_eq!(
+        sent.meta.netns,
+        own_netns(),
+        "namespace from the packet's device"
+    );
+    let client = sent.conn.unwrap().remote;
+    assert_eq!(client.ip(), target.ip());
+
+    let received: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ResetReceived(r) if r.conn.is_some_and(|c| c.remote == target) => Some(r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(received.len(), 1, "{events:#?}");
+    assert_eq!(received[0].conn.unwrap().local, client);
+    assert_ne!(received[0].skaddr, 0);
+    assert_eq!(
+        received[0].state.as_ref().and_then(|s| s.name.as_deref()),
+        Some("TCP_SYN_SENT")
+    );
+    assert_eq!(received[0].meta.netns, own_netns());
+
+    let refused: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::SocketError(s) if s.conn.is_some_and(|c| c.remote == target) => Some(s),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(refused.len(), 1, "{events:#?}");
+    assert_eq!(refused[0].errno, libc::ECONNREFUSED);
+    assert_eq!(refused[0].conn.unwrap().local, client);
+}
+
+#[test]
+fn an_aborted_connection_sends_a_reset_from_the_closing_process() {
+    let mut h = Harness::start(&["resets_sent", "resets_received", "socket_states"], RING);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let server_addr = listener.local_addr().unwrap();
+    let client = TcpStream::connect(server_addr).unwrap();
+    let client_addr = client.local_addr().unwrap();
+    let (server_side, _) = listener.accept().unwrap();
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: valid fd and a correctly sized option value.
+    let rc = unsafe {
+        libc::setsockopt(
+            client.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0);
+    drop(client); // close() with linger 0: RST instead of FIN
+    let events = h.events();
+    drop(server_side);
+
+    let sent: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ResetSent(r) if r.conn.is_some_and(|c| c.local == client_addr) => Some(r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent.len(), 1, "{events:#?}");
+    let sent = sent[0];
+    assert_eq!(sent.conn.unwrap().remote, server_addr);
+    assert_ne!(sent.skaddr, 0);
+    assert_eq!(
+        sent.meta.tgid,
+        std::process::id(),
+        "sent by close() in this process"
+    );
+    assert_eq!(sent.meta.netns, own_netns());
+    // close() with SO_LINGER 0 goes through tcp_disconnect(), which reports TCP_STATE (the
+    // ABORT_ON_LINGER reason is for the FIN_WAIT2 linger2 timeout).
+    assert_eq!(
+        sent.reason.as_ref().and_then(|r| r.name.as_deref()),
+        Some("TCP_STATE")
+    );
+
+    let received: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ResetReceived(r)
+                if r.conn
+                    .is_some_and(|c| c.local == server_addr && c.remote == client_addr) =>
+            {
+                Some(r)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(received.len(), 1, "the server side got it: {events:#?}");
+    assert_eq!(
+        received[0].state.as_ref().and_then(|s| s.name.as_deref()),
+        Some("TCP_ESTABLISHED")
+    );
+
+    let transitions: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::StateChange(s) if s.skaddr == sent.skaddr => Some((
+                s.old
+                    .as_ref()
+                    .and_then(|n| n.name.clone())
+                    .unwrap_or_default(),
+                s.new
+                    .as_ref()
+                    .and_then(|n| n.name.clone())
+                    .unwrap_or_default(),
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        transitions,
+        [
+            ("TCP_CLOSE".to_string(), "TCP_SYN_SENT".to_string()),
+            ("TCP_SYN_SENT".to_string(), "TCP_ESTABLISHED".to_string()),
+            ("TCP_ESTABLISHED".to_string(), "TCP_CLOSE".to_string()),
+        ],
+        "client socket life: {events:#?}"
+    );
+    // connect() enters SYN_SENT before it picks the local port: that event has port 0, which
+    // is why correlation keys sockets by address, not by 4-tuple.
+    let first = events.iter().find_map(|e| match e {
+        Event::StateChange(s) if s.skaddr == sent.skaddr => s.conn,
+        _ => None,
+    });
+    assert_eq!(first.map(|c| c.local.port()), Some(0));
+    assert_eq!(first.map(|c| c.remote), Some(server_addr));
+}
+
+/// Runs `cmd`, optionally signals it, waits, and returns the events for it.
+fn run_child(
+    h: &mut Harness,
+    program: &str,
+    args: &[&str],
+    signal: Option<i32>,
+) -> (u32, std::process::ExitStatus, Vec<Event>) {
+    let mut child = Command::new(program).args(args).spawn().expect("spawn");
+    let pid = child.id();
+    if let Some(sig) = signal {
+        // SAFETY: plain kill(2) on our own child.
+        assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+    }
+    let status = child.wait().expect("wait");
+    (pid, status, h.events())
+}
+
+fn exits_of(events: &[Event], pid: u32) -> Vec<ExitStatus> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Exit(x) if x.meta.tgid == pid => Some(x.status),
+            _ => None,
+        })
+        .collect()
+}
+
+fn signals_to(events: &[Event], pid: u32) -> Vec<(i32, u32)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Signal(s) if s.target_pid == pid as i32 => Some((s.sig, s.meta.tgid)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn sigterm_to_a_process_without_a_handler_kills_it_with_143() {
+    let mut h = Harness::start(&["signals", "process_exits"], RING);
+    let (pid, status, events) = run_child(&mut h, "sleep", &["30"], Some(libc::SIGTERM));
+    assert_eq!(status.signal(), Some(libc::SIGTERM));
+    assert_eq!(
+        signals_to(&events, pid),
+        [(libc::SIGTERM, std::process::id())],
+        "{events:#?}"
+    );
+    let exits = exits_of(&events, pid);
+    assert_eq!(
+        exits,
+        [ExitStatus::Killed {
+            signal: 15,
+            core: false
+        }],
+        "{events:#?}"
+    );
+    assert_eq!(exits[0].shell_code(), Some(143));
+}
+
+#[test]
+fn a_clean_exit_is_code_0_and_sends_no_signal() {
+    let mut h = Harness::start(&["signals", "process_exits"], RING);
+    let (pid, status, events) = run_child(&mut h, "true", &[], None);
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(signals_to(&events, pid), []);
+    assert_eq!(
+        exits_of(&events, pid),
+        [ExitStatus::Exited(0)],
+        "{events:#?}"
+    );
+    let (pid, status, events) = run_child(&mut h, "sh", &["-c", "exit 3"], None);
+    assert_eq!(status.code(), Some(3));
+    assert_eq!(
+        exits_of(&events, pid),
+        [ExitStatus::Exited(3)],
+        "{events:#?}"
+    );
+}
+
+#[test]
+fn sigkill_is_137() {
+    let mut h = Harness::start(&["signals", "process_exits"], RING);
+    let (pid, status, events) = run_child(&mut h, "sleep", &["30"], Some(libc::SIGKILL));
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    assert_eq!(
+        signals_to(&events, pid),
+        [(libc::SIGKILL, std::process::id())],
+        "{events:#?}"
+    );
+    let exits = exits_of(&events, pid);
+    assert_eq!(
+        exits,
+        [ExitStatus::Killed {
+            signal: 9,
+            core: false
+        }]
+    );
+    assert_eq!(exits[0].shell_code(), Some(137));
+}
+
+/// The cgroup v2 mount: `unified` on hybrid hosts, the root on pure v2 ones.
+fn cgroup_v2_root() -> std::path::PathBuf {
+    ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .into_iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.join("cgroup.controllers").exists())
+        .expect("a cgroup v2 mount")
+}
+
+#[test]
+fn a_removed_cgroup_reports_its_id_and_path() {
+    use std::os::unix::fs::MetadataExt;
+    let mut h = Harness::start(&["cgroup_removals"], RING);
+    let name = format!("drainwatch-test-{}", std::process::id());
+    let dir = cgroup_v2_root().join(&name);
+    std::fs::create_dir(&dir).expect("mkdir cgroup");
+    // On cgroup v2 a cgroup's id is its directory's inode number.
+    let id = std::fs::metadata(&dir).unwrap().ino();
+    std::fs::remove_dir(&dir).expect("rmdir cgroup");
+    let events = h.events();
+    let removed: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::CgroupRemoved(c) if c.path.ends_with(&name) => Some(c),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(removed.len(), 1, "{events:#?}");
+    assert_eq!(removed[0].id, id);
+    assert_eq!(removed[0].path, format!("/{name}"));
+    assert_eq!(removed[0].hierarchy, 0, "v2 is hierarchy 0");
+    assert_eq!(removed[0].level, 1);
+    assert_eq!(
+        removed[0].meta.tgid,
+        std::process::id(),
+        "rmdir ran in this process"
+    );
+}
