@@ -15,7 +15,7 @@ mod tcp_receive_reset;
 mod tcp_send_reset;
 mod util;
 
-#[cfg(not(test))]
+#[cfg(target_arch = "bpf")]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
