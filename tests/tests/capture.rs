@@ -319,3 +319,101 @@ fn a_removed_cgroup_reports_its_id_and_path() {
         "rmdir ran in this process"
     );
 }
+
+#[test]
+fn ipv6_resets_carry_ipv6_addresses() {
+    let mut h = Harness::start(&["resets_sent", "socket_errors"], RING);
+    let target = TcpListener::bind("[::1]:0").unwrap().local_addr().unwrap();
+    let err = TcpStream::connect(target).expect_err("nothing listens");
+    assert_eq!(err.kind(), ErrorKind::ConnectionRefused);
+    let events = h.events();
+    let sent: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ResetSent(r) if r.conn.is_some_and(|c| c.local == target) => Some(r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent.len(), 1, "{events:#?}");
+    assert_eq!(
+        sent[0].reason.as_ref().and_then(|r| r.name.as_deref()),
+        Some("NO_SOCKET")
+    );
+    let client = sent[0].conn.unwrap().remote;
+    assert_eq!(client.ip().to_string(), "::1");
+    let refused = events.iter().any(|e| {
+        matches!(e, Event::SocketError(s) if s.errno == libc::ECONNREFUSED
+            && s.conn.is_some_and(|c| c.local == client && c.remote == target))
+    });
+    assert!(refused, "{events:#?}");
+}
+
+/// `ListenOverflows` of this network namespace's TcpExt counters.
+fn listen_overflows() -> u64 {
+    let text = std::fs::read_to_string("/proc/net/netstat").unwrap();
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (lines.next().unwrap(), lines.next().unwrap());
+    let i = names
+        .split_whitespace()
+        .position(|n| n == "ListenOverflows")
+        .unwrap();
+    values.split_whitespace().nth(i).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_full_accept_queue_is_a_listen_overflow_on_that_listener() {
+    const BACKLOG: i32 = 2;
+    let mut h = Harness::start(&["listen_overflows"], RING);
+    // A listener that never accepts, with TCP_DEFER_ACCEPT: a bare handshake ACK is ignored and
+    // a client's first data segment completes its handshake. The kernel drops a SYN outright
+    // (no drop reason) when the accept queue is already full, so each SYN must arrive while it
+    // is not, and the overflow must happen at handshake completion: the drop the kernel tags
+    // TCP_LISTEN_OVERFLOW. The queue holds BACKLOG + 1 and at most BACKLOG handshakes may be
+    // pending at once; this order keeps both true until the fourth data segment.
+    let listener_sock = TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = listener_sock.local_addr().unwrap();
+    let fd = listener_sock.as_raw_fd();
+    let defer: libc::c_int = 5;
+    // SAFETY: valid fd and option values of the right sizes.
+    unsafe {
+        assert_eq!(
+            libc::setsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_DEFER_ACCEPT,
+                (&defer as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            ),
+            0
+        );
+        assert_eq!(libc::listen(fd, BACKLOG), 0);
+    }
+    let before = listen_overflows();
+    let connect =
+        || TcpStream::connect_timeout(&listener, std::time::Duration::from_secs(2)).unwrap();
+    let send = |c: &mut TcpStream| std::io::Write::write_all(c, b"x").unwrap();
+    let (mut c1, mut c2) = (connect(), connect());
+    send(&mut c1); // queued: 1
+    let mut c3 = connect();
+    send(&mut c2); // queued: 2
+    let mut c4 = connect();
+    send(&mut c3); // queued: 3 = BACKLOG + 1, full
+    send(&mut c4); // overflow
+    let events = h.events();
+    let kernel_count = listen_overflows() - before;
+    drop(listener_sock);
+
+    let overflows: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ListenOverflow(o) if o.listener == Some(listener) => Some(o),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(overflows.len(), 1, "{events:#?}");
+    assert_eq!(kernel_count, 1, "the namespace's ListenOverflows agrees");
+    for o in &overflows {
+        assert_eq!(o.reason.name.as_deref(), Some("TCP_LISTEN_OVERFLOW"));
+        assert_eq!(o.meta.netns, own_netns());
+    }
+}

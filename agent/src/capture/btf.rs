@@ -100,8 +100,11 @@ fn find_member(btf: &Btf, s: &btf_rs::Struct, name: &str, depth: u32) -> Option<
     None
 }
 
+/// Where a resolved offset goes in the configuration.
+type Slot = fn(&mut KernelOffsets) -> &mut u32;
+
 /// Which members the programs read, as (struct, member path, slot).
-const MEMBERS: &[(&str, &str, fn(&mut KernelOffsets) -> &mut u32)] = &[
+const MEMBERS: &[(&str, &str, Slot)] = &[
     ("sock", "__sk_common.skc_net", |k| &mut k.sock_net),
     ("sock", "__sk_common.skc_family", |k| &mut k.sock_family),
     ("sock", "__sk_common.skc_state", |k| &mut k.sock_state),
