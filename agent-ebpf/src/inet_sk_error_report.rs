@@ -4,9 +4,7 @@ use drainwatch_common::{
     inet_sk_error_report::{Event, Fields},
 };
 
-use crate::util::{
-    CONFIG, IPPROTO_TCP, TupleFields, cfg, field, fill_header, reserve, task_netns, tp_tuple,
-};
+use crate::util::{CONFIG, IPPROTO_TCP, cfg, field, fill_header, reserve, task_netns, tp_tuple};
 
 #[tracepoint]
 pub fn inet_sk_error_report(ctx: TracePointContext) -> u32 {
@@ -25,16 +23,7 @@ fn try_inet_sk_error_report(ctx: &TracePointContext) -> Option<()> {
     // socket owner's only in process context (userspace knows which case it has).
     fill_header(&mut ev.header, EventKind::InetSkErrorReport, task_netns());
     ev.tuple = Tuple::default();
-    let tf = TupleFields {
-        family: f.family,
-        sport: f.sport,
-        dport: f.dport,
-        saddr: f.saddr,
-        daddr: f.daddr,
-        saddr_v6: f.saddr_v6,
-        daddr_v6: f.daddr_v6,
-    };
-    tp_tuple(ctx, &tf, &mut ev.tuple);
+    tp_tuple(ctx, &f.addr, &mut ev.tuple);
     ev.error = field::<i32>(ctx, f.error).unwrap_or(0);
     ev._pad = 0;
     entry.submit(0);

@@ -4,9 +4,7 @@ use drainwatch_common::{
     inet_sock_set_state::{Event, Fields},
 };
 
-use crate::util::{
-    CONFIG, IPPROTO_TCP, TupleFields, cfg, field, fill_header, reserve, sock_netns, tp_tuple,
-};
+use crate::util::{CONFIG, IPPROTO_TCP, cfg, field, fill_header, reserve, sock_netns, tp_tuple};
 
 #[tracepoint]
 pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
@@ -29,16 +27,7 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Option<()> {
     );
     ev.skaddr = skaddr;
     ev.tuple = Tuple::default();
-    let tf = TupleFields {
-        family: f.family,
-        sport: f.sport,
-        dport: f.dport,
-        saddr: f.saddr,
-        daddr: f.daddr,
-        saddr_v6: f.saddr_v6,
-        daddr_v6: f.daddr_v6,
-    };
-    tp_tuple(ctx, &tf, &mut ev.tuple);
+    tp_tuple(ctx, &f.addr, &mut ev.tuple);
     ev.oldstate = field::<i32>(ctx, f.oldstate).unwrap_or(-1);
     ev.newstate = field::<i32>(ctx, f.newstate).unwrap_or(-1);
     entry.submit(0);

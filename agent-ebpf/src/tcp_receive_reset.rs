@@ -4,9 +4,7 @@ use drainwatch_common::{
     tcp_receive_reset::{Event, Fields},
 };
 
-use crate::util::{
-    CONFIG, TupleFields, cfg, field, fill_header, reserve, sock_netns, sock_state, tp_tuple,
-};
+use crate::util::{CONFIG, cfg, field, fill_header, reserve, sock_netns, sock_state, tp_tuple};
 
 #[tracepoint]
 pub fn tcp_receive_reset(ctx: TracePointContext) -> u32 {
@@ -27,16 +25,7 @@ fn try_tcp_receive_reset(ctx: &TracePointContext) -> Option<()> {
     ev.skaddr = skaddr;
     ev.sock_cookie = field::<u64>(ctx, f.sock_cookie).unwrap_or(0);
     ev.tuple = Tuple::default();
-    let tf = TupleFields {
-        family: f.family,
-        sport: f.sport,
-        dport: f.dport,
-        saddr: f.saddr,
-        daddr: f.daddr,
-        saddr_v6: f.saddr_v6,
-        daddr_v6: f.daddr_v6,
-    };
-    tp_tuple(ctx, &tf, &mut ev.tuple);
+    tp_tuple(ctx, &f.addr, &mut ev.tuple);
     ev.state = sock_state(skaddr);
     ev._pad = 0;
     entry.submit(0);

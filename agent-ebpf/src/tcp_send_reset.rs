@@ -9,8 +9,8 @@ use drainwatch_common::{
 };
 
 use crate::util::{
-    CONFIG, TupleFields, cfg, field, fill_header, reserve, skb_netns, sock_netns, sock_state,
-    sock_tuple, tp_tuple,
+    CONFIG, cfg, field, fill_header, reserve, skb_netns, sock_netns, sock_state, sock_tuple,
+    tp_tuple,
 };
 
 #[tracepoint]
@@ -45,30 +45,19 @@ fn try_tcp_send_reset(ctx: &TracePointContext) -> Option<()> {
     fill_header(&mut ev.header, EventKind::TcpSendReset, netns);
     ev.skaddr = skaddr;
     ev.tuple = Tuple::default();
-    if f.sockaddr_layout != 0 {
+    if f.sockaddr_saddr != NO_FIELD {
         let t = &mut ev.tuple;
         let mut dfamily = 0;
-        if let Some(s) = field::<[u8; 28]>(ctx, f.saddr) {
+        if let Some(s) = field::<[u8; 28]>(ctx, f.sockaddr_saddr) {
             sockaddr(&s, &mut t.family, &mut t.sport, &mut t.saddr);
         }
-        if let Some(d) = field::<[u8; 28]>(ctx, f.daddr) {
+        if let Some(d) = field::<[u8; 28]>(ctx, f.sockaddr_daddr) {
             sockaddr(&d, &mut dfamily, &mut t.dport, &mut t.daddr);
         }
     } else {
-        let tf = TupleFields {
-            family: f.family,
-            sport: f.sport,
-            dport: f.dport,
-            saddr: f.saddr,
-            daddr: f.daddr,
-            saddr_v6: f.saddr_v6,
-            daddr_v6: f.daddr_v6,
-        };
-        tp_tuple(ctx, &tf, &mut ev.tuple);
+        tp_tuple(ctx, &f.addr, &mut ev.tuple);
     }
-    ev.state = if f.state == NO_FIELD {
-        -1
-    } else if skaddr == 0 {
+    ev.state = if skaddr == 0 {
         -1
     } else {
         field::<i32>(ctx, f.state).unwrap_or(-1)

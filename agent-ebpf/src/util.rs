@@ -12,7 +12,7 @@ use aya_ebpf::{
 };
 use drainwatch_common::{
     AF_INET, AF_INET6, EventKind, Header, Tuple,
-    config::{Config, NO_FIELD, NO_OFFSET},
+    config::{AddrFields, Config, NO_FIELD, NO_OFFSET},
 };
 
 /// Overridden by the agent before load (`--ring-buffer-bytes`).
@@ -127,20 +127,9 @@ pub fn sock_tuple(sk: u64, t: &mut Tuple) {
     }
 }
 
-/// Offsets of the classic tracepoint address fields (`TCP_EVENT_STRUCTURE` and friends).
-pub struct TupleFields {
-    pub family: u16,
-    pub sport: u16,
-    pub dport: u16,
-    pub saddr: u16,
-    pub daddr: u16,
-    pub saddr_v6: u16,
-    pub daddr_v6: u16,
-}
-
 /// Reads a tuple from separate family/port/address fields (ports are host order there).
 #[inline(always)]
-pub fn tp_tuple(ctx: &TracePointContext, f: &TupleFields, t: &mut Tuple) {
+pub fn tp_tuple(ctx: &TracePointContext, f: &AddrFields, t: &mut Tuple) {
     t.family = field::<u16>(ctx, f.family).unwrap_or(0);
     t.sport = field::<u16>(ctx, f.sport).unwrap_or(0);
     t.dport = field::<u16>(ctx, f.dport).unwrap_or(0);

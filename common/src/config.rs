@@ -11,6 +11,34 @@ pub const NO_FIELD: u16 = u16::MAX;
 /// A struct member BTF did not resolve.
 pub const NO_OFFSET: u32 = u32::MAX;
 
+/// Offsets of the address fields many tracepoints share (`TCP_EVENT_STRUCTURE` and friends):
+/// family, host-order ports, IPv4 addresses and (optional) IPv6 addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AddrFields {
+    pub family: u16,
+    pub sport: u16,
+    pub dport: u16,
+    pub saddr: u16,
+    pub daddr: u16,
+    pub saddr_v6: u16,
+    pub daddr_v6: u16,
+    pub _pad: u16,
+}
+
+impl AddrFields {
+    pub const ABSENT: Self = Self {
+        family: NO_FIELD,
+        sport: NO_FIELD,
+        dport: NO_FIELD,
+        saddr: NO_FIELD,
+        daddr: NO_FIELD,
+        saddr_v6: NO_FIELD,
+        daddr_v6: NO_FIELD,
+        _pad: 0,
+    };
+}
+
 /// Byte offsets of kernel struct members, resolved from `/sys/kernel/btf/vmlinux`.
 /// Offsets are from the start of the named struct (`sock_*` from `struct sock`).
 #[repr(C)]
@@ -84,4 +112,7 @@ impl Config {
     };
 }
 
-pod!(Config, KernelOffsets);
+pod!(Config, KernelOffsets, AddrFields);
+
+// No implicit padding: the agent writes these bytes verbatim into the program's global.
+const _: () = assert!(core::mem::size_of::<Config>() == 192);

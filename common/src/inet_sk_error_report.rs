@@ -1,7 +1,10 @@
 //! `sock:inet_sk_error_report`: the kernel reported an error on a socket, e.g. ECONNREFUSED to a
 //! connect() answered by RST, ECONNRESET, ETIMEDOUT, EHOSTUNREACH. Only `IPPROTO_TCP` is emitted.
 
-use crate::{Header, Tuple, config::NO_FIELD};
+use crate::{
+    Header, Tuple,
+    config::{AddrFields, NO_FIELD},
+};
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -17,29 +20,15 @@ pub struct Event {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fields {
     pub error: u16,
-    pub sport: u16,
-    pub dport: u16,
-    pub family: u16,
     pub protocol: u16,
-    pub saddr: u16,
-    pub daddr: u16,
-    pub saddr_v6: u16,
-    pub daddr_v6: u16,
-    pub _pad: u16,
+    pub addr: AddrFields,
 }
 
 impl Fields {
     pub const ABSENT: Self = Self {
         error: NO_FIELD,
-        sport: NO_FIELD,
-        dport: NO_FIELD,
-        family: NO_FIELD,
         protocol: NO_FIELD,
-        saddr: NO_FIELD,
-        daddr: NO_FIELD,
-        saddr_v6: NO_FIELD,
-        daddr_v6: NO_FIELD,
-        _pad: 0,
+        addr: AddrFields::ABSENT,
     };
 }
 

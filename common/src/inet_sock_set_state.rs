@@ -1,6 +1,9 @@
 //! `sock:inet_sock_set_state`: a TCP socket changed state (only `IPPROTO_TCP` is emitted).
 
-use crate::{Header, Tuple, config::NO_FIELD};
+use crate::{
+    Header, Tuple,
+    config::{AddrFields, NO_FIELD},
+};
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -18,15 +21,8 @@ pub struct Fields {
     pub skaddr: u16,
     pub oldstate: u16,
     pub newstate: u16,
-    pub sport: u16,
-    pub dport: u16,
-    pub family: u16,
     pub protocol: u16,
-    pub saddr: u16,
-    pub daddr: u16,
-    pub saddr_v6: u16,
-    pub daddr_v6: u16,
-    pub _pad: u16,
+    pub addr: AddrFields,
 }
 
 impl Fields {
@@ -34,15 +30,8 @@ impl Fields {
         skaddr: NO_FIELD,
         oldstate: NO_FIELD,
         newstate: NO_FIELD,
-        sport: NO_FIELD,
-        dport: NO_FIELD,
-        family: NO_FIELD,
         protocol: NO_FIELD,
-        saddr: NO_FIELD,
-        daddr: NO_FIELD,
-        saddr_v6: NO_FIELD,
-        daddr_v6: NO_FIELD,
-        _pad: 0,
+        addr: AddrFields::ABSENT,
     };
 }
 

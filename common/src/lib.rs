@@ -104,5 +104,18 @@ pub struct Tuple {
 
 pod!(Header, Tuple);
 
+// The layouts are a contract with the kernel side: no implicit padding, ring-buffer friendly.
+const _: () = assert!(core::mem::size_of::<Header>() == 48);
+const _: () = assert!(core::mem::size_of::<Tuple>() == 40);
+const _: () = assert!(core::mem::size_of::<tcp_send_reset::Event>() == 104);
+const _: () = assert!(core::mem::size_of::<tcp_receive_reset::Event>() == 112);
+const _: () = assert!(core::mem::size_of::<inet_sock_set_state::Event>() == 104);
+const _: () = assert!(core::mem::size_of::<inet_sk_error_report::Event>() == 96);
+const _: () = assert!(core::mem::size_of::<signal_generate::Event>() == 88);
+const _: () = assert!(core::mem::size_of::<sched_process_exit::Event>() == 56);
+const _: () = assert!(core::mem::size_of::<cgroup_rmdir::Event>() == 328);
+const _: () = assert!(core::mem::size_of::<kfree_skb::Event>() == 112);
+const _: () = assert!(core::mem::size_of::<inet_csk_accept::Event>() == 96);
+
 /// Marks a value the kernel did not provide (field absent from this kernel's format).
 pub const ABSENT_U32: u32 = u32::MAX;

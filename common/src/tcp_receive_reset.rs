@@ -1,6 +1,9 @@
 //! `tcp:tcp_receive_reset`: a RST arrived on one of this host's sockets.
 
-use crate::{Header, Tuple, config::NO_FIELD};
+use crate::{
+    Header, Tuple,
+    config::{AddrFields, NO_FIELD},
+};
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -19,29 +22,15 @@ pub struct Event {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fields {
     pub skaddr: u16,
-    pub sport: u16,
-    pub dport: u16,
-    pub family: u16,
-    pub saddr: u16,
-    pub daddr: u16,
-    pub saddr_v6: u16,
-    pub daddr_v6: u16,
     pub sock_cookie: u16,
-    pub _pad: u16,
+    pub addr: AddrFields,
 }
 
 impl Fields {
     pub const ABSENT: Self = Self {
         skaddr: NO_FIELD,
-        sport: NO_FIELD,
-        dport: NO_FIELD,
-        family: NO_FIELD,
-        saddr: NO_FIELD,
-        daddr: NO_FIELD,
-        saddr_v6: NO_FIELD,
-        daddr_v6: NO_FIELD,
         sock_cookie: NO_FIELD,
-        _pad: 0,
+        addr: AddrFields::ABSENT,
     };
 }
 

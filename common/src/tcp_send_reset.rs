@@ -3,7 +3,10 @@
 //! and addresses were separate fields. `skaddr` is NULL for a RST answering a packet that matched
 //! no socket (e.g. a SYN to a closed port).
 
-use crate::{Header, Tuple, config::NO_FIELD};
+use crate::{
+    Header, Tuple,
+    config::{AddrFields, NO_FIELD},
+};
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -25,16 +28,11 @@ pub struct Fields {
     pub skaddr: u16,
     pub state: u16,
     pub reason: u16,
-    /// 6.10+: `saddr`/`daddr` are sockaddr blobs (`sockaddr_layout` = 1).
-    pub saddr: u16,
-    pub daddr: u16,
-    pub sockaddr_layout: u16,
-    /// Before 6.10: separate fields.
-    pub sport: u16,
-    pub dport: u16,
-    pub family: u16,
-    pub saddr_v6: u16,
-    pub daddr_v6: u16,
+    /// 6.10+: `saddr`/`daddr` are 28-byte sockaddr blobs; `NO_FIELD` on older layouts.
+    pub sockaddr_saddr: u16,
+    pub sockaddr_daddr: u16,
+    /// Before 6.10: separate family, port and address fields.
+    pub addr: AddrFields,
 }
 
 impl Fields {
@@ -43,14 +41,9 @@ impl Fields {
         skaddr: NO_FIELD,
         state: NO_FIELD,
         reason: NO_FIELD,
-        saddr: NO_FIELD,
-        daddr: NO_FIELD,
-        sockaddr_layout: 0,
-        sport: NO_FIELD,
-        dport: NO_FIELD,
-        family: NO_FIELD,
-        saddr_v6: NO_FIELD,
-        daddr_v6: NO_FIELD,
+        sockaddr_saddr: NO_FIELD,
+        sockaddr_daddr: NO_FIELD,
+        addr: AddrFields::ABSENT,
     };
 }
 

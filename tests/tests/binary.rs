@@ -33,12 +33,11 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A minimal HTTP/1.1 GET: status, headers (lower-cased names) and body.
-fn get(
-    port: u16,
-    path: &str,
-    accept: &str,
-) -> std::io::Result<(u16, Vec<(String, String)>, String)> {
+/// Status, headers (lower-cased names) and body.
+type Reply = (u16, Vec<(String, String)>, String);
+
+/// A minimal HTTP/1.1 GET.
+fn get(port: u16, path: &str, accept: &str) -> std::io::Result<Reply> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use drainwatch_common::config::NO_FIELD;
+use drainwatch_common::config::{AddrFields, NO_FIELD};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FormatError {
@@ -200,6 +200,21 @@ impl<'a> Resolver<'a> {
     /// Whether the field exists with this size, without recording anything.
     pub fn has(&self, name: &str, size: u16) -> bool {
         self.lookup(name, size).is_some()
+    }
+
+    /// The address fields many tracepoints share: family, ports and IPv4 addresses are
+    /// required, IPv6 addresses optional.
+    pub fn addr(&mut self) -> AddrFields {
+        AddrFields {
+            family: self.required("family", 2),
+            sport: self.required("sport", 2),
+            dport: self.required("dport", 2),
+            saddr: self.required("saddr", 4),
+            daddr: self.required("daddr", 4),
+            saddr_v6: self.optional("saddr_v6", 16),
+            daddr_v6: self.optional("daddr_v6", 16),
+            _pad: 0,
+        }
     }
 
     pub fn format(&self) -> &Format {

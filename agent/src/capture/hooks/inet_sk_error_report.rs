@@ -9,13 +9,7 @@ pub fn fields(r: &mut Resolver) -> Fields {
     let mut f = Fields::ABSENT;
     f.error = r.required("error", 4);
     f.protocol = r.required("protocol", 2);
-    f.family = r.required("family", 2);
-    f.sport = r.required("sport", 2);
-    f.dport = r.required("dport", 2);
-    f.saddr = r.required("saddr", 4);
-    f.daddr = r.required("daddr", 4);
-    f.saddr_v6 = r.optional("saddr_v6", 16);
-    f.daddr_v6 = r.optional("daddr_v6", 16);
+    f.addr = r.addr();
     f
 }
 
@@ -45,7 +39,13 @@ mod tests {
         let f = fields(&mut r);
         assert_eq!(
             (
-                f.error, f.sport, f.dport, f.family, f.protocol, f.saddr, f.daddr
+                f.error,
+                f.addr.sport,
+                f.addr.dport,
+                f.addr.family,
+                f.protocol,
+                f.addr.saddr,
+                f.addr.daddr
             ),
             (8, 12, 14, 16, 18, 20, 24)
         );

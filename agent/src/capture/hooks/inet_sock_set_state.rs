@@ -11,13 +11,7 @@ pub fn fields(r: &mut Resolver) -> Fields {
     f.oldstate = r.required("oldstate", 4);
     f.newstate = r.required("newstate", 4);
     f.protocol = r.required("protocol", 2);
-    f.family = r.required("family", 2);
-    f.sport = r.required("sport", 2);
-    f.dport = r.required("dport", 2);
-    f.saddr = r.required("saddr", 4);
-    f.daddr = r.required("daddr", 4);
-    f.saddr_v6 = r.optional("saddr_v6", 16);
-    f.daddr_v6 = r.optional("daddr_v6", 16);
+    f.addr = r.addr();
     f
 }
 
@@ -49,8 +43,17 @@ mod tests {
         let f = fields(&mut r);
         assert_eq!(
             (
-                f.skaddr, f.oldstate, f.newstate, f.sport, f.dport, f.family, f.protocol, f.saddr,
-                f.daddr, f.saddr_v6, f.daddr_v6
+                f.skaddr,
+                f.oldstate,
+                f.newstate,
+                f.addr.sport,
+                f.addr.dport,
+                f.addr.family,
+                f.protocol,
+                f.addr.saddr,
+                f.addr.daddr,
+                f.addr.saddr_v6,
+                f.addr.daddr_v6
             ),
             (8, 16, 20, 24, 26, 28, 30, 32, 36, 40, 56)
         );

@@ -8,13 +8,7 @@ use crate::capture::{
 pub fn fields(r: &mut Resolver) -> Fields {
     let mut f = Fields::ABSENT;
     f.skaddr = r.required("skaddr", 8);
-    f.family = r.required("family", 2);
-    f.sport = r.required("sport", 2);
-    f.dport = r.required("dport", 2);
-    f.saddr = r.required("saddr", 4);
-    f.daddr = r.required("daddr", 4);
-    f.saddr_v6 = r.optional("saddr_v6", 16);
-    f.daddr_v6 = r.optional("daddr_v6", 16);
+    f.addr = r.addr();
     f.sock_cookie = r.optional("sock_cookie", 8);
     f
 }
@@ -48,13 +42,13 @@ mod tests {
         assert_eq!(
             (
                 f.skaddr,
-                f.sport,
-                f.dport,
-                f.family,
-                f.saddr,
-                f.daddr,
-                f.saddr_v6,
-                f.daddr_v6,
+                f.addr.sport,
+                f.addr.dport,
+                f.addr.family,
+                f.addr.saddr,
+                f.addr.daddr,
+                f.addr.saddr_v6,
+                f.addr.daddr_v6,
                 f.sock_cookie
             ),
             (8, 16, 18, 20, 22, 26, 30, 46, 64)

@@ -17,17 +17,10 @@ pub fn fields(r: &mut Resolver) -> Fields {
     f.state = r.optional("state", 4);
     f.reason = r.optional("reason", 4);
     if r.has("saddr", 28) {
-        f.sockaddr_layout = 1;
-        f.saddr = r.required("saddr", 28);
-        f.daddr = r.required("daddr", 28);
+        f.sockaddr_saddr = r.required("saddr", 28);
+        f.sockaddr_daddr = r.required("daddr", 28);
     } else {
-        f.family = r.required("family", 2);
-        f.sport = r.required("sport", 2);
-        f.dport = r.required("dport", 2);
-        f.saddr = r.required("saddr", 4);
-        f.daddr = r.required("daddr", 4);
-        f.saddr_v6 = r.optional("saddr_v6", 16);
-        f.daddr_v6 = r.optional("daddr_v6", 16);
+        f.addr = r.addr();
     }
     f
 }
@@ -64,13 +57,12 @@ mod tests {
                 f.skaddr,
                 f.state,
                 f.reason,
-                f.saddr,
-                f.daddr,
-                f.sockaddr_layout
+                f.sockaddr_saddr,
+                f.sockaddr_daddr
             ),
-            (8, 16, 24, 28, 32, 60, 1)
+            (8, 16, 24, 28, 32, 60)
         );
-        assert_eq!(f.sport, NO_FIELD);
+        assert_eq!(f.addr.sport, NO_FIELD);
         assert!(r.missing_required.is_empty() && r.missing_optional.is_empty());
     }
 
@@ -79,10 +71,11 @@ mod tests {
         let fmt = fixture("6.1", "tcp_send_reset");
         let mut r = Resolver::new(&fmt);
         let f = fields(&mut r);
-        assert_eq!(f.sockaddr_layout, 0);
+        assert_eq!(f.sockaddr_saddr, NO_FIELD);
+        let a = f.addr;
         assert_eq!(
             (
-                f.sport, f.dport, f.family, f.saddr, f.daddr, f.saddr_v6, f.daddr_v6
+                a.sport, a.dport, a.family, a.saddr, a.daddr, a.saddr_v6, a.daddr_v6
             ),
             (28, 30, 32, 34, 38, 42, 58)
         );
