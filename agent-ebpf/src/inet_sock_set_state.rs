@@ -4,7 +4,9 @@ use drainwatch_common::{
     inet_sock_set_state::{Event, Fields},
 };
 
-use crate::util::{CONFIG, IPPROTO_TCP, cfg, field, fill_header, reserve, sock_netns, tp_tuple};
+use crate::util::{
+    CONFIG, IPPROTO_TCP, cfg, field, fill_header, kread, reserve, sock_netns, tp_tuple,
+};
 
 #[tracepoint]
 pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
@@ -30,6 +32,13 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Option<()> {
     tp_tuple(ctx, &f.addr, &mut ev.tuple);
     ev.oldstate = field::<i32>(ctx, f.oldstate).unwrap_or(-1);
     ev.newstate = field::<i32>(ctx, f.newstate).unwrap_or(-1);
+    let k = &CONFIG.kernel;
+    ev.bytes_received = kread::<u64>(skaddr, cfg(&k.tcp_bytes_received)).unwrap_or(0);
+    ev.bytes_sent = kread::<u64>(skaddr, cfg(&k.tcp_bytes_sent)).unwrap_or(0);
+    ev.rcv_nxt = kread::<u32>(skaddr, cfg(&k.tcp_rcv_nxt)).unwrap_or(0);
+    ev.copied_seq = kread::<u32>(skaddr, cfg(&k.tcp_copied_seq)).unwrap_or(0);
+    ev.lrcvtime = kread::<u32>(skaddr, cfg(&k.tcp_lrcvtime)).unwrap_or(0);
+    ev.lsndtime = kread::<u32>(skaddr, cfg(&k.tcp_lsndtime)).unwrap_or(0);
     entry.submit(0);
     Some(())
 }

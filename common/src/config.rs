@@ -59,6 +59,13 @@ pub struct KernelOffsets {
     pub nsproxy_net_ns: u32,
     pub skb_dev: u32,
     pub net_device_nd_net: u32,
+    /// `struct tcp_sock` counters, read when a connection changes state.
+    pub tcp_bytes_received: u32,
+    pub tcp_bytes_sent: u32,
+    pub tcp_rcv_nxt: u32,
+    pub tcp_copied_seq: u32,
+    pub tcp_lsndtime: u32,
+    pub tcp_lrcvtime: u32,
     pub _pad: u32,
 }
 
@@ -79,6 +86,12 @@ impl KernelOffsets {
         nsproxy_net_ns: NO_OFFSET,
         skb_dev: NO_OFFSET,
         net_device_nd_net: NO_OFFSET,
+        tcp_bytes_received: NO_OFFSET,
+        tcp_bytes_sent: NO_OFFSET,
+        tcp_rcv_nxt: NO_OFFSET,
+        tcp_copied_seq: NO_OFFSET,
+        tcp_lsndtime: NO_OFFSET,
+        tcp_lrcvtime: NO_OFFSET,
         _pad: 0,
     };
 }
@@ -115,4 +128,4 @@ impl Config {
 pod!(Config, KernelOffsets, AddrFields);
 
 // No implicit padding: the agent writes these bytes verbatim into the program's global.
-const _: () = assert!(core::mem::size_of::<Config>() == 192);
+const _: () = assert!(core::mem::size_of::<Config>() == 216);

@@ -13,6 +13,15 @@ pub struct Event {
     pub tuple: Tuple,
     pub oldstate: i32,
     pub newstate: i32,
+    /// `tcp_sock` counters at the transition (0 where BTF gave no offset): payload bytes
+    /// received and sent, the receive queue's ends, and the jiffies of the last data received
+    /// and sent. Together they say whether a request was pending when the connection closed.
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+    pub rcv_nxt: u32,
+    pub copied_seq: u32,
+    pub lrcvtime: u32,
+    pub lsndtime: u32,
 }
 
 #[repr(C)]

@@ -417,3 +417,72 @@ fn a_full_accept_queue_is_a_listen_overflow_on_that_listener() {
         assert_eq!(o.meta.netns, own_netns());
     }
 }
+
+/// The server side's last state change out of ESTABLISHED, for the connection from `client`.
+fn server_close(
+    events: &[Event],
+    server: SocketAddr,
+    client: SocketAddr,
+) -> drainwatch::capture::event::TcpCounters {
+    let closes: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::StateChange(s)
+                if s.conn
+                    .is_some_and(|c| c.local == server && c.remote == client)
+                    && s.old.as_ref().and_then(|n| n.name.as_deref())
+                        == Some("TCP_ESTABLISHED") =>
+            {
+                Some(s.counters)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(closes.len(), 1, "{events:#?}");
+    closes[0]
+}
+
+#[test]
+fn a_close_with_an_unanswered_request_is_pending_and_an_answered_one_is_not() {
+    use std::io::{Read, Write};
+    let mut h = Harness::start(&["socket_states"], RING);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = listener.local_addr().unwrap();
+
+    // Answered: request read, response written, then the server closes.
+    let mut c1 = TcpStream::connect(server).unwrap();
+    let (mut s1, a1) = listener.accept().unwrap();
+    c1.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    let mut buf = [0u8; 64];
+    let n = s1.read(&mut buf).unwrap();
+    assert_eq!(n, 18);
+    s1.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+        .unwrap();
+    let mut reply = [0u8; 64];
+    let _ = c1.read(&mut reply).unwrap();
+    drop(s1);
+
+    // Pending: the request was read, but the server closes before answering (a cut).
+    let mut c2 = TcpStream::connect(server).unwrap();
+    let (mut s2, a2) = listener.accept().unwrap();
+    c2.write_all(b"GET /slow HTTP/1.1\r\n\r\n").unwrap();
+    let n = s2.read(&mut buf).unwrap();
+    assert_eq!(n, 22);
+    drop(s2);
+    let events = h.events();
+
+    let answered = server_close(&events, server, a1);
+    assert_eq!(
+        (
+            answered.bytes_received,
+            answered.bytes_sent,
+            answered.unread
+        ),
+        (18, 38, 0)
+    );
+    assert!(!answered.request_pending(), "{answered:?}");
+    let cut = server_close(&events, server, a2);
+    assert_eq!((cut.bytes_received, cut.bytes_sent, cut.unread), (22, 0, 0));
+    assert!(cut.request_pending(), "{cut:?}");
+    drop((c1, c2));
+}

@@ -124,6 +124,14 @@ const MEMBERS: &[(&str, &str, Slot)] = &[
     ("nsproxy", "net_ns", |k| &mut k.nsproxy_net_ns),
     ("sk_buff", "dev", |k| &mut k.skb_dev),
     ("net_device", "nd_net", |k| &mut k.net_device_nd_net),
+    ("tcp_sock", "bytes_received", |k| &mut k.tcp_bytes_received),
+    ("tcp_sock", "bytes_sent", |k| &mut k.tcp_bytes_sent),
+    ("tcp_sock", "rcv_nxt", |k| &mut k.tcp_rcv_nxt),
+    ("tcp_sock", "copied_seq", |k| &mut k.tcp_copied_seq),
+    ("tcp_sock", "lsndtime", |k| &mut k.tcp_lsndtime),
+    ("tcp_sock", "inet_conn.icsk_ack.lrcvtime", |k| {
+        &mut k.tcp_lrcvtime
+    }),
 ];
 
 /// Resolves every member the programs read. Unresolved ones stay `NO_OFFSET` and are listed
@@ -186,6 +194,19 @@ mod tests {
         assert_eq!(k.task_nsproxy, bpftool_offset("task_struct", "nsproxy"));
         assert_eq!(k.nsproxy_net_ns, bpftool_offset("nsproxy", "net_ns"));
         assert_eq!(k.net_device_nd_net, bpftool_offset("net_device", "nd_net"));
+        assert_eq!(
+            k.tcp_bytes_received,
+            bpftool_offset("tcp_sock", "bytes_received")
+        );
+        assert_eq!(k.tcp_lsndtime, bpftool_offset("tcp_sock", "lsndtime"));
+        // tcp_sock starts with inet_connection_sock; lrcvtime lies inside its icsk_ack struct.
+        let icsk_ack = bpftool_offset("inet_connection_sock", "icsk_ack");
+        assert_eq!(bpftool_offset("tcp_sock", "inet_conn"), 0);
+        assert!(
+            k.tcp_lrcvtime > icsk_ack && k.tcp_lrcvtime < icsk_ack + 32,
+            "{}",
+            k.tcp_lrcvtime
+        );
         // __sk_common is the first member of struct sock.
         assert_eq!(offset_of(&btf, "sock", "__sk_common"), Some(0));
         assert_eq!(k.sock_family, bpftool_offset("sock_common", "skc_family"));

@@ -189,6 +189,35 @@ pub struct StateChange {
     pub conn: Option<Endpoints>,
     pub old: Option<Named>,
     pub new: Option<Named>,
+    pub counters: TcpCounters,
+}
+
+/// A connection's `tcp_sock` counters at a state change.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TcpCounters {
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+    /// Bytes received but not yet read by the application.
+    pub unread: u32,
+    /// Jiffies of the last data segment received and sent.
+    pub last_received: u32,
+    pub last_sent: u32,
+}
+
+impl TcpCounters {
+    /// Whether the peer was waiting for an answer: data arrived after the last data this side
+    /// sent, or sits unread. Jiffies are coarse (4 ms at HZ=250): a request that arrives in the
+    /// same tick as the previous response counts as answered.
+    pub fn request_pending(&self) -> bool {
+        if self.unread > 0 {
+            return true;
+        }
+        if self.bytes_received == 0 {
+            return false;
+        }
+        // Wrapping comparison, as the kernel's own `after()` does.
+        self.bytes_sent == 0 || (self.last_received.wrapping_sub(self.last_sent) as i32) > 0
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -433,6 +462,43 @@ pub(crate) mod tests {
         assert!(matches!(decode(&b, &names), Err(DecodeError::Short { .. })));
         b[16..20].copy_from_slice(&77u32.to_ne_bytes());
         assert_eq!(decode(&b, &names), Err(DecodeError::UnknownKind(77)));
+    }
+
+    #[test]
+    fn a_request_is_pending_when_data_came_after_the_last_answer() {
+        let answered = TcpCounters {
+            bytes_received: 100,
+            bytes_sent: 2000,
+            unread: 0,
+            last_received: 500,
+            last_sent: 510,
+        };
+        assert!(!answered.request_pending());
+        let waiting = TcpCounters {
+            last_received: 520,
+            ..answered
+        };
+        assert!(waiting.request_pending());
+        let unread = TcpCounters {
+            unread: 7,
+            ..answered
+        };
+        assert!(unread.request_pending());
+        let first_request = TcpCounters {
+            bytes_sent: 0,
+            last_sent: 0,
+            ..answered
+        };
+        assert!(first_request.request_pending());
+        let idle = TcpCounters::default();
+        assert!(!idle.request_pending());
+        // Jiffies wrap: 3 ticks after u32::MAX is still "after".
+        let wrapped = TcpCounters {
+            last_received: 2,
+            last_sent: u32::MAX - 1,
+            ..answered
+        };
+        assert!(wrapped.request_pending());
     }
 
     #[test]

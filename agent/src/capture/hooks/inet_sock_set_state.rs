@@ -1,7 +1,7 @@
 use drainwatch_common::inet_sock_set_state::{Event, Fields};
 
 use crate::capture::{
-    event::{DecodeError, Endpoints, KernelNames, Meta, StateChange, read_record},
+    event::{DecodeError, Endpoints, KernelNames, Meta, StateChange, TcpCounters, read_record},
     tracefs::Resolver,
 };
 
@@ -23,6 +23,13 @@ pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<StateChange, DecodeEr
         conn: Endpoints::from_tuple(&e.tuple),
         old: names.tcp_state(e.oldstate),
         new: names.tcp_state(e.newstate),
+        counters: TcpCounters {
+            bytes_received: e.bytes_received,
+            bytes_sent: e.bytes_sent,
+            unread: e.rcv_nxt.wrapping_sub(e.copied_seq),
+            last_received: e.lrcvtime,
+            last_sent: e.lsndtime,
+        },
     })
 }
 
@@ -72,9 +79,18 @@ mod tests {
             tuple: v4_tuple([127, 0, 0, 1], 8080, [127, 0, 0, 1], 50000),
             oldstate: 10,
             newstate: 7,
+            bytes_received: 300,
+            bytes_sent: 0,
+            rcv_nxt: 5,
+            copied_seq: u32::MAX - 4,
+            lrcvtime: 1000,
+            lsndtime: 900,
         };
         let d = decode(&bytes_of(&e), &names).unwrap();
         assert_eq!(d.old.unwrap().name.as_deref(), Some("TCP_LISTEN"));
         assert_eq!(d.new.unwrap().name.as_deref(), Some("TCP_CLOSE"));
+        // The receive queue's ends wrap around the sequence space.
+        assert_eq!(d.counters.unread, 10);
+        assert!(d.counters.request_pending());
     }
 }
