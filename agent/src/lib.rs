@@ -4,4 +4,5 @@
 pub mod agent;
 pub mod capture;
 pub mod cli;
+pub mod correlate;
 pub mod export;

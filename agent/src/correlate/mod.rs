@@ -1,0 +1,93 @@
+//! Correlate: turns attributed observations into container stop timelines, the connection loss
+//! each stop caused, and deploys. Pure: fed observations and a clock (kernel monotonic
+//! nanoseconds), no I/O, so every rule is unit-tested without a kernel.
+
+pub mod deploys;
+pub mod stops;
+
+use std::net::SocketAddr;
+
+use serde::Serialize;
+
+/// Kernel monotonic time, nanoseconds (`bpf_ktime_get_ns`).
+pub type Mono = u64;
+
+pub const SECOND: Mono = 1_000_000_000;
+
+/// Who a container is, as reports and metrics name it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize)]
+pub struct ContainerIdentity {
+    pub id: String,
+    pub runtime: String,
+    pub name: String,
+    pub namespace: String,
+    pub pod: String,
+    pub workload: String,
+}
+
+/// A process outside the container that sent it a stop signal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Sender {
+    pub pid: u32,
+    pub comm: String,
+}
+
+/// How a container's main process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitInfo {
+    /// The shell's convention: exit code, or 128 + signal.
+    pub code: Option<i32>,
+    /// The signal that killed it, if one did.
+    pub signal: Option<i32>,
+}
+
+/// Something the attribution stage established about one container. `key` is the container id.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observation {
+    /// The container exists (scan or first event). `listeners` and `inbound` seed state when
+    /// the agent starts while the container runs.
+    Container {
+        identity: ContainerIdentity,
+        listeners: Vec<SocketAddr>,
+        inbound: Vec<u64>,
+    },
+    /// A stop signal from outside the container.
+    Signal { key: String, sig: i32, sender: Sender },
+    /// The container's main process exited.
+    Exit { key: String, exit: ExitInfo },
+    ListenerOpened { key: String, addr: SocketAddr },
+    ListenerClosed { key: String, addr: SocketAddr },
+    /// A connection to one of its listeners completed its handshake.
+    InboundEstablished { key: String, sock: u64 },
+    /// An inbound connection ended. `by_container`: the container closed or reset it (not the
+    /// peer); `pending`: a request was waiting for an answer.
+    InboundClosed { key: String, sock: u64, by_container: bool, pending: bool },
+    /// The container's stack sent a RST on one of its connections.
+    ResetSent { key: String, reason: String },
+    /// A SYN to a listening address it had closed was answered with RST.
+    Refused { key: String },
+    /// A connection attempt from this node to an address it held, after it was gone.
+    Unreachable { key: String },
+    CgroupRemoved { key: String },
+}
+
+impl Observation {
+    pub fn key(&self) -> &str {
+        match self {
+            Observation::Container { identity, .. } => &identity.id,
+            Observation::Signal { key, .. }
+            | Observation::Exit { key, .. }
+            | Observation::ListenerOpened { key, .. }
+            | Observation::ListenerClosed { key, .. }
+            | Observation::InboundEstablished { key, .. }
+            | Observation::InboundClosed { key, .. }
+            | Observation::ResetSent { key, .. }
+            | Observation::Refused { key }
+            | Observation::Unreachable { key }
+            | Observation::CgroupRemoved { key } => key,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
