@@ -16,7 +16,12 @@ use tokio::{
 use crate::{
     capture::{self, Capture, event::Event, reader::Reader},
     cli::Cli,
-    export::{http, metrics::Metrics},
+    correlate::{
+        Observation, SECOND,
+        stops::{self, Emitted, Tracker},
+    },
+    enrich::{Enricher, host::Procfs},
+    export::{api::monotonic_now, http, metrics::Metrics},
 };
 
 /// Start-up failures: each renders as one sentence, and the binary exits 2.
@@ -75,12 +80,75 @@ fn kernel_release(procfs_root: &Path) -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-/// Placeholder consumer until enrichment and correlation land: events are counted by the
-/// reader and logged at debug level here.
-async fn consume(mut rx: mpsc::Receiver<Event>) {
-    while let Some(ev) = rx.recv().await {
-        tracing::debug!(event = ?ev, "event");
+/// Enrich → correlate → metrics: attributes each event to a container, feeds the stop
+/// tracker, and turns what it reports into metrics. Rescans for new containers and advances
+/// the tracker's clock once a second.
+async fn pipeline(
+    mut rx: mpsc::Receiver<Event>,
+    mut enricher: Enricher<Procfs>,
+    tracker: Arc<std::sync::Mutex<Tracker>>,
+    metrics: Arc<Metrics>,
+) {
+    let feed = |obs: Vec<Observation>, at: u64| {
+        for o in &obs {
+            if let Observation::Refused { key } = o
+                && let Some(id) = enricher_identity(&tracker, key)
+            {
+                metrics.refused_connection(&id);
+            }
+        }
+        if let Ok(mut t) = tracker.lock() {
+            for o in obs {
+                t.observe(at, o);
+            }
+        }
+    };
+    feed(enricher.scan(), monotonic_now());
+    tracing::info!(
+        containers = enricher.container_count(),
+        "containers found at start-up"
+    );
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            ev = rx.recv() => {
+                let Some(ev) = ev else { break };
+                let at = ev.meta().ts_ns;
+                let obs = enricher.on_event(&ev);
+                for (id, direction, reason) in enricher.resets(&ev) {
+                    metrics.connection_reset(&id, direction, &reason);
+                }
+                feed(obs, at);
+            }
+            _ = tick.tick() => {
+                feed(enricher.scan(), monotonic_now());
+                if let Ok(mut t) = tracker.lock() {
+                    t.tick(monotonic_now());
+                }
+            }
+        }
+        let emitted = tracker
+            .lock()
+            .map(|mut t| t.take_emitted())
+            .unwrap_or_default();
+        for e in emitted {
+            match e {
+                Emitted::Loss {
+                    container,
+                    kind,
+                    reason,
+                } => metrics.stop_loss(&container, kind, reason.as_deref()),
+                Emitted::Settled { stop } => metrics.stop_settled(&stop),
+            }
+        }
     }
+}
+
+fn enricher_identity(
+    tracker: &std::sync::Mutex<Tracker>,
+    key: &str,
+) -> Option<crate::correlate::ContainerIdentity> {
+    tracker.lock().ok()?.identity(key).cloned()
 }
 
 pub async fn run(cli: Cli) -> Result<(), StartupError> {
@@ -95,13 +163,18 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         })?;
 
     let metrics = Arc::new(Metrics::new(&kernel_release(&cli.procfs_root)));
-    let state = Arc::new(http::State {
-        metrics: metrics.clone(),
-        ready: false.into(),
-    });
+    let tracker = Arc::new(std::sync::Mutex::new(Tracker::new(stops::Config {
+        retention: cli.retention_seconds * SECOND,
+        ..Default::default()
+    })));
+    let state = Arc::new(http::State::new(
+        metrics.clone(),
+        tracker.clone(),
+        cli.deploy_window_seconds * SECOND,
+    ));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let server = tokio::spawn(http::serve(listener, state.clone(), shutdown_rx.clone()));
-    tracing::info!(listen = %cli.listen, "serving /metrics, /healthz, /readyz");
+    tracing::info!(listen = %cli.listen, "serving /metrics, /api/v1/stops, /api/v1/deploys, /healthz, /readyz");
 
     let mut capture = Capture::load(&capture::Options {
         ring_buffer_bytes: cli.ring_buffer_bytes,
@@ -128,7 +201,12 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         tx,
     )?;
     let reader = tokio::spawn(reader.run(shutdown_rx.clone()));
-    let consumer = tokio::spawn(consume(rx));
+    let enricher = Enricher::new(Procfs {
+        proc_root: cli.procfs_root.clone(),
+        cgroup_root: cli.cgroupfs_root.clone(),
+        host_root: cli.host_root.clone(),
+    });
+    let consumer = tokio::spawn(pipeline(rx, enricher, tracker, metrics.clone()));
     state.ready.store(true, Ordering::Relaxed);
     tracing::info!("ready");
 

@@ -3,7 +3,7 @@
 
 use std::{net::SocketAddr, path::PathBuf};
 
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -20,7 +20,11 @@ pub enum LogFormat {
 #[derive(Debug, Parser)]
 #[command(name = "drainwatch", version, about, long_about)]
 pub struct Cli {
-    /// Address for /metrics, /healthz and /readyz.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// Address for /metrics, the report API (/api/v1/stops, /api/v1/deploys), /healthz and
+    /// /readyz.
     #[arg(long, env = "DRAINWATCH_LISTEN", default_value = "127.0.0.1:9464")]
     pub listen: SocketAddr,
 
@@ -49,6 +53,20 @@ pub struct Cli {
     #[arg(long, env = "DRAINWATCH_QUEUE_EVENTS", default_value_t = 65536)]
     pub queue_events: usize,
 
+    /// Where the host's root filesystem is mounted, for container runtimes' state
+    /// (/run/containerd, /var/lib/containers, /var/lib/docker): /host in a DaemonSet pod.
+    #[arg(long, env = "DRAINWATCH_HOST_ROOT", default_value = "/")]
+    pub host_root: PathBuf,
+
+    /// How long a stopped container's identity, addresses and listeners are kept so late
+    /// events (refused and unreachable connection attempts) still resolve.
+    #[arg(long, env = "DRAINWATCH_RETENTION_SECONDS", default_value_t = 300)]
+    pub retention_seconds: u64,
+
+    /// Stops of one workload within this many seconds of each other form one deploy.
+    #[arg(long, env = "DRAINWATCH_DEPLOY_WINDOW_SECONDS", default_value_t = 600)]
+    pub deploy_window_seconds: u64,
+
     /// Kernel BTF to read struct offsets from.
     #[arg(
         long,
@@ -56,4 +74,18 @@ pub struct Cli {
         default_value = "/sys/kernel/btf/vmlinux"
     )]
     pub btf: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print a running agent's recent deploys and container stops: each stop's timeline, the
+    /// connections it cost and a one-line verdict.
+    Report {
+        /// The agent to ask (its --listen address).
+        #[arg(long, env = "DRAINWATCH_AGENT", default_value = "127.0.0.1:9464")]
+        agent: String,
+        /// Print the raw JSON of /api/v1/stops instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
 }

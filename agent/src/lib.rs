@@ -5,4 +5,5 @@ pub mod agent;
 pub mod capture;
 pub mod cli;
 pub mod correlate;
+pub mod enrich;
 pub mod export;

@@ -1,11 +1,35 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use drainwatch::cli::{Cli, LogFormat};
+use drainwatch::{
+    cli::{Cli, Command, LogFormat},
+    export::report,
+};
 use tracing_subscriber::EnvFilter;
+
+fn run_report(agent: &str, json: bool) -> Result<String, report::ReportError> {
+    let stops = report::fetch(agent, "/api/v1/stops")?;
+    if json {
+        return Ok(format!("{stops:#}\n"));
+    }
+    let deploys = report::fetch(agent, "/api/v1/deploys")?;
+    Ok(report::render(&deploys, &stops))
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::Report { agent, json }) = &cli.command {
+        return match run_report(agent, *json) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("drainwatch report: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let filter =
         EnvFilter::try_from_env("DRAINWATCH_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()

@@ -52,23 +52,53 @@ pub enum Observation {
         inbound: Vec<u64>,
     },
     /// A stop signal from outside the container.
-    Signal { key: String, sig: i32, sender: Sender },
+    Signal {
+        key: String,
+        sig: i32,
+        sender: Sender,
+    },
     /// The container's main process exited.
-    Exit { key: String, exit: ExitInfo },
-    ListenerOpened { key: String, addr: SocketAddr },
-    ListenerClosed { key: String, addr: SocketAddr },
+    Exit {
+        key: String,
+        exit: ExitInfo,
+    },
+    ListenerOpened {
+        key: String,
+        addr: SocketAddr,
+    },
+    ListenerClosed {
+        key: String,
+        addr: SocketAddr,
+    },
     /// A connection to one of its listeners completed its handshake.
-    InboundEstablished { key: String, sock: u64 },
+    InboundEstablished {
+        key: String,
+        sock: u64,
+    },
     /// An inbound connection ended. `by_container`: the container closed or reset it (not the
     /// peer); `pending`: a request was waiting for an answer.
-    InboundClosed { key: String, sock: u64, by_container: bool, pending: bool },
+    InboundClosed {
+        key: String,
+        sock: u64,
+        by_container: bool,
+        pending: bool,
+    },
     /// The container's stack sent a RST on one of its connections.
-    ResetSent { key: String, reason: String },
+    ResetSent {
+        key: String,
+        reason: String,
+    },
     /// A SYN to a listening address it had closed was answered with RST.
-    Refused { key: String },
+    Refused {
+        key: String,
+    },
     /// A connection attempt from this node to an address it held, after it was gone.
-    Unreachable { key: String },
-    CgroupRemoved { key: String },
+    Unreachable {
+        key: String,
+    },
+    CgroupRemoved {
+        key: String,
+    },
 }
 
 impl Observation {

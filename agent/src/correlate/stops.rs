@@ -117,8 +117,12 @@ impl Stop {
     /// `None` until the main process has exited.
     pub fn outcome(&self) -> Option<Outcome> {
         let exit = self.exit?;
-        let stop_first = self.sigterm_at.is_some_and(|t| self.exit_at.is_none_or(|e| t <= e));
-        let kill_first = self.sigkill_at.is_some_and(|t| self.exit_at.is_none_or(|e| t <= e));
+        let stop_first = self
+            .sigterm_at
+            .is_some_and(|t| self.exit_at.is_none_or(|e| t <= e));
+        let kill_first = self
+            .sigkill_at
+            .is_some_and(|t| self.exit_at.is_none_or(|e| t <= e));
         Some(if !stop_first && !kill_first {
             Outcome::Crashed
         } else if stop_first && kill_first {
@@ -222,6 +226,10 @@ impl Tracker {
         std::mem::take(&mut self.emitted)
     }
 
+    pub fn identity(&self, key: &str) -> Option<&ContainerIdentity> {
+        self.containers.get(key).map(|c| &c.identity)
+    }
+
     /// Whether the tracker knows this container (alive, or gone within the retention window).
     pub fn knows(&self, key: &str) -> bool {
         self.containers.contains_key(key)
@@ -263,7 +271,9 @@ impl Tracker {
     }
 
     fn count(&mut self, key: &str, kind: &'static str, reason: Option<String>) {
-        let Some(stop) = self.stop_mut(key) else { return };
+        let Some(stop) = self.stop_mut(key) else {
+            return;
+        };
         if stop.settled {
             return;
         }
@@ -274,22 +284,42 @@ impl Tracker {
             "refused" => l.refused += 1,
             "unreachable" => l.unreachable += 1,
             "accepted_after_sigterm" => l.accepted_after_sigterm += 1,
-            "resets_sent" => *l.resets_sent.entry(reason.clone().unwrap_or_default()).or_default() += 1,
+            "resets_sent" => {
+                *l.resets_sent
+                    .entry(reason.clone().unwrap_or_default())
+                    .or_default() += 1
+            }
             _ => return,
         }
         let container = stop.container.clone();
-        self.emitted.push(Emitted::Loss { container, kind, reason });
+        self.emitted.push(Emitted::Loss {
+            container,
+            kind,
+            reason,
+        });
     }
 
     /// Feeds one observation made at `now`.
     pub fn observe(&mut self, now: Mono, obs: Observation) {
         let key = obs.key().to_string();
-        if let Observation::Container { identity, listeners, inbound } = obs {
+        if let Observation::Container {
+            identity,
+            listeners,
+            inbound,
+        } = obs
+        {
             let c = self.containers.entry(key).or_default();
             c.identity = identity;
             for addr in listeners {
-                if !c.listeners.iter().any(|l| l.address == addr && l.closed_at.is_none()) {
-                    c.listeners.push(ListenerTimeline { address: addr, closed_at: None });
+                if !c
+                    .listeners
+                    .iter()
+                    .any(|l| l.address == addr && l.closed_at.is_none())
+                {
+                    c.listeners.push(ListenerTimeline {
+                        address: addr,
+                        closed_at: None,
+                    });
                 }
             }
             c.inbound.extend(inbound);
@@ -305,7 +335,16 @@ impl Tracker {
             Observation::Exit { exit, .. } => self.on_exit(now, &key, exit),
             Observation::ListenerOpened { addr, .. } => {
                 if let Some(c) = self.containers.get_mut(&key) {
-                    c.listeners.push(ListenerTimeline { address: addr, closed_at: None });
+                    if c.listeners
+                        .iter()
+                        .any(|l| l.address == addr && l.closed_at.is_none())
+                    {
+                        return; // already known from a scan
+                    }
+                    c.listeners.push(ListenerTimeline {
+                        address: addr,
+                        closed_at: None,
+                    });
                     if let Some(idx) = c.stop.and_then(|i| i.checked_sub(self.dropped))
                         && let Some(s) = self.stops.get_mut(idx)
                     {
@@ -331,7 +370,9 @@ impl Tracker {
                 }
             }
             Observation::InboundEstablished { sock, .. } => {
-                let Some(c) = self.containers.get_mut(&key) else { return };
+                let Some(c) = self.containers.get_mut(&key) else {
+                    return;
+                };
                 if !c.inbound.insert(sock) {
                     return; // duplicate
                 }
@@ -347,19 +388,37 @@ impl Tracker {
                     self.count(&key, "accepted_after_sigterm", None);
                 }
             }
-            Observation::InboundClosed { sock, by_container, pending, .. } => {
-                let Some(c) = self.containers.get_mut(&key) else { return };
+            Observation::InboundClosed {
+                sock,
+                by_container,
+                pending,
+                ..
+            } => {
+                let Some(c) = self.containers.get_mut(&key) else {
+                    return;
+                };
                 if !c.inbound.remove(&sock) || !by_container {
                     return; // unknown (duplicate) or closed by the peer
                 }
                 if self.stop_mut(&key).is_some() {
-                    self.count(&key, if pending { "inflight_cut" } else { "idle_closed" }, None);
+                    self.count(
+                        &key,
+                        if pending {
+                            "inflight_cut"
+                        } else {
+                            "idle_closed"
+                        },
+                        None,
+                    );
                 }
             }
             Observation::ResetSent { reason, .. } => self.count(&key, "resets_sent", Some(reason)),
             Observation::Refused { .. } => self.count(&key, "refused", None),
             Observation::Unreachable { .. } => {
-                let gone = self.containers.get(&key).is_some_and(|c| c.gone_at.is_some());
+                let gone = self
+                    .containers
+                    .get(&key)
+                    .is_some_and(|c| c.gone_at.is_some());
                 if gone {
                     self.count(&key, "unreachable", None);
                 }
@@ -389,7 +448,10 @@ impl Tracker {
         if self.begin_stop(key).is_none() {
             return;
         }
-        let inbound = self.containers.get(key).map_or(0, |c| c.inbound.len() as u64);
+        let inbound = self
+            .containers
+            .get(key)
+            .map_or(0, |c| c.inbound.len() as u64);
         let Some(s) = self.stop_mut(key) else { return };
         if stop_signal && s.sigterm_at.is_none() {
             s.sigterm_at = Some(now);
@@ -408,7 +470,10 @@ impl Tracker {
         if self.begin_stop(key).is_none() {
             return;
         }
-        let inbound = self.containers.get(key).map_or(0, |c| c.inbound.len() as u64);
+        let inbound = self
+            .containers
+            .get(key)
+            .map_or(0, |c| c.inbound.len() as u64);
         if let Some(c) = self.containers.get_mut(key) {
             c.gone_at.get_or_insert(now);
         }
@@ -428,7 +493,9 @@ impl Tracker {
             let Some(idx) = c.stop.and_then(|i| i.checked_sub(self.dropped)) else {
                 continue;
             };
-            let Some(s) = self.stops.get_mut(idx) else { continue };
+            let Some(s) = self.stops.get_mut(idx) else {
+                continue;
+            };
             let Some(exit_at) = s.exit_at else { continue };
             // Settle once the cgroup is gone (or long after exit) plus the settle delay; loss
             // seen after that (late unreachable attempts) is not attributed to this stop.
@@ -457,8 +524,7 @@ impl Tracker {
         // signal starts a new record.
         for c in self.containers.values_mut() {
             if let Some(i) = c.stop
-                && i
-                    .checked_sub(self.dropped)
+                && i.checked_sub(self.dropped)
                     .and_then(|i| self.stops.get(i))
                     .is_some_and(|s| s.settled)
                 && c.gone_at.is_none()

@@ -3,8 +3,7 @@
 use std::net::SocketAddr;
 
 use super::{
-    ContainerIdentity, ExitInfo, Mono, Observation as O, SECOND, Sender,
-    deploys,
+    ContainerIdentity, ExitInfo, Mono, Observation as O, SECOND, Sender, deploys,
     stops::{Config, Emitted, Outcome, SIGKILL, SIGTERM, Stop, Tracker},
 };
 
@@ -30,7 +29,10 @@ fn addr() -> SocketAddr {
 }
 
 fn runc() -> Sender {
-    Sender { pid: 4242, comm: "runc".into() }
+    Sender {
+        pid: 4242,
+        comm: "runc".into(),
+    }
 }
 
 fn key() -> String {
@@ -57,29 +59,73 @@ fn only_stop(t: &Tracker) -> &Stop {
 }
 
 fn killed_by(sig: i32) -> ExitInfo {
-    ExitInfo { code: Some(128 + sig), signal: Some(sig) }
+    ExitInfo {
+        code: Some(128 + sig),
+        signal: Some(sig),
+    }
 }
 
 #[test]
 fn no_handler_sigterm_cuts_inflight_and_exits_at_once() {
     let mut t = running(3);
-    t.observe(ms(100), O::Signal { key: key(), sig: SIGTERM, sender: runc() });
-    t.observe(ms(102), O::Exit { key: key(), exit: killed_by(SIGTERM) });
+    t.observe(
+        ms(100),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    t.observe(
+        ms(102),
+        O::Exit {
+            key: key(),
+            exit: killed_by(SIGTERM),
+        },
+    );
     // Exit closes the sockets: two had requests pending, one was idle keep-alive.
     for (sock, pending) in [(1, true), (2, true), (3, false)] {
-        t.observe(ms(103), O::InboundClosed { key: key(), sock, by_container: true, pending });
+        t.observe(
+            ms(103),
+            O::InboundClosed {
+                key: key(),
+                sock,
+                by_container: true,
+                pending,
+            },
+        );
     }
-    t.observe(ms(103), O::ListenerClosed { key: key(), addr: addr() });
+    t.observe(
+        ms(101),
+        O::ListenerOpened {
+            key: key(),
+            addr: addr(),
+        },
+    ); // already known: no duplicate
+    t.observe(
+        ms(103),
+        O::ListenerClosed {
+            key: key(),
+            addr: addr(),
+        },
+    );
     t.observe(ms(300), O::Refused { key: key() });
     t.observe(ms(600), O::CgroupRemoved { key: key() });
     let s = only_stop(&t);
     assert_eq!(s.sigterm_at, Some(ms(100)));
     assert_eq!(s.sigterm_sender, Some(runc()));
     assert_eq!(s.exit, Some(killed_by(SIGTERM)));
-    assert_eq!((s.loss.inflight_cut, s.loss.idle_closed, s.loss.refused), (2, 1, 1));
-    assert_eq!((s.connections_at_sigterm, s.connections_at_exit), (Some(3), Some(3)));
+    assert_eq!(
+        (s.loss.inflight_cut, s.loss.idle_closed, s.loss.refused),
+        (2, 1, 1)
+    );
+    assert_eq!(
+        (s.connections_at_sigterm, s.connections_at_exit),
+        (Some(3), Some(3))
+    );
     assert_eq!(s.drain_seconds(), Some(0.002));
     assert_eq!(s.grace_seconds(), None);
+    assert_eq!(s.listeners.len(), 1);
     assert_eq!(s.listeners[0].closed_at, Some(ms(103)));
     assert_eq!(s.cgroup_removed_at, Some(ms(600)));
     assert_eq!(s.outcome(), Some(Outcome::ExitAtOnce));
@@ -88,15 +134,48 @@ fn no_handler_sigterm_cuts_inflight_and_exits_at_once() {
 #[test]
 fn closing_the_listener_first_refuses_what_routing_still_sends() {
     let mut t = running(1);
-    t.observe(ms(0), O::Signal { key: key(), sig: SIGTERM, sender: runc() });
-    t.observe(ms(1), O::ListenerClosed { key: key(), addr: addr() });
+    t.observe(
+        ms(0),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    t.observe(
+        ms(1),
+        O::ListenerClosed {
+            key: key(),
+            addr: addr(),
+        },
+    );
     for i in 0..4 {
         t.observe(ms(500 + i * 500), O::Refused { key: key() });
     }
-    t.observe(ms(800), O::InboundClosed { key: key(), sock: 1, by_container: true, pending: false });
-    t.observe(ms(3000), O::Exit { key: key(), exit: ExitInfo { code: Some(0), signal: None } });
+    t.observe(
+        ms(800),
+        O::InboundClosed {
+            key: key(),
+            sock: 1,
+            by_container: true,
+            pending: false,
+        },
+    );
+    t.observe(
+        ms(3000),
+        O::Exit {
+            key: key(),
+            exit: ExitInfo {
+                code: Some(0),
+                signal: None,
+            },
+        },
+    );
     let s = only_stop(&t);
-    assert_eq!((s.loss.refused, s.loss.inflight_cut, s.loss.idle_closed), (4, 0, 1));
+    assert_eq!(
+        (s.loss.refused, s.loss.inflight_cut, s.loss.idle_closed),
+        (4, 0, 1)
+    );
     assert_eq!(s.connections_at_exit, Some(0));
     assert_eq!(s.outcome(), Some(Outcome::ListenerClosedEarly));
 }
@@ -104,14 +183,44 @@ fn closing_the_listener_first_refuses_what_routing_still_sends() {
 #[test]
 fn readiness_flip_and_drain_is_drained_and_counts_late_accepts() {
     let mut t = running(0);
-    t.observe(ms(0), O::Signal { key: key(), sig: SIGTERM, sender: runc() });
+    t.observe(
+        ms(0),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
     // Routing keeps sending for a while: accepted after SIGTERM, answered, closed by the server.
     for sock in 10..13 {
         t.observe(ms(sock * 100), O::InboundEstablished { key: key(), sock });
-        t.observe(ms(sock * 100 + 50), O::InboundClosed { key: key(), sock, by_container: true, pending: false });
+        t.observe(
+            ms(sock * 100 + 50),
+            O::InboundClosed {
+                key: key(),
+                sock,
+                by_container: true,
+                pending: false,
+            },
+        );
     }
-    t.observe(ms(5000), O::ListenerClosed { key: key(), addr: addr() });
-    t.observe(ms(5100), O::Exit { key: key(), exit: ExitInfo { code: Some(0), signal: None } });
+    t.observe(
+        ms(5000),
+        O::ListenerClosed {
+            key: key(),
+            addr: addr(),
+        },
+    );
+    t.observe(
+        ms(5100),
+        O::Exit {
+            key: key(),
+            exit: ExitInfo {
+                code: Some(0),
+                signal: None,
+            },
+        },
+    );
     let s = only_stop(&t);
     assert_eq!(s.loss.accepted_after_sigterm, 3);
     assert_eq!(s.last_accept_at, Some(ms(1200)));
@@ -123,10 +232,38 @@ fn readiness_flip_and_drain_is_drained_and_counts_late_accepts() {
 #[test]
 fn sigkill_after_the_grace_period_is_killed_at_deadline() {
     let mut t = running(1);
-    t.observe(ms(0), O::Signal { key: key(), sig: SIGTERM, sender: runc() });
-    t.observe(ms(10_000), O::Signal { key: key(), sig: SIGKILL, sender: runc() });
-    t.observe(ms(10_001), O::Exit { key: key(), exit: killed_by(SIGKILL) });
-    t.observe(ms(10_002), O::InboundClosed { key: key(), sock: 1, by_container: true, pending: true });
+    t.observe(
+        ms(0),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    t.observe(
+        ms(10_000),
+        O::Signal {
+            key: key(),
+            sig: SIGKILL,
+            sender: runc(),
+        },
+    );
+    t.observe(
+        ms(10_001),
+        O::Exit {
+            key: key(),
+            exit: killed_by(SIGKILL),
+        },
+    );
+    t.observe(
+        ms(10_002),
+        O::InboundClosed {
+            key: key(),
+            sock: 1,
+            by_container: true,
+            pending: true,
+        },
+    );
     let s = only_stop(&t);
     assert_eq!(s.grace_seconds(), Some(10.0));
     assert_eq!(s.loss.inflight_cut, 1);
@@ -136,8 +273,25 @@ fn sigkill_after_the_grace_period_is_killed_at_deadline() {
 #[test]
 fn an_exit_without_a_stop_signal_is_a_crash() {
     let mut t = running(1);
-    t.observe(ms(50), O::Exit { key: key(), exit: ExitInfo { code: Some(1), signal: None } });
-    t.observe(ms(51), O::InboundClosed { key: key(), sock: 1, by_container: true, pending: true });
+    t.observe(
+        ms(50),
+        O::Exit {
+            key: key(),
+            exit: ExitInfo {
+                code: Some(1),
+                signal: None,
+            },
+        },
+    );
+    t.observe(
+        ms(51),
+        O::InboundClosed {
+            key: key(),
+            sock: 1,
+            by_container: true,
+            pending: true,
+        },
+    );
     let s = only_stop(&t);
     assert_eq!(s.sigterm_at, None);
     assert_eq!(s.loss.inflight_cut, 1);
@@ -148,19 +302,87 @@ fn an_exit_without_a_stop_signal_is_a_crash() {
 fn duplicates_and_out_of_order_events_do_not_double_count() {
     let mut t = running(2);
     // A duplicate close of the same socket, and a close seen before the signal is processed.
-    t.observe(ms(0), O::Signal { key: key(), sig: SIGTERM, sender: runc() });
-    t.observe(ms(0), O::Signal { key: key(), sig: SIGTERM, sender: Sender { pid: 1, comm: "catatonit".into() } });
-    t.observe(ms(5), O::InboundClosed { key: key(), sock: 1, by_container: true, pending: true });
-    t.observe(ms(5), O::InboundClosed { key: key(), sock: 1, by_container: true, pending: true });
-    t.observe(ms(6), O::Exit { key: key(), exit: killed_by(SIGTERM) });
-    t.observe(ms(6), O::Exit { key: key(), exit: killed_by(SIGTERM) });
-    t.observe(ms(7), O::InboundEstablished { key: key(), sock: 2 }); // already known: duplicate
+    t.observe(
+        ms(0),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    t.observe(
+        ms(0),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: Sender {
+                pid: 1,
+                comm: "catatonit".into(),
+            },
+        },
+    );
+    t.observe(
+        ms(5),
+        O::InboundClosed {
+            key: key(),
+            sock: 1,
+            by_container: true,
+            pending: true,
+        },
+    );
+    t.observe(
+        ms(5),
+        O::InboundClosed {
+            key: key(),
+            sock: 1,
+            by_container: true,
+            pending: true,
+        },
+    );
+    t.observe(
+        ms(6),
+        O::Exit {
+            key: key(),
+            exit: killed_by(SIGTERM),
+        },
+    );
+    t.observe(
+        ms(6),
+        O::Exit {
+            key: key(),
+            exit: killed_by(SIGTERM),
+        },
+    );
+    t.observe(
+        ms(7),
+        O::InboundEstablished {
+            key: key(),
+            sock: 2,
+        },
+    ); // already known: duplicate
     // A peer closing its side is not the container's doing.
-    t.observe(ms(8), O::InboundClosed { key: key(), sock: 2, by_container: false, pending: true });
+    t.observe(
+        ms(8),
+        O::InboundClosed {
+            key: key(),
+            sock: 2,
+            by_container: false,
+            pending: true,
+        },
+    );
     // Observations about containers never announced are ignored.
-    t.observe(ms(9), O::Refused { key: "unknown".into() });
+    t.observe(
+        ms(9),
+        O::Refused {
+            key: "unknown".into(),
+        },
+    );
     let s = only_stop(&t);
-    assert_eq!(s.sigterm_sender.as_ref().map(|x| x.comm.as_str()), Some("runc"), "first signal wins");
+    assert_eq!(
+        s.sigterm_sender.as_ref().map(|x| x.comm.as_str()),
+        Some("runc"),
+        "first signal wins"
+    );
     assert_eq!((s.loss.inflight_cut, s.loss.accepted_after_sigterm), (1, 0));
     assert_eq!(s.exit_at, Some(ms(6)));
     assert_eq!(t.stops().len(), 1);
@@ -169,9 +391,22 @@ fn duplicates_and_out_of_order_events_do_not_double_count() {
 #[test]
 fn unreachable_counts_only_after_the_container_is_gone_and_stops_settle() {
     let mut t = running(0);
-    t.observe(ms(0), O::Signal { key: key(), sig: SIGTERM, sender: runc() });
+    t.observe(
+        ms(0),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
     t.observe(ms(10), O::Unreachable { key: key() }); // still there: not unreachable
-    t.observe(ms(20), O::Exit { key: key(), exit: killed_by(SIGTERM) });
+    t.observe(
+        ms(20),
+        O::Exit {
+            key: key(),
+            exit: killed_by(SIGTERM),
+        },
+    );
     t.observe(ms(30), O::CgroupRemoved { key: key() });
     t.observe(ms(2000), O::Unreachable { key: key() });
     t.observe(ms(4000), O::Unreachable { key: key() });
@@ -185,9 +420,22 @@ fn unreachable_counts_only_after_the_container_is_gone_and_stops_settle() {
     t.observe(ms(20_000), O::Unreachable { key: key() });
     assert_eq!(only_stop(&t).loss.unreachable, 2);
     let emitted = t.take_emitted();
-    let losses = emitted.iter().filter(|e| matches!(e, Emitted::Loss { kind: "unreachable", .. })).count();
+    let losses = emitted
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Emitted::Loss {
+                    kind: "unreachable",
+                    ..
+                }
+            )
+        })
+        .count();
     assert_eq!(losses, 2);
-    assert!(emitted.iter().any(|e| matches!(e, Emitted::Settled { stop } if stop.outcome() == Some(Outcome::ExitAtOnce))));
+    assert!(emitted.iter().any(
+        |e| matches!(e, Emitted::Settled { stop } if stop.outcome() == Some(Outcome::ExitAtOnce))
+    ));
     // And the container is forgotten after the retention window.
     t.tick(ms(30) + 300 * SECOND);
     assert!(!t.knows("c1"));
@@ -197,11 +445,31 @@ fn unreachable_counts_only_after_the_container_is_gone_and_stops_settle() {
 fn pid_reuse_and_restart_in_place_start_a_new_record() {
     // A container restarted in place (same id): the second stop is a new record.
     let mut t = running(0);
-    t.observe(ms(0), O::Signal { key: key(), sig: SIGTERM, sender: runc() });
-    t.observe(ms(10), O::Exit { key: key(), exit: killed_by(SIGTERM) });
+    t.observe(
+        ms(0),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    t.observe(
+        ms(10),
+        O::Exit {
+            key: key(),
+            exit: killed_by(SIGTERM),
+        },
+    );
     t.tick(ms(10) + 40 * SECOND);
     // The runtime starts it again: announced anew, not gone any more.
-    t.observe(ms(0) + 41 * SECOND, O::Container { identity: identity("c1", "web"), listeners: vec![addr()], inbound: vec![] });
+    t.observe(
+        ms(0) + 41 * SECOND,
+        O::Container {
+            identity: identity("c1", "web"),
+            listeners: vec![addr()],
+            inbound: vec![],
+        },
+    );
     assert!(t.knows("c1"));
 }
 
@@ -210,31 +478,122 @@ fn an_agent_restarted_mid_stop_keeps_the_connections_it_found() {
     // The agent starts while the container drains: the scan seeds 2 open connections, then
     // the exit cuts them; nothing from before the restart is counted twice.
     let mut t = running(2);
-    t.observe(ms(10), O::Exit { key: key(), exit: ExitInfo { code: Some(0), signal: None } });
-    t.observe(ms(11), O::InboundClosed { key: key(), sock: 1, by_container: true, pending: true });
-    t.observe(ms(11), O::InboundClosed { key: key(), sock: 2, by_container: true, pending: false });
-    t.observe(ms(11), O::InboundClosed { key: key(), sock: 3, by_container: true, pending: true });
+    t.observe(
+        ms(10),
+        O::Exit {
+            key: key(),
+            exit: ExitInfo {
+                code: Some(0),
+                signal: None,
+            },
+        },
+    );
+    t.observe(
+        ms(11),
+        O::InboundClosed {
+            key: key(),
+            sock: 1,
+            by_container: true,
+            pending: true,
+        },
+    );
+    t.observe(
+        ms(11),
+        O::InboundClosed {
+            key: key(),
+            sock: 2,
+            by_container: true,
+            pending: false,
+        },
+    );
+    t.observe(
+        ms(11),
+        O::InboundClosed {
+            key: key(),
+            sock: 3,
+            by_container: true,
+            pending: true,
+        },
+    );
     let s = only_stop(&t);
     assert_eq!(s.connections_at_exit, Some(2));
-    assert_eq!((s.loss.inflight_cut, s.loss.idle_closed), (1, 1), "socket 3 was never seen open");
+    assert_eq!(
+        (s.loss.inflight_cut, s.loss.idle_closed),
+        (1, 1),
+        "socket 3 was never seen open"
+    );
 }
 
 #[test]
 fn stops_of_one_workload_within_ten_minutes_are_one_deploy() {
     let mut t = Tracker::new(Config::default());
     for (i, id) in ["a", "b", "c"].iter().enumerate() {
-        t.observe(ms(0), O::Container { identity: identity(id, "web"), listeners: vec![], inbound: vec![] });
+        t.observe(
+            ms(0),
+            O::Container {
+                identity: identity(id, "web"),
+                listeners: vec![],
+                inbound: vec![],
+            },
+        );
         let at = T0 + i as u64 * 120 * SECOND;
-        t.observe(at, O::Signal { key: id.to_string(), sig: SIGTERM, sender: runc() });
-        t.observe(at + SECOND, O::Exit { key: id.to_string(), exit: ExitInfo { code: Some(0), signal: None } });
+        t.observe(
+            at,
+            O::Signal {
+                key: id.to_string(),
+                sig: SIGTERM,
+                sender: runc(),
+            },
+        );
+        t.observe(
+            at + SECOND,
+            O::Exit {
+                key: id.to_string(),
+                exit: ExitInfo {
+                    code: Some(0),
+                    signal: None,
+                },
+            },
+        );
     }
     // Another workload in between, and the same workload again 30 minutes later.
-    t.observe(ms(0), O::Container { identity: identity("x", "api"), listeners: vec![], inbound: vec![] });
-    t.observe(T0 + 60 * SECOND, O::Signal { key: "x".into(), sig: SIGTERM, sender: runc() });
-    t.observe(ms(0), O::Container { identity: identity("d", "web"), listeners: vec![], inbound: vec![] });
-    t.observe(T0 + 1800 * SECOND, O::Signal { key: "d".into(), sig: SIGTERM, sender: runc() });
+    t.observe(
+        ms(0),
+        O::Container {
+            identity: identity("x", "api"),
+            listeners: vec![],
+            inbound: vec![],
+        },
+    );
+    t.observe(
+        T0 + 60 * SECOND,
+        O::Signal {
+            key: "x".into(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    t.observe(
+        ms(0),
+        O::Container {
+            identity: identity("d", "web"),
+            listeners: vec![],
+            inbound: vec![],
+        },
+    );
+    t.observe(
+        T0 + 1800 * SECOND,
+        O::Signal {
+            key: "d".into(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
     let d = deploys::group(t.stops(), 600 * SECOND);
-    let summary: Vec<_> = d.iter().map(|d| (d.workload.as_str(), d.stops.len(), d.in_progress)).collect();
+    let summary: Vec<_> = d
+        .iter()
+        .map(|d| (d.workload.as_str(), d.stops.len(), d.in_progress))
+        .collect();
     assert_eq!(summary, [("web", 1, 1), ("api", 1, 1), ("web", 3, 0)]);
     assert_eq!(d[2].outcomes.get("drained"), Some(&3));
 }

@@ -17,7 +17,8 @@ use hyper::{
 use hyper_util::rt::TokioIo;
 use tokio::{net::TcpListener, sync::watch};
 
-use super::metrics::Metrics;
+use super::{api, metrics::Metrics};
+use crate::correlate::{Mono, deploys, stops::Tracker};
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -25,6 +26,46 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 pub struct State {
     pub metrics: Arc<Metrics>,
     pub ready: AtomicBool,
+    pub tracker: Arc<std::sync::Mutex<Tracker>>,
+    pub clock: api::Clock,
+    /// Stops of one workload this close together are one deploy.
+    pub deploy_window: Mono,
+}
+
+impl State {
+    pub fn new(
+        metrics: Arc<Metrics>,
+        tracker: Arc<std::sync::Mutex<Tracker>>,
+        deploy_window: Mono,
+    ) -> Self {
+        Self {
+            metrics,
+            ready: AtomicBool::new(false),
+            tracker,
+            clock: api::Clock::now(),
+            deploy_window,
+        }
+    }
+
+    fn json(&self, f: impl FnOnce(&Tracker) -> serde_json::Value) -> Response<Full<Bytes>> {
+        let Ok(t) = self.tracker.lock() else {
+            return respond(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                "state unavailable\n",
+            );
+        };
+        let v = f(&t);
+        drop(t);
+        match serde_json::to_vec_pretty(&v) {
+            Ok(b) => respond(StatusCode::OK, "application/json", b),
+            Err(_) => respond(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                "encoding failed\n",
+            ),
+        }
+    }
 }
 
 fn respond(
@@ -70,6 +111,13 @@ pub fn route(
                 ),
             }
         }
+        "/api/v1/stops" => state.json(|t| api::stops_json(t.stops(), &state.clock)),
+        "/api/v1/deploys" => state.json(|t| {
+            api::deploys_json(
+                &deploys::group(t.stops(), state.deploy_window),
+                &state.clock,
+            )
+        }),
         "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
         "/readyz" if state.ready.load(Ordering::Relaxed) => {
             respond(StatusCode::OK, "text/plain", "ready\n")
@@ -82,7 +130,7 @@ pub fn route(
         _ => respond(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "not found: try /metrics, /healthz, /readyz\n",
+            "not found: try /metrics, /api/v1/stops, /api/v1/deploys, /healthz, /readyz\n",
         ),
     }
 }
@@ -129,10 +177,13 @@ mod tests {
     use super::*;
 
     fn state(ready: bool) -> State {
-        State {
-            metrics: Arc::new(Metrics::new("test")),
-            ready: AtomicBool::new(ready),
-        }
+        let s = State::new(
+            Arc::new(Metrics::new("test")),
+            Arc::default(),
+            600 * crate::correlate::SECOND,
+        );
+        s.ready.store(ready, Ordering::Relaxed);
+        s
     }
 
     #[test]
@@ -149,6 +200,16 @@ mod tests {
         assert_eq!(plain.headers()[header::CONTENT_TYPE], PROMETHEUS_TEXT);
         let none = route(&s, &hyper::Method::GET, "/metrics", None);
         assert_eq!(none.headers()[header::CONTENT_TYPE], PROMETHEUS_TEXT);
+    }
+
+    #[test]
+    fn the_report_api_serves_json_arrays() {
+        let s = state(true);
+        for path in ["/api/v1/stops", "/api/v1/deploys"] {
+            let r = route(&s, &hyper::Method::GET, path, None);
+            assert_eq!(r.status(), StatusCode::OK);
+            assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");
+        }
     }
 
     #[test]

@@ -2,15 +2,93 @@
 //! stages, plan signals and hooks. prometheus-client appends `_total` to counters and `_info` to
 //! info metrics itself.
 
+use std::{collections::HashSet, sync::Mutex};
+
 use prometheus_client::{
     encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, gauge::Gauge, info::Info},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram, info::Info},
     registry::Registry,
 };
 
 use drainwatch_common::EventKind;
 
-use crate::capture::{event::kind_name, plan::SignalStatus};
+use crate::{
+    capture::{event::kind_name, plan::SignalStatus},
+    correlate::{ContainerIdentity, stops::Stop},
+};
+
+/// Most distinct containers (namespace, workload, container) the per-container families
+/// keep; past it new ones are dropped and counted in `drainwatch_series_dropped_total`.
+pub const MAX_CONTAINERS: usize = 2000;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ContainerLabels {
+    pub namespace: String,
+    pub workload: String,
+    pub container: String,
+}
+
+impl From<&ContainerIdentity> for ContainerLabels {
+    fn from(c: &ContainerIdentity) -> Self {
+        Self {
+            namespace: c.namespace.clone(),
+            workload: c.workload.clone(),
+            container: c.name.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct OutcomeLabels {
+    namespace: String,
+    workload: String,
+    container: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabels {
+    namespace: String,
+    workload: String,
+    container: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ResetLabels {
+    namespace: String,
+    workload: String,
+    container: String,
+    direction: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct MetricLabels {
+    metric: String,
+}
+
+/// Per-container series, capped.
+struct StopFamilies {
+    stops: Family<OutcomeLabels, Counter>,
+    inflight_cut: Family<ContainerLabels, Counter>,
+    refused: Family<ContainerLabels, Counter>,
+    unreachable: Family<ContainerLabels, Counter>,
+    accepted_after_sigterm: Family<ContainerLabels, Counter>,
+    resets_sent: Family<ReasonLabels, Counter>,
+    drain_duration: Family<ContainerLabels, Histogram>,
+    routing_lag: Family<ContainerLabels, Histogram>,
+    connection_resets: Family<ResetLabels, Counter>,
+    refused_connections: Family<ContainerLabels, Counter>,
+    series_dropped: Family<MetricLabels, Counter>,
+    seen: Mutex<HashSet<ContainerLabels>>,
+}
+
+fn seconds_buckets() -> Histogram {
+    Histogram::new([
+        0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+    ])
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LossStage {
@@ -63,6 +141,7 @@ pub struct Metrics {
     lost: Family<StageLabels, Counter>,
     probe_attached: Family<ProbeLabels, Gauge>,
     probe_degraded: Family<SignalLabels, Gauge>,
+    stop: StopFamilies,
 }
 
 impl Metrics {
@@ -100,6 +179,75 @@ impl Metrics {
                 kernel: kernel.to_string(),
             }),
         );
+        let stop = StopFamilies {
+            stops: Family::default(),
+            inflight_cut: Family::default(),
+            refused: Family::default(),
+            unreachable: Family::default(),
+            accepted_after_sigterm: Family::default(),
+            resets_sent: Family::default(),
+            drain_duration: Family::new_with_constructor(seconds_buckets),
+            routing_lag: Family::new_with_constructor(seconds_buckets),
+            connection_resets: Family::default(),
+            refused_connections: Family::default(),
+            series_dropped: Family::default(),
+            seen: Mutex::new(HashSet::new()),
+        };
+        registry.register(
+            "drainwatch_container_stops",
+            "Container stops, by outcome, counted when a stop settles",
+            stop.stops.clone(),
+        );
+        registry.register(
+            "drainwatch_stop_inflight_cut",
+            "Inbound connections a stopping container closed or reset with a request pending",
+            stop.inflight_cut.clone(),
+        );
+        registry.register(
+            "drainwatch_stop_refused",
+            "Connection attempts refused by a stopping container's closed listener",
+            stop.refused.clone(),
+        );
+        registry.register(
+            "drainwatch_stop_unreachable",
+            "Connection attempts from this node to a stopped container's address after it was gone",
+            stop.unreachable.clone(),
+        );
+        registry.register(
+            "drainwatch_stop_accepted_after_sigterm",
+            "Connections a container accepted after its stop signal",
+            stop.accepted_after_sigterm.clone(),
+        );
+        registry.register(
+            "drainwatch_stop_resets_sent",
+            "RSTs a stopping container sent on its connections, by kernel reason",
+            stop.resets_sent.clone(),
+        );
+        registry.register(
+            "drainwatch_drain_duration_seconds",
+            "Stop signal to main process exit",
+            stop.drain_duration.clone(),
+        );
+        registry.register(
+            "drainwatch_routing_lag_seconds",
+            "Stop signal to the last connection accepted after it",
+            stop.routing_lag.clone(),
+        );
+        registry.register(
+            "drainwatch_connection_resets",
+            "RSTs on containers' connections, stop or not, by direction and kernel reason",
+            stop.connection_resets.clone(),
+        );
+        registry.register(
+            "drainwatch_refused_connections",
+            "Connection attempts refused at a container's former listening address, stop or not",
+            stop.refused_connections.clone(),
+        );
+        registry.register(
+            "drainwatch_series_dropped",
+            "Series not created because the per-container cardinality cap was reached",
+            stop.series_dropped.clone(),
+        );
         // Every closed-set series exists from the start, so rates and alerts see zeros.
         for k in EventKind::ALL {
             let _ = events.get_or_create(&KindLabels {
@@ -117,6 +265,110 @@ impl Metrics {
             lost,
             probe_attached,
             probe_degraded,
+            stop,
+        }
+    }
+
+    /// Whether series for this container may be created (cardinality cap), counting refusals.
+    fn admit(&self, c: &ContainerLabels, metric: &str) -> bool {
+        let Ok(mut seen) = self.stop.seen.lock() else {
+            return false;
+        };
+        if seen.contains(c) {
+            return true;
+        }
+        if seen.len() >= MAX_CONTAINERS {
+            self.stop
+                .series_dropped
+                .get_or_create(&MetricLabels {
+                    metric: metric.into(),
+                })
+                .inc();
+            return false;
+        }
+        seen.insert(c.clone());
+        true
+    }
+
+    /// Loss counted against a stop, as it happens.
+    pub fn stop_loss(&self, c: &ContainerIdentity, kind: &str, reason: Option<&str>) {
+        let l = ContainerLabels::from(c);
+        let metric = match kind {
+            "inflight_cut" => "drainwatch_stop_inflight_cut",
+            "refused" => "drainwatch_stop_refused",
+            "unreachable" => "drainwatch_stop_unreachable",
+            "accepted_after_sigterm" => "drainwatch_stop_accepted_after_sigterm",
+            "resets_sent" => "drainwatch_stop_resets_sent",
+            _ => return,
+        };
+        if !self.admit(&l, metric) {
+            return;
+        }
+        let f = &self.stop;
+        match kind {
+            "inflight_cut" => f.inflight_cut.get_or_create(&l).inc(),
+            "refused" => f.refused.get_or_create(&l).inc(),
+            "unreachable" => f.unreachable.get_or_create(&l).inc(),
+            "accepted_after_sigterm" => f.accepted_after_sigterm.get_or_create(&l).inc(),
+            _ => f
+                .resets_sent
+                .get_or_create(&ReasonLabels {
+                    namespace: l.namespace,
+                    workload: l.workload,
+                    container: l.container,
+                    reason: reason.unwrap_or("unknown").into(),
+                })
+                .inc(),
+        };
+    }
+
+    /// A stop settled: count it by outcome and observe its durations.
+    pub fn stop_settled(&self, s: &Stop) {
+        let l = ContainerLabels::from(&s.container);
+        let Some(outcome) = s.outcome() else { return };
+        if !self.admit(&l, "drainwatch_container_stops") {
+            return;
+        }
+        self.stop
+            .stops
+            .get_or_create(&OutcomeLabels {
+                namespace: l.namespace.clone(),
+                workload: l.workload.clone(),
+                container: l.container.clone(),
+                outcome: outcome.as_str().into(),
+            })
+            .inc();
+        if let Some(d) = s.drain_seconds() {
+            self.stop.drain_duration.get_or_create(&l).observe(d);
+        }
+        if let Some(d) = s.routing_lag_seconds() {
+            self.stop.routing_lag.get_or_create(&l).observe(d);
+        }
+    }
+
+    /// A RST on a container's connection, in or out of a stop.
+    pub fn connection_reset(&self, c: &ContainerIdentity, direction: &str, reason: &str) {
+        let l = ContainerLabels::from(c);
+        if !self.admit(&l, "drainwatch_connection_resets") {
+            return;
+        }
+        self.stop
+            .connection_resets
+            .get_or_create(&ResetLabels {
+                namespace: l.namespace,
+                workload: l.workload,
+                container: l.container,
+                direction: direction.into(),
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// A connection refused at a container's former listening address, in or out of a stop.
+    pub fn refused_connection(&self, c: &ContainerIdentity) {
+        let l = ContainerLabels::from(c);
+        if self.admit(&l, "drainwatch_refused_connections") {
+            self.stop.refused_connections.get_or_create(&l).inc();
         }
     }
 
@@ -213,6 +465,31 @@ mod tests {
         assert!(
             plain.contains("drainwatch_events_lost_total{stage=\"queue\"} 0"),
             "{plain}"
+        );
+    }
+
+    #[test]
+    fn per_container_series_are_capped_and_the_drops_counted() {
+        let m = Metrics::new("k");
+        for i in 0..MAX_CONTAINERS + 3 {
+            let c = ContainerIdentity {
+                name: format!("c{i}"),
+                workload: "w".into(),
+                ..Default::default()
+            };
+            m.refused_connection(&c);
+        }
+        let text = m.encode_prometheus().unwrap();
+        assert!(
+            text.contains(
+                "drainwatch_series_dropped_total{metric=\"drainwatch_refused_connections\"} 3"
+            ),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("drainwatch_refused_connections_total{")
+                .count(),
+            MAX_CONTAINERS
         );
     }
 

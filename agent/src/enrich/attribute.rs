@@ -1,0 +1,466 @@
+//! Attribution: which container each kernel event belongs to, turned into the observations
+//! the stop tracker consumes. Process-context events (signals, exits, listen(), close()) are
+//! attributed by process; packet-path events (a RST answering a SYN to a closed port, a
+//! handshake completing) by network namespace, address and port, never by the current task.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::{IpAddr, SocketAddr},
+};
+
+use super::{
+    cgroup_path::{CgroupOwner, parse_cgroup_path},
+    host::{HostView, ProcInfo},
+};
+use crate::{
+    capture::event::{Event, ExitStatus, Named},
+    correlate::{ContainerIdentity, ExitInfo, Observation, Sender},
+};
+
+/// Init shims that forward signals to the real main process (`--init`, tini, dumb-init).
+const INIT_SHIMS: &[&str] = &[
+    "catatonit",
+    "podman-init",
+    "tini",
+    "docker-init",
+    "dumb-init",
+];
+
+#[derive(Debug, Default)]
+struct Container {
+    identity: ContainerIdentity,
+    main_pid: Option<u32>,
+}
+
+/// A TCP socket the enricher follows: an inbound connection to a container's listener.
+#[derive(Debug, Clone)]
+struct Tracked {
+    key: String,
+    /// The peer closed (FIN) or reset first: whatever the container does next is no cut.
+    peer_done: bool,
+}
+
+pub struct Enricher<H> {
+    host: H,
+    containers: HashMap<String, Container>,
+    by_pid: HashMap<u32, String>,
+    by_cgroup: HashMap<u64, String>,
+    /// Open listeners: (netns, port) → owner and address.
+    listeners: HashMap<(u32, u16), (String, SocketAddr)>,
+    /// Listeners that were closed: (netns, port) → former owner.
+    closed_listeners: HashMap<(u32, u16), String>,
+    sockets: HashMap<u64, Tracked>,
+    /// Inbound connections found by a scan (no kernel address yet): (netns, local, remote) → id.
+    seeded: HashMap<(u32, SocketAddr, SocketAddr), u64>,
+    /// Kernel address → the id a scan gave the same connection before its first event.
+    adopted: HashMap<u64, u64>,
+    next_seed: u64,
+    by_ip: HashMap<IpAddr, String>,
+    /// Connections closed recently, for a RST the kernel sends after the state change.
+    recent: HashMap<u64, String>,
+    recent_order: std::collections::VecDeque<u64>,
+    /// Pids known not to be in any container (until they exit).
+    not_containers: HashSet<u32>,
+}
+
+fn state(n: &Option<Named>) -> &str {
+    n.as_ref().and_then(|n| n.name.as_deref()).unwrap_or("")
+}
+
+impl<H: HostView> Enricher<H> {
+    pub fn new(host: H) -> Self {
+        Self {
+            host,
+            containers: HashMap::new(),
+            by_pid: HashMap::new(),
+            by_cgroup: HashMap::new(),
+            listeners: HashMap::new(),
+            closed_listeners: HashMap::new(),
+            sockets: HashMap::new(),
+            seeded: HashMap::new(),
+            adopted: HashMap::new(),
+            next_seed: 1,
+            by_ip: HashMap::new(),
+            recent: HashMap::new(),
+            recent_order: std::collections::VecDeque::new(),
+            not_containers: HashSet::new(),
+        }
+    }
+
+    #[cfg(test)]
+    pub fn host_mut(&mut self) -> &mut H {
+        &mut self.host
+    }
+
+    pub fn container_count(&self) -> usize {
+        self.containers.len()
+    }
+
+    /// Finds running containers (at start-up, then periodically): their processes, main
+    /// process, namespace, addresses, listeners and open inbound connections.
+    pub fn scan(&mut self) -> Vec<Observation> {
+        let mut groups: HashMap<String, (CgroupOwner, String, Vec<ProcInfo>)> = HashMap::new();
+        for p in self.host.processes() {
+            let Some(path) = p.cgroup_path.clone() else {
+                continue;
+            };
+            let Some(owner) = parse_cgroup_path(&path) else {
+                continue;
+            };
+            groups
+                .entry(owner.id.clone())
+                .or_insert_with(|| (owner, path, Vec::new()))
+                .2
+                .push(p);
+        }
+        let mut out = Vec::new();
+        for (key, (owner, path, procs)) in groups {
+            for p in &procs {
+                self.by_pid.insert(p.pid, key.clone());
+                self.not_containers.remove(&p.pid);
+            }
+            let known = self
+                .containers
+                .get(&key)
+                .is_some_and(|c| c.main_pid.is_some());
+            if known {
+                continue;
+            }
+            out.extend(self.adopt(&key, &owner, &path, &procs));
+        }
+        out
+    }
+
+    fn adopt(
+        &mut self,
+        key: &str,
+        owner: &CgroupOwner,
+        path: &str,
+        procs: &[ProcInfo],
+    ) -> Vec<Observation> {
+        let meta = self.host.metadata(owner);
+        let identity = ContainerIdentity {
+            id: owner.id.clone(),
+            runtime: owner.runtime.as_str().to_string(),
+            name: meta.name,
+            namespace: meta.namespace,
+            pod: meta.pod,
+            workload: meta.workload,
+        };
+        let main = main_process(procs);
+        let netns = main.and_then(|p| p.netns);
+        let main_pid = main.map(|p| p.pid);
+        if let Some(id) = self.host.cgroup_v2_id(path) {
+            self.by_cgroup.insert(id, key.to_string());
+        }
+        let ips = main_pid.map(|p| self.host.local_ips(p)).unwrap_or_default();
+        for ip in &ips {
+            self.by_ip.insert(*ip, key.to_string());
+        }
+        let mut listeners = Vec::new();
+        let mut inbound = Vec::new();
+        if let (Some(pid), Some(ns)) = (main_pid, netns) {
+            let socks = self.host.sockets(pid);
+            for s in socks.iter().filter(|s| s.listening) {
+                self.listeners
+                    .insert((ns, s.local.port()), (key.to_string(), s.local));
+                listeners.push(s.local);
+            }
+            let ports: HashSet<u16> = listeners.iter().map(SocketAddr::port).collect();
+            for s in socks
+                .iter()
+                .filter(|s| s.established && ports.contains(&s.local.port()))
+            {
+                let id = self.next_seed;
+                self.next_seed += 1;
+                self.seeded.insert((ns, s.local, s.remote), id);
+                self.sockets.insert(
+                    id,
+                    Tracked {
+                        key: key.to_string(),
+                        peer_done: false,
+                    },
+                );
+                inbound.push(id);
+            }
+        }
+        self.containers.insert(
+            key.to_string(),
+            Container {
+                identity: identity.clone(),
+                main_pid,
+            },
+        );
+        vec![Observation::Container {
+            identity,
+            listeners,
+            inbound,
+        }]
+    }
+
+    /// The container a process belongs to, looking it up (and adopting its container) when
+    /// the pid is new.
+    fn container_of_pid(&mut self, pid: u32, out: &mut Vec<Observation>) -> Option<String> {
+        if let Some(k) = self.by_pid.get(&pid) {
+            return Some(k.clone());
+        }
+        if pid == 0 || self.not_containers.contains(&pid) {
+            return None;
+        }
+        let in_container = self
+            .host
+            .process(pid)
+            .and_then(|p| p.cgroup_path)
+            .and_then(|path| parse_cgroup_path(&path))
+            .is_some();
+        if !in_container {
+            self.not_containers.insert(pid);
+            return None;
+        }
+        out.extend(self.scan());
+        self.by_pid.get(&pid).cloned()
+    }
+
+    fn container_of_task(
+        &mut self,
+        pid: u32,
+        cgroup_id: u64,
+        out: &mut Vec<Observation>,
+    ) -> Option<String> {
+        if let Some(k) = self.by_cgroup.get(&cgroup_id) {
+            return Some(k.clone());
+        }
+        self.container_of_pid(pid, out)
+    }
+
+    /// Turns one kernel event into what it means for containers.
+    pub fn on_event(&mut self, ev: &Event) -> Vec<Observation> {
+        let mut out = Vec::new();
+        match ev {
+            Event::Signal(s) => {
+                let target = u32::try_from(s.target_pid).ok();
+                let Some(key) = target.and_then(|t| self.container_of_pid(t, &mut out)) else {
+                    return out;
+                };
+                let sender = self.container_of_task(s.meta.tgid, s.meta.cgroup_id, &mut out);
+                if sender.as_deref() != Some(key.as_str()) {
+                    out.push(Observation::Signal {
+                        key,
+                        sig: s.sig,
+                        sender: Sender {
+                            pid: s.meta.tgid,
+                            comm: s.meta.comm.clone(),
+                        },
+                    });
+                }
+            }
+            Event::Exit(x) => {
+                let pid = x.meta.tgid;
+                let key = self.by_pid.remove(&pid);
+                self.not_containers.remove(&pid);
+                let Some(key) = key else { return out };
+                let is_main = self.containers.get(&key).and_then(|c| c.main_pid) == Some(pid);
+                if is_main {
+                    let exit = match x.status {
+                        ExitStatus::Exited(code) => ExitInfo {
+                            code: Some(code),
+                            signal: None,
+                        },
+                        ExitStatus::Killed { signal, .. } => ExitInfo {
+                            code: x.status.shell_code(),
+                            signal: Some(signal),
+                        },
+                        ExitStatus::Unknown => ExitInfo {
+                            code: None,
+                            signal: None,
+                        },
+                    };
+                    out.push(Observation::Exit { key, exit });
+                }
+            }
+            Event::StateChange(s) => self.on_state(s, &mut out),
+            Event::ResetSent(r) => {
+                if r.skaddr != 0 {
+                    if let Some(key) = self.socket_owner(r.skaddr) {
+                        out.push(Observation::ResetSent {
+                            key,
+                            reason: r
+                                .reason
+                                .as_ref()
+                                .map_or_else(|| "unknown".into(), ToString::to_string),
+                        });
+                    }
+                } else if let Some(conn) = r.conn {
+                    // No socket answered: a SYN to a port nobody listens on (any more).
+                    let ns = r.meta.netns;
+                    let port = conn.local.port();
+                    let open = self.listeners.contains_key(&(ns, port));
+                    if !open && let Some(key) = self.closed_listeners.get(&(ns, port)) {
+                        out.push(Observation::Refused { key: key.clone() });
+                    }
+                }
+            }
+            Event::ResetReceived(r) => {
+                if let Some(conn) = r.conn
+                    && let Some(t) = self.tracked(r.skaddr, r.meta.netns, conn)
+                {
+                    t.peer_done = true;
+                }
+            }
+            Event::CgroupRemoved(c) => {
+                if let Some(owner) = parse_cgroup_path(&c.path)
+                    && self.containers.contains_key(&owner.id)
+                {
+                    out.push(Observation::CgroupRemoved { key: owner.id });
+                }
+            }
+            Event::SocketError(_) | Event::ListenOverflow(_) | Event::Accepted(_) => {}
+        }
+        out
+    }
+
+    fn on_state(&mut self, s: &crate::capture::event::StateChange, out: &mut Vec<Observation>) {
+        let (old, new) = (state(&s.old), state(&s.new));
+        let ns = s.meta.netns;
+        let Some(conn) = s.conn else { return };
+        match (old, new) {
+            ("TCP_CLOSE", "TCP_LISTEN") => {
+                if let Some(key) = self.container_of_task(s.meta.tgid, s.meta.cgroup_id, out) {
+                    self.listeners
+                        .insert((ns, conn.local.port()), (key.clone(), conn.local));
+                    self.closed_listeners.remove(&(ns, conn.local.port()));
+                    out.push(Observation::ListenerOpened {
+                        key,
+                        addr: conn.local,
+                    });
+                }
+            }
+            ("TCP_LISTEN", "TCP_CLOSE") => {
+                if let Some((key, addr)) = self.listeners.remove(&(ns, conn.local.port())) {
+                    self.closed_listeners.insert((ns, addr.port()), key.clone());
+                    out.push(Observation::ListenerClosed { key, addr });
+                }
+            }
+            ("TCP_SYN_RECV", "TCP_ESTABLISHED") => {
+                if let Some((key, _)) = self.listeners.get(&(ns, conn.local.port())) {
+                    let key = key.clone();
+                    self.sockets.insert(
+                        s.skaddr,
+                        Tracked {
+                            key: key.clone(),
+                            peer_done: false,
+                        },
+                    );
+                    out.push(Observation::InboundEstablished {
+                        key,
+                        sock: s.skaddr,
+                    });
+                }
+            }
+            ("TCP_SYN_SENT", "TCP_CLOSE") => {
+                // An attempt that never connected: to a gone container's address, unreachable.
+                if let Some(key) = self.by_ip.get(&conn.remote.ip()) {
+                    out.push(Observation::Unreachable { key: key.clone() });
+                }
+            }
+            ("TCP_ESTABLISHED", "TCP_CLOSE_WAIT") => {
+                if let Some(t) = self.tracked(s.skaddr, ns, conn) {
+                    t.peer_done = true;
+                }
+            }
+            ("TCP_ESTABLISHED", _) | ("TCP_CLOSE_WAIT", _) => {
+                let Some(t) = self.tracked(s.skaddr, ns, conn).cloned() else {
+                    return;
+                };
+                self.sockets.remove(&s.skaddr);
+                self.remember_closed(s.skaddr, &t.key);
+                let by_container = !t.peer_done && old == "TCP_ESTABLISHED";
+                out.push(Observation::InboundClosed {
+                    key: t.key,
+                    sock: self.sock_id(s.skaddr),
+                    by_container,
+                    pending: s.counters.request_pending(),
+                });
+            }
+            _ => {}
+        }
+    }
+
+    const RECENT: usize = 8192;
+
+    fn remember_closed(&mut self, skaddr: u64, key: &str) {
+        if self.recent.insert(skaddr, key.to_string()).is_none() {
+            self.recent_order.push_back(skaddr);
+        }
+        while self.recent_order.len() > Self::RECENT {
+            if let Some(old) = self.recent_order.pop_front() {
+                self.recent.remove(&old);
+            }
+        }
+    }
+
+    /// The container of a followed (or just closed) connection.
+    fn socket_owner(&self, skaddr: u64) -> Option<String> {
+        self.sockets
+            .get(&skaddr)
+            .map(|t| t.key.clone())
+            .or_else(|| self.recent.get(&skaddr).cloned())
+    }
+
+    /// RSTs on containers' connections, for the steady-state reset metric: (container,
+    /// direction, reason). Resets received carry no reason in the kernel.
+    pub fn resets(&self, ev: &Event) -> Vec<(ContainerIdentity, &'static str, String)> {
+        let (skaddr, direction, reason) = match ev {
+            Event::ResetSent(r) if r.skaddr != 0 => (
+                r.skaddr,
+                "sent",
+                r.reason
+                    .as_ref()
+                    .map_or_else(|| "unknown".into(), ToString::to_string),
+            ),
+            Event::ResetReceived(r) => (r.skaddr, "received", "none".to_string()),
+            _ => return Vec::new(),
+        };
+        self.socket_owner(skaddr)
+            .and_then(|k| self.containers.get(&k))
+            .map(|c| vec![(c.identity.clone(), direction, reason)])
+            .unwrap_or_default()
+    }
+
+    /// The id the tracker knows a connection by.
+    fn sock_id(&mut self, skaddr: u64) -> u64 {
+        self.adopted.remove(&skaddr).unwrap_or(skaddr)
+    }
+
+    /// A followed socket by kernel address, adopting one a scan found by its 4-tuple.
+    fn tracked(
+        &mut self,
+        skaddr: u64,
+        ns: u32,
+        conn: crate::capture::event::Endpoints,
+    ) -> Option<&mut Tracked> {
+        if !self.sockets.contains_key(&skaddr)
+            && let Some(id) = self.seeded.remove(&(ns, conn.local, conn.remote))
+            && let Some(t) = self.sockets.remove(&id)
+        {
+            self.sockets.insert(skaddr, t);
+            self.adopted.insert(skaddr, id);
+        }
+        self.sockets.get_mut(&skaddr)
+    }
+}
+
+/// The process a container is about: its init, or the init's first child when the init is a
+/// shim that only forwards signals.
+fn main_process(procs: &[ProcInfo]) -> Option<&ProcInfo> {
+    let init = procs.iter().find(|p| p.ns_pid == Some(1));
+    match init {
+        Some(i) if INIT_SHIMS.contains(&i.comm.as_str()) => procs
+            .iter()
+            .filter(|p| p.ppid == i.pid)
+            .min_by_key(|p| p.pid)
+            .or(Some(i)),
+        Some(i) => Some(i),
+        None => procs.iter().min_by_key(|p| p.pid),
+    }
+}

@@ -1,0 +1,428 @@
+//! Attribution driven by synthetic events against a fake host.
+
+use std::net::{IpAddr, SocketAddr};
+
+use super::{
+    attribute::Enricher,
+    cgroup_path::CgroupOwner,
+    host::{HostView, ProcInfo, SocketEntry},
+    runtime_meta::ContainerMeta,
+};
+use crate::{
+    capture::event::{
+        CgroupRemoved, Endpoints, Event, Exit, ExitStatus, Meta, Named, ResetSent, Signal,
+        StateChange, TcpCounters,
+    },
+    correlate::{ExitInfo, Observation as O},
+};
+
+const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+const NS: u32 = 4026532177;
+const HOST_NS: u32 = 4026531840;
+
+fn path() -> String {
+    format!("/libpod_parent/libpod-{ID}")
+}
+
+struct FakeHost {
+    procs: Vec<ProcInfo>,
+}
+
+impl HostView for FakeHost {
+    fn processes(&self) -> Vec<ProcInfo> {
+        self.procs.clone()
+    }
+    fn process(&self, pid: u32) -> Option<ProcInfo> {
+        self.procs.iter().find(|p| p.pid == pid).cloned()
+    }
+    fn sockets(&self, _pid: u32) -> Vec<SocketEntry> {
+        vec![
+            SocketEntry {
+                local: "0.0.0.0:8080".parse().unwrap(),
+                remote: "0.0.0.0:0".parse().unwrap(),
+                listening: true,
+                established: false,
+            },
+            SocketEntry {
+                local: "10.88.0.5:8080".parse().unwrap(),
+                remote: "10.88.0.1:40000".parse().unwrap(),
+                listening: false,
+                established: true,
+            },
+        ]
+    }
+    fn local_ips(&self, _pid: u32) -> Vec<IpAddr> {
+        vec!["10.88.0.5".parse().unwrap()]
+    }
+    fn cgroup_v2_id(&self, _path: &str) -> Option<u64> {
+        Some(777)
+    }
+    fn metadata(&self, _owner: &CgroupOwner) -> ContainerMeta {
+        ContainerMeta {
+            name: "web-2".into(),
+            namespace: String::new(),
+            pod: String::new(),
+            workload: "web".into(),
+        }
+    }
+}
+
+fn proc(pid: u32, ppid: u32, comm: &str, ns_pid: u32, in_container: bool) -> ProcInfo {
+    ProcInfo {
+        pid,
+        ppid,
+        comm: comm.into(),
+        ns_pid: Some(ns_pid),
+        netns: Some(if in_container { NS } else { HOST_NS }),
+        cgroup_path: in_container.then(path),
+    }
+}
+
+/// catatonit (pid 100, pid 1 inside) runs python (pid 101); runc (pid 50) is outside.
+fn enricher() -> Enricher<FakeHost> {
+    let host = FakeHost {
+        procs: vec![
+            proc(50, 1, "runc", 50, false),
+            proc(100, 90, "catatonit", 1, true),
+            proc(101, 100, "python3", 2, true),
+        ],
+    };
+    Enricher::new(host)
+}
+
+fn meta(tgid: u32, netns: u32, cgroup_id: u64) -> Meta {
+    Meta {
+        ts_ns: 1,
+        pid: tgid,
+        tgid,
+        comm: "x".into(),
+        cgroup_id,
+        netns,
+    }
+}
+
+fn named(name: &str) -> Option<Named> {
+    Some(Named {
+        value: 0,
+        name: Some(name.into()),
+    })
+}
+
+fn conn(local: &str, remote: &str) -> Option<Endpoints> {
+    Some(Endpoints {
+        local: local.parse().unwrap(),
+        remote: remote.parse().unwrap(),
+    })
+}
+
+fn state(
+    sk: u64,
+    netns: u32,
+    old: &str,
+    new: &str,
+    c: Option<Endpoints>,
+    counters: TcpCounters,
+) -> Event {
+    Event::StateChange(StateChange {
+        meta: meta(0, netns, 0),
+        skaddr: sk,
+        conn: c,
+        old: named(old),
+        new: named(new),
+        counters,
+    })
+}
+
+fn pending() -> TcpCounters {
+    TcpCounters {
+        bytes_received: 100,
+        bytes_sent: 0,
+        unread: 0,
+        last_received: 10,
+        last_sent: 5,
+    }
+}
+
+#[test]
+fn a_scan_finds_the_container_its_main_process_listeners_and_connections() {
+    let mut e = enricher();
+    let obs = e.scan();
+    let [
+        O::Container {
+            identity,
+            listeners,
+            inbound,
+        },
+    ] = obs.as_slice()
+    else {
+        panic!("{obs:#?}")
+    };
+    assert_eq!(identity.id, ID);
+    assert_eq!(
+        (
+            identity.runtime.as_str(),
+            identity.name.as_str(),
+            identity.workload.as_str()
+        ),
+        ("podman", "web-2", "web")
+    );
+    assert_eq!(listeners, &["0.0.0.0:8080".parse::<SocketAddr>().unwrap()]);
+    assert_eq!(inbound.len(), 1);
+    assert!(e.scan().is_empty(), "a second scan adopts nothing new");
+}
+
+#[test]
+fn signals_from_outside_count_and_forwarding_inside_does_not() {
+    let mut e = enricher();
+    e.scan();
+    let sig = |sender: u32, target: i32| {
+        Event::Signal(Signal {
+            meta: meta(sender, HOST_NS, 0),
+            sig: 15,
+            target_pid: target,
+            target_comm: String::new(),
+            group: true,
+            result: 0,
+        })
+    };
+    let obs = e.on_event(&sig(50, 100));
+    assert!(
+        matches!(obs.as_slice(), [O::Signal { sig: 15, sender, .. }] if sender.comm == "x" && sender.pid == 50),
+        "{obs:#?}"
+    );
+    // catatonit forwarding SIGTERM to python: inside the container.
+    assert!(e.on_event(&sig(100, 101)).is_empty());
+    // A signal between host processes.
+    assert!(e.on_event(&sig(50, 1)).is_empty());
+}
+
+#[test]
+fn the_main_process_exit_counts_and_a_reused_pid_is_not_the_container() {
+    let mut e = enricher();
+    e.scan();
+    let exit = |pid: u32, status: ExitStatus| {
+        Event::Exit(Exit {
+            meta: meta(pid, NS, 777),
+            status,
+        })
+    };
+    // catatonit is the init shim: its exit is not the main process's.
+    assert!(e.on_event(&exit(100, ExitStatus::Exited(143))).is_empty());
+    let obs = e.on_event(&exit(
+        101,
+        ExitStatus::Killed {
+            signal: 15,
+            core: false,
+        },
+    ));
+    assert!(
+        matches!(
+            obs.as_slice(),
+            [O::Exit {
+                exit: ExitInfo {
+                    code: Some(143),
+                    signal: Some(15)
+                },
+                ..
+            }]
+        ),
+        "{obs:#?}"
+    );
+    // Pid 101 reused later by a host process: not the container's any more.
+    e.host_mut().procs.retain(|p| p.pid != 101);
+    e.host_mut().procs.push(proc(101, 1, "cron", 101, false));
+    let sig = Event::Signal(Signal {
+        meta: meta(50, HOST_NS, 0),
+        sig: 15,
+        target_pid: 101,
+        target_comm: String::new(),
+        group: true,
+        result: 0,
+    });
+    assert!(e.on_event(&sig).is_empty());
+}
+
+#[test]
+fn a_syn_to_a_closed_listener_is_refused_only_in_that_namespace() {
+    let mut e = enricher();
+    e.scan();
+    let closed = state(
+        0xf1,
+        NS,
+        "TCP_LISTEN",
+        "TCP_CLOSE",
+        conn("0.0.0.0:8080", "0.0.0.0:0"),
+        TcpCounters::default(),
+    );
+    assert!(matches!(
+        e.on_event(&closed).as_slice(),
+        [O::ListenerClosed { .. }]
+    ));
+    let rst = |netns: u32, port: u16| {
+        Event::ResetSent(ResetSent {
+            meta: meta(0, netns, 0),
+            skaddr: 0,
+            conn: conn(&format!("10.88.0.5:{port}"), "10.88.0.1:50000"),
+            state: None,
+            reason: named("NO_SOCKET"),
+        })
+    };
+    assert!(matches!(
+        e.on_event(&rst(NS, 8080)).as_slice(),
+        [O::Refused { .. }]
+    ));
+    assert!(e.on_event(&rst(NS, 9999)).is_empty(), "never a listener");
+    assert!(
+        e.on_event(&rst(HOST_NS, 8080)).is_empty(),
+        "another namespace"
+    );
+}
+
+#[test]
+fn inbound_connections_close_by_container_or_by_peer() {
+    let mut e = enricher();
+    e.scan();
+    let est = state(
+        0xa1,
+        NS,
+        "TCP_SYN_RECV",
+        "TCP_ESTABLISHED",
+        conn("10.88.0.5:8080", "10.88.0.1:41000"),
+        TcpCounters::default(),
+    );
+    assert!(matches!(
+        e.on_event(&est).as_slice(),
+        [O::InboundEstablished { sock: 0xa1, .. }]
+    ));
+    let cut = state(
+        0xa1,
+        NS,
+        "TCP_ESTABLISHED",
+        "TCP_FIN_WAIT1",
+        conn("10.88.0.5:8080", "10.88.0.1:41000"),
+        pending(),
+    );
+    assert!(matches!(
+        e.on_event(&cut).as_slice(),
+        [O::InboundClosed {
+            sock: 0xa1,
+            by_container: true,
+            pending: true,
+            ..
+        }]
+    ));
+
+    let est = state(
+        0xa2,
+        NS,
+        "TCP_SYN_RECV",
+        "TCP_ESTABLISHED",
+        conn("10.88.0.5:8080", "10.88.0.1:41001"),
+        TcpCounters::default(),
+    );
+    e.on_event(&est);
+    let peer_fin = state(
+        0xa2,
+        NS,
+        "TCP_ESTABLISHED",
+        "TCP_CLOSE_WAIT",
+        conn("10.88.0.5:8080", "10.88.0.1:41001"),
+        TcpCounters::default(),
+    );
+    assert!(e.on_event(&peer_fin).is_empty());
+    let last_ack = state(
+        0xa2,
+        NS,
+        "TCP_CLOSE_WAIT",
+        "TCP_LAST_ACK",
+        conn("10.88.0.5:8080", "10.88.0.1:41001"),
+        pending(),
+    );
+    assert!(matches!(
+        e.on_event(&last_ack).as_slice(),
+        [O::InboundClosed {
+            by_container: false,
+            ..
+        }]
+    ));
+
+    // A RST the kernel sends right after the close is still the container's.
+    let rst = Event::ResetSent(ResetSent {
+        meta: meta(0, NS, 0),
+        skaddr: 0xa1,
+        conn: None,
+        state: None,
+        reason: named("TCP_ABORT_ON_CLOSE"),
+    });
+    assert!(
+        matches!(e.on_event(&rst).as_slice(), [O::ResetSent { reason, .. }] if reason == "TCP_ABORT_ON_CLOSE")
+    );
+    assert_eq!(e.resets(&rst).len(), 1);
+}
+
+#[test]
+fn a_connection_found_by_the_scan_is_followed_by_its_tuple() {
+    let mut e = enricher();
+    let obs = e.scan();
+    let [O::Container { inbound, .. }] = obs.as_slice() else {
+        panic!()
+    };
+    let seeded = inbound[0];
+    let close = state(
+        0xbeef,
+        NS,
+        "TCP_ESTABLISHED",
+        "TCP_FIN_WAIT1",
+        conn("10.88.0.5:8080", "10.88.0.1:40000"),
+        pending(),
+    );
+    let obs = e.on_event(&close);
+    assert!(
+        matches!(obs.as_slice(), [O::InboundClosed { sock, pending: true, .. }] if *sock == seeded),
+        "{obs:#?}"
+    );
+}
+
+#[test]
+fn failed_connects_to_its_address_and_its_cgroup_removal() {
+    let mut e = enricher();
+    e.scan();
+    let attempt = state(
+        0xc1,
+        HOST_NS,
+        "TCP_SYN_SENT",
+        "TCP_CLOSE",
+        conn("10.88.0.1:0", "10.88.0.5:8080"),
+        TcpCounters::default(),
+    );
+    assert!(matches!(
+        e.on_event(&attempt).as_slice(),
+        [O::Unreachable { .. }]
+    ));
+    let other = state(
+        0xc2,
+        HOST_NS,
+        "TCP_SYN_SENT",
+        "TCP_CLOSE",
+        conn("10.88.0.1:0", "10.88.0.9:8080"),
+        TcpCounters::default(),
+    );
+    assert!(e.on_event(&other).is_empty());
+    let rmdir = |p: String| {
+        Event::CgroupRemoved(CgroupRemoved {
+            meta: meta(0, HOST_NS, 0),
+            id: 777,
+            hierarchy: 0,
+            level: 2,
+            path: p,
+        })
+    };
+    assert!(matches!(
+        e.on_event(&rmdir(path())).as_slice(),
+        [O::CgroupRemoved { .. }]
+    ));
+    assert!(
+        e.on_event(&rmdir("/system.slice/cron.service".into()))
+            .is_empty()
+    );
+}

@@ -1,0 +1,204 @@
+//! The host as the attribution stage sees it: processes, their cgroups and network
+//! namespaces, sockets, addresses, and container metadata. `HostView` is the seam between the
+//! pure attribution logic and the filesystem; `Procfs` is the real one (thin I/O over the
+//! `procfs` crate and cgroupfs), tests use a fake.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::{Path, PathBuf},
+};
+
+use super::{cgroup_path::CgroupOwner, runtime_meta::ContainerMeta};
+
+/// One process, as far as attribution cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcInfo {
+    pub pid: u32,
+    pub ppid: u32,
+    pub comm: String,
+    /// The pid inside its innermost pid namespace (1 for a container's init).
+    pub ns_pid: Option<u32>,
+    pub netns: Option<u32>,
+    /// The container cgroup path chosen from /proc/<pid>/cgroup, if it names one.
+    pub cgroup_path: Option<String>,
+}
+
+/// A TCP socket from /proc/<pid>/net/tcp{,6}.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketEntry {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    pub listening: bool,
+    pub established: bool,
+}
+
+pub trait HostView {
+    fn processes(&self) -> Vec<ProcInfo>;
+    fn process(&self, pid: u32) -> Option<ProcInfo>;
+    /// TCP sockets of `pid`'s network namespace.
+    fn sockets(&self, pid: u32) -> Vec<SocketEntry>;
+    /// Local addresses of `pid`'s network namespace (loopback excluded).
+    fn local_ips(&self, pid: u32) -> Vec<IpAddr>;
+    /// The cgroup v2 id (the directory's inode) of a container cgroup path.
+    fn cgroup_v2_id(&self, path: &str) -> Option<u64>;
+    fn metadata(&self, owner: &CgroupOwner) -> ContainerMeta;
+}
+
+/// Local IPv4 addresses from a `/proc/<pid>/net/fib_trie` text: the `/32 host LOCAL` leaves.
+/// Hand-written: procfs does not parse fib_trie.
+pub fn local_ipv4_from_fib_trie(text: &str) -> Vec<Ipv4Addr> {
+    let mut out = Vec::new();
+    let mut last: Option<Ipv4Addr> = None;
+    for line in text.lines() {
+        let t = line.trim_start_matches([' ', '|', '+', '-']).trim();
+        if let Ok(ip) = t.parse::<Ipv4Addr>() {
+            last = Some(ip);
+        } else if t.starts_with("/32 host LOCAL")
+            && let Some(ip) = last
+            && !ip.is_loopback()
+            && !out.contains(&ip)
+        {
+            out.push(ip);
+        }
+    }
+    out
+}
+
+/// The real host: `/proc` and cgroupfs, possibly mounted elsewhere (DaemonSet).
+pub struct Procfs {
+    pub proc_root: PathBuf,
+    pub cgroup_root: PathBuf,
+    /// Prefix for runtime state directories (`/` on the host, `/host` in a DaemonSet pod).
+    pub host_root: PathBuf,
+}
+
+impl Procfs {
+    fn info(&self, p: &procfs::process::Process) -> Option<ProcInfo> {
+        let status = p.status().ok()?;
+        let cgroup_text =
+            std::fs::read_to_string(self.proc_root.join(p.pid.to_string()).join("cgroup")).ok();
+        let netns = p.namespaces().ok().and_then(|ns| {
+            ns.0.get(std::ffi::OsStr::new("net"))
+                .map(|n| n.identifier as u32)
+        });
+        Some(ProcInfo {
+            pid: p.pid as u32,
+            ppid: status.ppid as u32,
+            comm: status.name,
+            ns_pid: status
+                .nspid
+                .as_ref()
+                .and_then(|v| v.last())
+                .map(|p| *p as u32),
+            netns,
+            cgroup_path: cgroup_text
+                .and_then(|t| super::cgroup_path::container_path_from_proc_cgroup(&t)),
+        })
+    }
+}
+
+impl HostView for Procfs {
+    fn processes(&self) -> Vec<ProcInfo> {
+        let Ok(all) = procfs::process::all_processes_with_root(&self.proc_root) else {
+            return Vec::new();
+        };
+        all.filter_map(Result::ok)
+            .filter_map(|p| self.info(&p))
+            .collect()
+    }
+
+    fn process(&self, pid: u32) -> Option<ProcInfo> {
+        let p =
+            procfs::process::Process::new_with_root(self.proc_root.join(pid.to_string())).ok()?;
+        self.info(&p)
+    }
+
+    fn sockets(&self, pid: u32) -> Vec<SocketEntry> {
+        let Ok(p) = procfs::process::Process::new_with_root(self.proc_root.join(pid.to_string()))
+        else {
+            return Vec::new();
+        };
+        let v4 = p.tcp().unwrap_or_default();
+        let v6 = p.tcp6().unwrap_or_default();
+        v4.into_iter()
+            .chain(v6)
+            .map(|e| SocketEntry {
+                local: e.local_address,
+                remote: e.remote_address,
+                listening: e.state == procfs::net::TcpState::Listen,
+                established: e.state == procfs::net::TcpState::Established,
+            })
+            .collect()
+    }
+
+    fn local_ips(&self, pid: u32) -> Vec<IpAddr> {
+        let base = self.proc_root.join(pid.to_string()).join("net");
+        let mut ips: Vec<IpAddr> = std::fs::read_to_string(base.join("fib_trie"))
+            .map(|t| {
+                local_ipv4_from_fib_trie(&t)
+                    .into_iter()
+                    .map(IpAddr::V4)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Ok(p) = procfs::process::Process::new_with_root(self.proc_root.join(pid.to_string()))
+        {
+            // Global IPv6 addresses from if_inet6 (procfs parses it per process root).
+            if let Ok(text) = std::fs::read_to_string(base.join("if_inet6")) {
+                for line in text.lines() {
+                    let Some(hex) = line.split_whitespace().next() else {
+                        continue;
+                    };
+                    if let Ok(v) = u128::from_str_radix(hex, 16) {
+                        let ip = std::net::Ipv6Addr::from(v);
+                        if !ip.is_loopback() && (ip.segments()[0] & 0xffc0) != 0xfe80 {
+                            ips.push(IpAddr::V6(ip));
+                        }
+                    }
+                }
+            }
+            drop(p);
+        }
+        ips
+    }
+
+    fn cgroup_v2_id(&self, path: &str) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        let rel = path.trim_start_matches('/');
+        [
+            self.cgroup_root.join("unified").join(rel),
+            self.cgroup_root.join(rel),
+        ]
+        .into_iter()
+        .find(|p| p.join("cgroup.procs").exists() && is_v2(p))
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map(|m| m.ino())
+    }
+
+    fn metadata(&self, owner: &CgroupOwner) -> ContainerMeta {
+        super::runtime_meta::lookup(&self.host_root, owner)
+    }
+}
+
+/// A cgroup v2 directory has `cgroup.controllers`; v1 ones do not.
+fn is_v2(dir: &Path) -> bool {
+    dir.join("cgroup.controllers").exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_local_addresses_from_a_container_fib_trie() {
+        let text = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fixtures/procfs/podman-container-fib_trie.txt"
+        ));
+        assert_eq!(
+            local_ipv4_from_fib_trie(text),
+            [Ipv4Addr::new(10, 88, 0, 21)]
+        );
+        assert!(local_ipv4_from_fib_trie("garbage\n/32 host LOCAL\n").is_empty());
+    }
+}

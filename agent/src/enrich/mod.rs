@@ -1,0 +1,13 @@
+//! Enrich: who owns each event. Containers are found from cgroups (`cgroup_path`), named from
+//! their runtime's state (`runtime_meta`), observed through procfs (`host`), and events are
+//! attributed to them (`attribute`).
+
+pub mod attribute;
+pub mod cgroup_path;
+pub mod host;
+pub mod runtime_meta;
+
+pub use attribute::Enricher;
+
+#[cfg(test)]
+mod attribute_tests;

@@ -1,0 +1,195 @@
+//! The report API's JSON: stop records and deploys with the field names the API promises,
+//! times as RFC 3339 with milliseconds (null when the moment did not happen).
+
+use serde_json::{Value, json};
+
+use crate::correlate::{
+    Mono,
+    deploys::Deploy,
+    stops::{Loss, Stop},
+};
+
+/// Converts kernel monotonic time to wall-clock time.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    /// Wall-clock nanoseconds since the epoch minus monotonic nanoseconds, taken at start-up.
+    pub offset_ns: i128,
+}
+
+impl Clock {
+    pub fn now() -> Self {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i128);
+        Self {
+            offset_ns: wall - monotonic_now() as i128,
+        }
+    }
+
+    pub fn rfc3339(&self, t: Mono) -> String {
+        let ns = (t as i128 + self.offset_ns).max(0) as u128;
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns as u64);
+        humantime::format_rfc3339_millis(at).to_string()
+    }
+
+    fn opt(&self, t: Option<Mono>) -> Value {
+        t.map_or(Value::Null, |t| Value::String(self.rfc3339(t)))
+    }
+}
+
+/// CLOCK_MONOTONIC now, the clock `bpf_ktime_get_ns` reads.
+pub fn monotonic_now() -> Mono {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn round3(x: Option<f64>) -> Value {
+    x.map_or(Value::Null, |v| json!((v * 1000.0).round() / 1000.0))
+}
+
+pub fn loss_json(l: &Loss) -> Value {
+    json!({
+        "inflight_cut": l.inflight_cut,
+        "idle_closed": l.idle_closed,
+        "resets_sent": l.resets_sent,
+        "refused": l.refused,
+        "unreachable": l.unreachable,
+        "accepted_after_sigterm": l.accepted_after_sigterm,
+    })
+}
+
+pub fn stop_json(s: &Stop, clock: &Clock) -> Value {
+    json!({
+        "id": s.id,
+        "container": s.container,
+        "sigterm_at": clock.opt(s.sigterm_at),
+        "sigterm_sender": s.sigterm_sender,
+        "sigkill_at": clock.opt(s.sigkill_at),
+        "exit_at": clock.opt(s.exit_at),
+        "exit_code": s.exit.and_then(|e| e.code),
+        "exit_signal": s.exit.and_then(|e| e.signal),
+        "cgroup_removed_at": clock.opt(s.cgroup_removed_at),
+        "listeners": s.listeners.iter().map(|l| json!({
+            "address": l.address.to_string(),
+            "closed_at": clock.opt(l.closed_at),
+        })).collect::<Vec<_>>(),
+        "last_accept_at": clock.opt(s.last_accept_at),
+        "connections_at_sigterm": s.connections_at_sigterm,
+        "connections_at_exit": s.connections_at_exit,
+        "grace_seconds": round3(s.grace_seconds()),
+        "drain_seconds": round3(s.drain_seconds()),
+        "loss": loss_json(&s.loss),
+        "outcome": s.outcome().map(|o| o.as_str()),
+    })
+}
+
+pub fn deploy_json(d: &Deploy, clock: &Clock) -> Value {
+    json!({
+        "id": d.id,
+        "namespace": d.namespace,
+        "workload": d.workload,
+        "started_at": clock.rfc3339(d.started_at),
+        "last_stop_at": clock.rfc3339(d.last_stop_at),
+        "stops": d.stops,
+        "outcomes": d.outcomes,
+        "in_progress": d.in_progress,
+        "loss": loss_json(&d.loss),
+    })
+}
+
+/// Newest first.
+pub fn stops_json(stops: &[Stop], clock: &Clock) -> Value {
+    let mut v: Vec<&Stop> = stops.iter().collect();
+    v.sort_by_key(|s| std::cmp::Reverse(s.started_at()));
+    Value::Array(v.into_iter().map(|s| stop_json(s, clock)).collect())
+}
+
+pub fn deploys_json(deploys: &[Deploy], clock: &Clock) -> Value {
+    Value::Array(deploys.iter().map(|d| deploy_json(d, clock)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::correlate::{ContainerIdentity, ExitInfo, SECOND, Sender, stops::ListenerTimeline};
+
+    #[test]
+    fn a_stop_renders_with_the_promised_field_names() {
+        let clock = Clock {
+            offset_ns: 1_700_000_000 * 1_000_000_000,
+        };
+        let s = Stop {
+            id: "abc-1".into(),
+            container: ContainerIdentity {
+                id: "abc".into(),
+                runtime: "podman".into(),
+                name: "web-1".into(),
+                workload: "web".into(),
+                ..Default::default()
+            },
+            sigterm_at: Some(10 * SECOND),
+            stop_signal: Some(15),
+            sigterm_sender: Some(Sender {
+                pid: 7,
+                comm: "runc".into(),
+            }),
+            sigkill_at: None,
+            exit_at: Some(10 * SECOND + 2_500_000),
+            exit: Some(ExitInfo {
+                code: Some(143),
+                signal: Some(15),
+            }),
+            cgroup_removed_at: None,
+            listeners: vec![ListenerTimeline {
+                address: "10.88.0.2:8080".parse().unwrap(),
+                closed_at: Some(10 * SECOND + 2_600_000),
+            }],
+            last_accept_at: None,
+            connections_at_sigterm: Some(2),
+            connections_at_exit: Some(2),
+            loss: Loss {
+                inflight_cut: 2,
+                ..Default::default()
+            },
+            settled: false,
+        };
+        let v = stop_json(&s, &clock);
+        let keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
+        for k in [
+            "container",
+            "sigterm_at",
+            "sigterm_sender",
+            "sigkill_at",
+            "exit_at",
+            "exit_code",
+            "exit_signal",
+            "cgroup_removed_at",
+            "listeners",
+            "last_accept_at",
+            "connections_at_sigterm",
+            "connections_at_exit",
+            "grace_seconds",
+            "drain_seconds",
+            "loss",
+            "outcome",
+        ] {
+            assert!(keys.iter().any(|x| x == k), "missing {k}");
+        }
+        assert_eq!(v["sigterm_at"], "2023-11-14T22:13:30.000Z");
+        assert_eq!(v["exit_at"], "2023-11-14T22:13:30.002Z");
+        assert_eq!(v["sigkill_at"], Value::Null);
+        assert_eq!(v["drain_seconds"], 0.003);
+        assert_eq!(v["outcome"], "exit_at_once");
+        assert_eq!(v["container"]["workload"], "web");
+        assert_eq!(v["listeners"][0]["address"], "10.88.0.2:8080");
+        assert_eq!(v["loss"]["inflight_cut"], 2);
+        for k in ["id", "runtime", "name", "namespace", "pod", "workload"] {
+            assert!(v["container"].get(k).is_some(), "container.{k}");
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! `drainwatch report`: reads a running agent's report API and prints deploys and their stops
+//! as a timeline with the loss and a one-line verdict per stop.
+
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    time::Duration,
+};
+
+use serde_json::Value;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("cannot reach the agent at {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("the agent at {addr} answered {path} with: {status}")]
+    Status {
+        addr: String,
+        path: String,
+        status: String,
+    },
+    #[error("the agent's {path} is not valid JSON: {source}")]
+    Json {
+        path: String,
+        source: serde_json::Error,
+    },
+}
+
+/// GET over plain HTTP/1.1 from an agent address (`127.0.0.1:9464` or `http://host:port`).
+/// Hand-written: a one-shot local request does not need an HTTP client stack.
+pub fn fetch(agent: &str, path: &str) -> Result<Value, ReportError> {
+    let addr = agent
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let connect = |source| ReportError::Connect {
+        addr: addr.clone(),
+        source,
+    };
+    let mut s = TcpStream::connect(&addr).map_err(connect)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(connect)?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\nConnection: close\r\n\r\n")
+        .map_err(connect)?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).map_err(connect)?;
+    let raw = String::from_utf8_lossy(&raw);
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head.lines().next().unwrap_or_default();
+    if !status.contains(" 200 ") {
+        return Err(ReportError::Status {
+            addr,
+            path: path.into(),
+            status: status.into(),
+        });
+    }
+    serde_json::from_str(body).map_err(|source| ReportError::Json {
+        path: path.into(),
+        source,
+    })
+}
+
+fn s<'a>(v: &'a Value, k: &str) -> &'a str {
+    v.get(k).and_then(Value::as_str).unwrap_or("")
+}
+
+fn n(v: &Value, k: &str) -> u64 {
+    v.get(k).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// The time part of an RFC 3339 timestamp: `22:40:01.123`.
+fn hms(t: &str) -> &str {
+    t.split_once('T')
+        .map_or(t, |(_, r)| r.trim_end_matches('Z'))
+}
+
+fn resets_total(loss: &Value) -> u64 {
+    loss.get("resets_sent")
+        .and_then(Value::as_object)
+        .map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
+}
+
+fn loss_line(loss: &Value) -> String {
+    format!(
+        "{} in-flight cut, {} refused, {} unreachable, {} accepted after SIGTERM, {} idle closed, {} resets sent",
+        n(loss, "inflight_cut"),
+        n(loss, "refused"),
+        n(loss, "unreachable"),
+        n(loss, "accepted_after_sigterm"),
+        n(loss, "idle_closed"),
+        resets_total(loss)
+    )
+}
+
+/// The plain-language verdict for one stop, with the fix its evidence supports.
+pub fn verdict(stop: &Value) -> String {
+    let loss = &stop["loss"];
+    let cut = n(loss, "inflight_cut");
+    let refused = n(loss, "refused");
+    match stop.get("outcome").and_then(Value::as_str) {
+        None => "in progress".into(),
+        Some("crashed") => format!(
+            "exited with code {} without a stop signal: a crash, not a deploy; {cut} in-flight requests cut",
+            stop["exit_code"]
+        ),
+        Some("killed_at_deadline") => format!(
+            "SIGKILL after {} s of grace cut {cut} in-flight requests: raise the grace period above the slowest request, or make work finish sooner",
+            stop["grace_seconds"]
+        ),
+        Some("exit_at_once") => format!(
+            "exited at once on the stop signal (exit signal {}), cutting {cut} in-flight requests: handle SIGTERM, stop accepting, finish in-flight work, then exit",
+            stop["exit_signal"]
+        ),
+        Some("listener_closed_early") => format!(
+            "closed its listener while routing still sent traffic: {refused} connection attempts refused; fail readiness on SIGTERM and keep serving until routing has moved"
+        ),
+        Some("drained") => "drained cleanly: no connection lost".into(),
+        Some(other) => other.into(),
+    }
+}
+
+fn timeline(stop: &Value) -> Vec<(String, String)> {
+    let mut rows = Vec::new();
+    let mut at = |k: &str, what: String| {
+        if let Some(t) = stop.get(k).and_then(Value::as_str) {
+            rows.push((t.to_string(), what));
+        }
+    };
+    let sender = &stop["sigterm_sender"];
+    at(
+        "sigterm_at",
+        format!(
+            "stop signal from {} (pid {}); {} connections open",
+            s(sender, "comm"),
+            n(sender, "pid"),
+            n(stop, "connections_at_sigterm")
+        ),
+    );
+    at("last_accept_at", "last connection accepted".into());
+    at("sigkill_at", "SIGKILL".into());
+    let exit = match stop["exit_signal"].as_i64() {
+        Some(sig) => format!("exit: killed by signal {sig} (code {})", stop["exit_code"]),
+        None => format!("exit: code {}", stop["exit_code"]),
+    };
+    at(
+        "exit_at",
+        format!(
+            "{exit}; {} connections still open",
+            n(stop, "connections_at_exit")
+        ),
+    );
+    at("cgroup_removed_at", "cgroup removed".into());
+    for l in stop["listeners"].as_array().into_iter().flatten() {
+        if let Some(t) = l.get("closed_at").and_then(Value::as_str) {
+            rows.push((
+                t.to_string(),
+                format!("listener {} closed", s(l, "address")),
+            ));
+        }
+    }
+    // By time; equal times keep the order above (signal, accept, kill, exit, cgroup).
+    rows.sort_by(|a, b| a.0.cmp(&b.0));
+    rows
+}
+
+/// Renders deploys (newest first) and their stops.
+pub fn render(deploys: &Value, stops: &Value) -> String {
+    let mut out = String::new();
+    let stops: Vec<&Value> = stops.as_array().into_iter().flatten().collect();
+    let deploys: Vec<&Value> = deploys.as_array().into_iter().flatten().collect();
+    if deploys.is_empty() {
+        return "no container stops seen yet\n".into();
+    }
+    for d in deploys {
+        let ns = s(d, "namespace");
+        let outcomes: Vec<String> = d["outcomes"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect();
+        out.push_str(&format!(
+            "DEPLOY {}{} started {}: {} stop(s){}{}\n  loss: {}\n",
+            s(d, "workload"),
+            if ns.is_empty() {
+                String::new()
+            } else {
+                format!(" ({ns})")
+            },
+            s(d, "started_at"),
+            d["stops"].as_array().map_or(0, Vec::len),
+            if outcomes.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", outcomes.join(", "))
+            },
+            if n(d, "in_progress") > 0 {
+                format!(", {} in progress", n(d, "in_progress"))
+            } else {
+                String::new()
+            },
+            loss_line(&d["loss"]),
+        ));
+        for id in d["stops"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+        {
+            let Some(stop) = stops.iter().find(|x| s(x, "id") == id) else {
+                continue;
+            };
+            let c = &stop["container"];
+            out.push_str(&format!(
+                "\n  STOP {} ({} {}) outcome: {}\n",
+                s(c, "name"),
+                s(c, "runtime"),
+                s(c, "id").chars().take(12).collect::<String>(),
+                stop["outcome"].as_str().unwrap_or("in progress"),
+            ));
+            for (t, what) in timeline(stop) {
+                out.push_str(&format!("    {}  {what}\n", hms(&t)));
+            }
+            if let Some(d) = stop["drain_seconds"].as_f64() {
+                out.push_str(&format!("    drain {d:.3} s"));
+                if let Some(g) = stop["grace_seconds"].as_f64() {
+                    out.push_str(&format!(", grace used {g:.3} s"));
+                }
+                out.push('\n');
+            }
+            out.push_str(&format!(
+                "    loss: {}\n    verdict: {}\n",
+                loss_line(&stop["loss"]),
+                verdict(stop)
+            ));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn renders_a_deploy_with_its_stop_timeline_and_verdict() {
+        let stops = json!([{
+            "id": "abc-1",
+            "container": {"id": "abcdef0123456789", "runtime": "podman", "name": "web-1", "namespace": "", "pod": "", "workload": "web"},
+            "sigterm_at": "2026-11-29T22:40:01.123Z",
+            "sigterm_sender": {"pid": 4242, "comm": "runc"},
+            "sigkill_at": null,
+            "exit_at": "2026-11-29T22:40:01.126Z",
+            "exit_code": 143, "exit_signal": 15,
+            "cgroup_removed_at": "2026-11-29T22:40:01.700Z",
+            "listeners": [{"address": "10.88.0.5:8080", "closed_at": "2026-11-29T22:40:01.127Z"}],
+            "last_accept_at": null,
+            "connections_at_sigterm": 3, "connections_at_exit": 3,
+            "grace_seconds": null, "drain_seconds": 0.003,
+            "loss": {"inflight_cut": 2, "idle_closed": 1, "resets_sent": {"TCP_ABORT_ON_CLOSE": 1}, "refused": 0, "unreachable": 0, "accepted_after_sigterm": 0},
+            "outcome": "exit_at_once"
+        }]);
+        let deploys = json!([{
+            "id": "web-abc-1", "namespace": "", "workload": "web",
+            "started_at": "2026-11-29T22:40:01.123Z", "last_stop_at": "2026-11-29T22:40:01.123Z",
+            "stops": ["abc-1"], "outcomes": {"exit_at_once": 1}, "in_progress": 0,
+            "loss": {"inflight_cut": 2, "idle_closed": 1, "resets_sent": {"TCP_ABORT_ON_CLOSE": 1}, "refused": 0, "unreachable": 0, "accepted_after_sigterm": 0}
+        }]);
+        let text = render(&deploys, &stops);
+        assert!(
+            text.contains("DEPLOY web started 2026-11-29T22:40:01.123Z: 1 stop(s): 1 exit_at_once"),
+            "{text}"
+        );
+        assert!(
+            text.contains("STOP web-1 (podman abcdef012345) outcome: exit_at_once"),
+            "{text}"
+        );
+        let order: Vec<_> = [
+            "stop signal from runc",
+            "exit: killed by signal 15 (code 143)",
+            "listener 10.88.0.5:8080 closed",
+            "cgroup removed",
+        ]
+        .iter()
+        .map(|w| {
+            text.find(w)
+                .unwrap_or_else(|| panic!("{w} missing in {text}"))
+        })
+        .collect();
+        assert!(
+            order.windows(2).all(|w| w[0] < w[1]),
+            "timeline out of order:\n{text}"
+        );
+        assert!(text.contains("2 in-flight cut, 0 refused, 0 unreachable, 0 accepted after SIGTERM, 1 idle closed, 1 resets sent"), "{text}");
+        assert!(text.contains("verdict: exited at once on the stop signal (exit signal 15), cutting 2 in-flight requests"), "{text}");
+    }
+
+    #[test]
+    fn nothing_seen_says_so() {
+        assert_eq!(
+            render(&json!([]), &json!([])),
+            "no container stops seen yet\n"
+        );
+    }
+}
