@@ -88,6 +88,7 @@ async fn pipeline(
     mut enricher: Enricher<Procfs>,
     tracker: Arc<std::sync::Mutex<Tracker>>,
     metrics: Arc<Metrics>,
+    retention: u64,
 ) {
     let feed = |obs: Vec<Observation>, at: u64| {
         for o in &obs {
@@ -121,6 +122,7 @@ async fn pipeline(
                 feed(obs, at);
             }
             _ = tick.tick() => {
+                enricher.expire(monotonic_now(), retention);
                 feed(enricher.scan(), monotonic_now());
                 if let Ok(mut t) = tracker.lock() {
                     t.tick(monotonic_now());
@@ -206,7 +208,13 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         cgroup_root: cli.cgroupfs_root.clone(),
         host_root: cli.host_root.clone(),
     });
-    let consumer = tokio::spawn(pipeline(rx, enricher, tracker, metrics.clone()));
+    let consumer = tokio::spawn(pipeline(
+        rx,
+        enricher,
+        tracker,
+        metrics.clone(),
+        cli.retention_seconds * SECOND,
+    ));
     state.ready.store(true, Ordering::Relaxed);
     tracing::info!("ready");
 

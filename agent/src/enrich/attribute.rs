@@ -30,6 +30,8 @@ const INIT_SHIMS: &[&str] = &[
 struct Container {
     identity: ContainerIdentity,
     main_pid: Option<u32>,
+    /// When its cgroup was removed (kernel monotonic ns).
+    gone_at: Option<u64>,
 }
 
 /// A TCP socket the enricher follows: an inbound connection to a container's listener.
@@ -85,6 +87,34 @@ impl<H: HostView> Enricher<H> {
             recent_order: std::collections::VecDeque::new(),
             not_containers: HashSet::new(),
         }
+    }
+
+    /// Forgets containers gone for longer than `retention`, with everything that pointed at
+    /// them (listeners, addresses, connections), so late events resolve until then and
+    /// memory stays bounded after.
+    pub fn expire(&mut self, now: u64, retention: u64) {
+        let expired: HashSet<String> = self
+            .containers
+            .iter()
+            .filter(|(_, c)| {
+                c.gone_at
+                    .is_some_and(|g| now >= g.saturating_add(retention))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        if expired.is_empty() {
+            return;
+        }
+        self.containers.retain(|k, _| !expired.contains(k));
+        self.by_pid.retain(|_, k| !expired.contains(k));
+        self.by_cgroup.retain(|_, k| !expired.contains(k));
+        self.listeners.retain(|_, (k, _)| !expired.contains(k));
+        self.closed_listeners.retain(|_, k| !expired.contains(k));
+        self.by_ip.retain(|_, k| !expired.contains(k));
+        self.recent.retain(|_, k| !expired.contains(k));
+        let sockets = &mut self.sockets;
+        sockets.retain(|_, t| !expired.contains(&t.key));
+        self.seeded.retain(|_, id| sockets.contains_key(id));
     }
 
     #[cfg(test)]
@@ -189,6 +219,7 @@ impl<H: HostView> Enricher<H> {
             Container {
                 identity: identity.clone(),
                 main_pid,
+                gone_at: None,
             },
         );
         vec![Observation::Container {
@@ -309,8 +340,9 @@ impl<H: HostView> Enricher<H> {
             }
             Event::CgroupRemoved(c) => {
                 if let Some(owner) = parse_cgroup_path(&c.path)
-                    && self.containers.contains_key(&owner.id)
+                    && let Some(container) = self.containers.get_mut(&owner.id)
                 {
+                    container.gone_at.get_or_insert(c.meta.ts_ns);
                     out.push(Observation::CgroupRemoved { key: owner.id });
                 }
             }

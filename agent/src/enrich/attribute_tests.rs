@@ -426,3 +426,40 @@ fn failed_connects_to_its_address_and_its_cgroup_removal() {
             .is_empty()
     );
 }
+
+#[test]
+fn a_gone_container_resolves_until_the_retention_window_ends() {
+    let mut e = enricher();
+    e.scan();
+    let closed = state(
+        0xf1,
+        NS,
+        "TCP_LISTEN",
+        "TCP_CLOSE",
+        conn("0.0.0.0:8080", "0.0.0.0:0"),
+        TcpCounters::default(),
+    );
+    e.on_event(&closed);
+    let mut rmdir = CgroupRemoved {
+        meta: meta(0, HOST_NS, 0),
+        id: 777,
+        hierarchy: 0,
+        level: 2,
+        path: path(),
+    };
+    rmdir.meta.ts_ns = 1_000;
+    e.on_event(&Event::CgroupRemoved(rmdir));
+    let attempt = state(
+        0xc1,
+        HOST_NS,
+        "TCP_SYN_SENT",
+        "TCP_CLOSE",
+        conn("10.88.0.1:0", "10.88.0.5:8080"),
+        TcpCounters::default(),
+    );
+    e.expire(1_000 + 299, 300);
+    assert_eq!(e.on_event(&attempt).len(), 1, "still within retention");
+    e.expire(1_000 + 300, 300);
+    assert_eq!(e.container_count(), 0);
+    assert!(e.on_event(&attempt).is_empty(), "forgotten");
+}
