@@ -120,6 +120,9 @@ async fn pipeline(
                     metrics.connection_reset(&id, direction, &reason);
                 }
                 feed(obs, at);
+                if let Ok(mut t) = tracker.lock() {
+                    t.processed(at);
+                }
             }
             _ = tick.tick() => {
                 enricher.expire(monotonic_now(), retention);

@@ -207,6 +207,8 @@ pub struct Tracker {
     /// Stops dropped from the front of `stops` (keeps indices stable in meaning).
     dropped: usize,
     emitted: Vec<Emitted>,
+    /// The newest event time fed so far: readers use it to know what has been processed.
+    processed_until: Mono,
 }
 
 impl Tracker {
@@ -297,6 +299,15 @@ impl Tracker {
             kind,
             reason,
         });
+    }
+
+    /// Records that every event up to `at` has been fed.
+    pub fn processed(&mut self, at: Mono) {
+        self.processed_until = self.processed_until.max(at);
+    }
+
+    pub fn processed_until(&self) -> Mono {
+        self.processed_until
     }
 
     /// Feeds one observation made at `now`.

@@ -56,9 +56,16 @@ impl State {
             );
         };
         let v = f(&t);
+        let processed = t.processed_until();
         drop(t);
         match serde_json::to_vec_pretty(&v) {
-            Ok(b) => respond(StatusCode::OK, "application/json", b),
+            Ok(b) => {
+                let mut r = respond(StatusCode::OK, "application/json", b);
+                // Kernel monotonic time of the newest event processed: a client that caused
+                // an event at time T knows the answer includes it once this is >= T.
+                r.headers_mut().insert("x-drainwatch-processed-until-ns", processed.into());
+                r
+            }
             Err(_) => respond(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "text/plain",
