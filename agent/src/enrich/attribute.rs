@@ -190,7 +190,18 @@ impl<H: HostView> Enricher<H> {
         let mut listeners = Vec::new();
         let mut inbound = Vec::new();
         if let (Some(pid), Some(ns)) = (main_pid, netns) {
-            let socks = self.host.sockets(pid);
+            // A pod's containers share one namespace: only the sockets this container's
+            // processes hold are its own.
+            let own: HashSet<u64> = procs
+                .iter()
+                .flat_map(|p| self.host.socket_inodes(p.pid))
+                .collect();
+            let socks: Vec<_> = self
+                .host
+                .sockets(pid)
+                .into_iter()
+                .filter(|s| own.contains(&s.inode))
+                .collect();
             for s in socks.iter().filter(|s| s.listening) {
                 self.listeners
                     .insert((ns, s.local.port()), (key.to_string(), s.local));

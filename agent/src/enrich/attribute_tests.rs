@@ -36,20 +36,22 @@ impl HostView for FakeHost {
         self.procs.iter().find(|p| p.pid == pid).cloned()
     }
     fn sockets(&self, _pid: u32) -> Vec<SocketEntry> {
+        let entry = |inode, local: &str, remote: &str, listening| SocketEntry {
+            inode,
+            local: local.parse().unwrap(),
+            remote: remote.parse().unwrap(),
+            listening,
+            established: !listening,
+        };
         vec![
-            SocketEntry {
-                local: "0.0.0.0:8080".parse().unwrap(),
-                remote: "0.0.0.0:0".parse().unwrap(),
-                listening: true,
-                established: false,
-            },
-            SocketEntry {
-                local: "10.88.0.5:8080".parse().unwrap(),
-                remote: "10.88.0.1:40000".parse().unwrap(),
-                listening: false,
-                established: true,
-            },
+            entry(11, "0.0.0.0:8080", "0.0.0.0:0", true),
+            entry(12, "10.88.0.5:8080", "10.88.0.1:40000", false),
+            // A socket of another container sharing the namespace (a pod's sidecar).
+            entry(13, "0.0.0.0:9090", "0.0.0.0:0", true),
         ]
+    }
+    fn socket_inodes(&self, pid: u32) -> Vec<u64> {
+        if pid == 101 { vec![11, 12] } else { vec![] }
     }
     fn local_ips(&self, _pid: u32) -> Vec<IpAddr> {
         vec!["10.88.0.5".parse().unwrap()]

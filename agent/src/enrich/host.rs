@@ -26,6 +26,7 @@ pub struct ProcInfo {
 /// A TCP socket from /proc/<pid>/net/tcp{,6}.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SocketEntry {
+    pub inode: u64,
     pub local: SocketAddr,
     pub remote: SocketAddr,
     pub listening: bool,
@@ -37,6 +38,8 @@ pub trait HostView {
     fn process(&self, pid: u32) -> Option<ProcInfo>;
     /// TCP sockets of `pid`'s network namespace.
     fn sockets(&self, pid: u32) -> Vec<SocketEntry>;
+    /// Inodes of the sockets `pid` has open: which of a shared namespace's sockets are its.
+    fn socket_inodes(&self, pid: u32) -> Vec<u64>;
     /// Local addresses of `pid`'s network namespace (loopback excluded).
     fn local_ips(&self, pid: u32) -> Vec<IpAddr>;
     /// The cgroup v2 id (the directory's inode) of a container cgroup path.
@@ -123,10 +126,25 @@ impl HostView for Procfs {
         v4.into_iter()
             .chain(v6)
             .map(|e| SocketEntry {
+                inode: e.inode,
                 local: e.local_address,
                 remote: e.remote_address,
                 listening: e.state == procfs::net::TcpState::Listen,
                 established: e.state == procfs::net::TcpState::Established,
+            })
+            .collect()
+    }
+
+    fn socket_inodes(&self, pid: u32) -> Vec<u64> {
+        let Ok(p) = procfs::process::Process::new_with_root(self.proc_root.join(pid.to_string()))
+        else {
+            return Vec::new();
+        };
+        let Ok(fds) = p.fd() else { return Vec::new() };
+        fds.filter_map(Result::ok)
+            .filter_map(|fd| match fd.target {
+                procfs::process::FDTarget::Socket(inode) => Some(inode),
+                _ => None,
             })
             .collect()
     }
