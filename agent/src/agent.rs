@@ -170,6 +170,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
     let metrics = Arc::new(Metrics::new(&kernel_release(&cli.procfs_root)));
     let tracker = Arc::new(std::sync::Mutex::new(Tracker::new(stops::Config {
         retention: cli.retention_seconds * SECOND,
+        settle: cli.stop_settle_seconds * SECOND,
         ..Default::default()
     })));
     let state = Arc::new(http::State::new(

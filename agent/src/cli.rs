@@ -63,6 +63,11 @@ pub struct Cli {
     #[arg(long, env = "DRAINWATCH_RETENTION_SECONDS", default_value_t = 300)]
     pub retention_seconds: u64,
 
+    /// Seconds after a stopped container's cgroup is removed before its stop record is final
+    /// and counted in drainwatch_container_stops_total.
+    #[arg(long, env = "DRAINWATCH_STOP_SETTLE_SECONDS", default_value_t = 10)]
+    pub stop_settle_seconds: u64,
+
     /// Stops of one workload within this many seconds of each other form one deploy.
     #[arg(long, env = "DRAINWATCH_DEPLOY_WINDOW_SECONDS", default_value_t = 600)]
     pub deploy_window_seconds: u64,

@@ -3,6 +3,8 @@
 //! that the tests trigger (connect, close, kill, waitpid, rmdir) run their tracepoints before
 //! the system call returns, so draining right after the action sees every event it caused.
 
+pub mod agent;
+
 use std::sync::Arc;
 
 use drainwatch::{
@@ -89,3 +91,4 @@ pub fn own_netns() -> u32 {
         .parse()
         .unwrap_or_else(|_| panic!("unexpected namespace link {s}"))
 }
+pub mod lab;

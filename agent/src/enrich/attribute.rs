@@ -58,6 +58,8 @@ pub struct Enricher<H> {
     adopted: HashMap<u64, u64>,
     next_seed: u64,
     by_ip: HashMap<IpAddr, String>,
+    /// Connect attempts answered with RST: refused (counted from the RST), not unreachable.
+    refused_attempts: HashSet<u64>,
     /// Connections closed recently, for a RST the kernel sends after the state change.
     recent: HashMap<u64, String>,
     recent_order: std::collections::VecDeque<u64>,
@@ -83,6 +85,7 @@ impl<H: HostView> Enricher<H> {
             adopted: HashMap::new(),
             next_seed: 1,
             by_ip: HashMap::new(),
+            refused_attempts: HashSet::new(),
             recent: HashMap::new(),
             recent_order: std::collections::VecDeque::new(),
             not_containers: HashSet::new(),
@@ -342,6 +345,9 @@ impl<H: HostView> Enricher<H> {
                     }
                 }
             }
+            Event::ResetReceived(r) if state(&r.state) == "TCP_SYN_SENT" => {
+                self.refused_attempts.insert(r.skaddr);
+            }
             Event::ResetReceived(r) => {
                 if let Some(conn) = r.conn
                     && let Some(t) = self.tracked(r.skaddr, r.meta.netns, conn)
@@ -401,7 +407,11 @@ impl<H: HostView> Enricher<H> {
                 }
             }
             ("TCP_SYN_SENT", "TCP_CLOSE") => {
-                // An attempt that never connected: to a gone container's address, unreachable.
+                // An attempt that never connected and was not refused: to a gone container's
+                // address, unreachable.
+                if self.refused_attempts.remove(&s.skaddr) {
+                    return;
+                }
                 if let Some(key) = self.by_ip.get(&conn.remote.ip()) {
                     out.push(Observation::Unreachable { key: key.clone() });
                 }

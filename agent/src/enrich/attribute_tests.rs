@@ -386,6 +386,29 @@ fn a_connection_found_by_the_scan_is_followed_by_its_tuple() {
 }
 
 #[test]
+fn a_refused_connect_is_not_also_unreachable() {
+    let mut e = enricher();
+    e.scan();
+    let rst = Event::ResetReceived(crate::capture::event::ResetReceived {
+        meta: meta(0, HOST_NS, 0),
+        skaddr: 0xd1,
+        sock_cookie: 0,
+        conn: conn("10.88.0.1:41234", "10.88.0.5:8080"),
+        state: named("TCP_SYN_SENT"),
+    });
+    e.on_event(&rst);
+    let closed = state(
+        0xd1,
+        HOST_NS,
+        "TCP_SYN_SENT",
+        "TCP_CLOSE",
+        conn("10.88.0.1:41234", "10.88.0.5:8080"),
+        TcpCounters::default(),
+    );
+    assert!(e.on_event(&closed).is_empty());
+}
+
+#[test]
 fn failed_connects_to_its_address_and_its_cgroup_removal() {
     let mut e = enricher();
     e.scan();

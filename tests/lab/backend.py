@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""drainwatch lab backend: a small threaded HTTP/1.1 server whose SIGTERM behaviour is chosen
+by --mode, so end-to-end tests can reproduce each deploy-time failure mode on purpose.
+
+Python 3 standard library only; runs inside a busybox container through the host's python
+(read-only bind mounts of /usr, /lib, /lib64).
+
+Endpoints
+  GET /health          200 "ok", or 503 "draining" once readiness is withdrawn
+  GET /work?ms=N&id=ID logs "start ID <ns>", sleeps N ms, logs "end ID <ns>", answers 200 "ID"
+
+Logs (in --log-dir, one line per record, flushed at once; <ns> is CLOCK_MONOTONIC in
+nanoseconds, the host's clock too as containers get no time namespace)
+  requests.log  start ID <ns> / end ID <ns>
+  health.log    health <ns> <status> <user-agent, or - (HAProxy's checks send none)>
+  events.log    listening, sigterm, not-ready, listener-closed, idle-closed, drained, crash, exit
+
+Modes
+  no-handler      no SIGTERM handler: under `podman run --init` the forwarded SIGTERM kills the
+                  process by its default action (exit 143)
+  close-listener  SIGTERM: close the listening socket at once, finish in-flight, exit 0
+  drain           SIGTERM: /health answers 503 and every response carries Connection: close,
+                  keep serving --drain-delay seconds, close the listener and idle keep-alive
+                  connections, finish in-flight, exit 0
+  slow            SIGTERM: /health answers 503, keep serving --drain-delay seconds (default 0),
+                  close the listener, then wait for in-flight work however long it takes
+                  (work longer than the grace period gets the container SIGKILLed: exit 137)
+  crash           no handler; exits by itself with code 1 (no signal) --crash-after seconds
+                  after start, or at the CLOCK_MONOTONIC nanosecond written to --crash-at-file
+"""
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from urllib.parse import parse_qs, urlsplit
+
+MODES = ("no-handler", "close-listener", "drain", "slow", "crash")
+
+
+def now_ns():
+    return time.monotonic_ns()
+
+
+class Log:
+    """An append-only line log, flushed after every line, safe across threads."""
+
+    def __init__(self, path):
+        self.f = open(path, "a", buffering=1)
+        self.lock = threading.Lock()
+
+    def line(self, *parts):
+        text = " ".join(str(p) for p in parts) + "\n"
+        with self.lock:
+            self.f.write(text)
+            self.f.flush()
+
+
+class Terminate(Exception):
+    pass
+
+
+class Server:
+    def __init__(self, args):
+        self.args = args
+        self.mode = args.mode
+        self.requests = Log(os.path.join(args.log_dir, "requests.log"))
+        self.health = Log(os.path.join(args.log_dir, "health.log"))
+        self.events = Log(os.path.join(args.log_dir, "events.log"))
+        self.ready = True
+        self.closing = False  # answer with Connection: close (drain)
+        # Busy = connections accepted and not yet idle between keep-alive requests.
+        self.busy = 0
+        self.idle = set()
+        self.cv = threading.Condition()
+        self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.lsock.bind((args.bind, args.port))
+        self.lsock.listen(256)
+
+    # -- connection handling -------------------------------------------------------------
+
+    def accept_loop(self):
+        while True:
+            try:
+                conn, _ = self.lsock.accept()
+            except OSError:
+                return  # listener shut down
+            with self.cv:
+                self.busy += 1
+            threading.Thread(target=self.serve_conn, args=(conn,), daemon=True).start()
+
+    def set_idle(self, conn, idle):
+        with self.cv:
+            if idle:
+                self.busy -= 1
+                self.idle.add(conn)
+                self.cv.notify_all()
+            else:
+                self.idle.discard(conn)
+                self.busy += 1
+
+    def serve_conn(self, conn):
+        buf = b""
+        busy = True
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    try:
+                        data = conn.recv(65536)
+                    except OSError:
+                        return
+                    if not data:
+                        return
+                    if not busy:
+                        self.set_idle(conn, False)
+                        busy = True
+                    buf += data
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                lines = head.decode("latin-1").split("\r\n")
+                try:
+                    method, target, version = lines[0].split(" ", 2)
+                except ValueError:
+                    return
+                headers = {}
+                for raw in lines[1:]:
+                    if ":" in raw:
+                        k, v = raw.split(":", 1)
+                        headers[k.strip().lower()] = v.strip().lower()
+                keep = version == "HTTP/1.1" and headers.get("connection") != "close"
+                status, body = self.handle(method, target, headers)
+                if self.closing:
+                    keep = False
+                reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed"}.get(
+                    status, "Service Unavailable"
+                )
+                resp = (
+                    f"HTTP/1.1 {status} {reason}\r\n"
+                    f"Content-Type: text/plain\r\n"
+                    f"Content-Length: {len(body)}\r\n"
+                    f"X-Backend: {self.args.name}\r\n"
+                    f"Connection: {'keep-alive' if keep else 'close'}\r\n\r\n"
+                ).encode("latin-1") + body
+                try:
+                    conn.sendall(resp)
+                except OSError:
+                    return
+                if not keep:
+                    return
+                if not buf:
+                    self.set_idle(conn, True)
+                    busy = False
+        finally:
+            try:
+                conn.close()
+            except OSError:
+                pass
+            with self.cv:
+                if busy:
+                    self.busy -= 1
+                self.idle.discard(conn)
+                self.cv.notify_all()
+
+    def handle(self, method, target, headers):
+        if method != "GET":
+            return 405, b"GET only\n"
+        url = urlsplit(target)
+        if url.path == "/health":
+            status = 200 if self.ready else 503
+            agent = headers.get("user-agent", "-").replace(" ", "_") or "-"
+            self.health.line("health", now_ns(), status, agent)
+            return status, (b"ok\n" if status == 200 else b"draining\n")
+        if url.path == "/work":
+            q = parse_qs(url.query)
+            ms = int(q.get("ms", ["0"])[0])
+            rid = q.get("id", ["-"])[0]
+            self.requests.line("start", rid, now_ns())
+            time.sleep(ms / 1000.0)
+            self.requests.line("end", rid, now_ns())
+            return 200, rid.encode("latin-1")
+        return 404, b"not found\n"
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    def close_listener(self):
+        # shutdown() wakes the blocked accept() and moves the socket out of LISTEN, so new
+        # SYNs are answered with RST from here on; close() alone would not wake accept().
+        try:
+            self.lsock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.lsock.close()
+        self.events.line("listener-closed", now_ns())
+
+    def close_idle(self):
+        with self.cv:
+            idle = list(self.idle)
+        for conn in idle:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.events.line("idle-closed", now_ns(), len(idle))
+
+    def wait_drained(self):
+        with self.cv:
+            while self.busy > 0:
+                self.cv.wait()
+        self.events.line("drained", now_ns())
+
+    def exit(self, code):
+        self.events.line("exit", now_ns(), code)
+        sys.stdout.flush()
+        os._exit(code)
+
+    def on_sigterm(self):
+        self.events.line("sigterm", now_ns())
+        if self.mode == "close-listener":
+            self.close_listener()
+            self.wait_drained()
+            self.exit(0)
+        elif self.mode in ("drain", "slow"):
+            self.ready = False
+            if self.mode == "drain":
+                self.closing = True
+            self.events.line("not-ready", now_ns())
+            time.sleep(self.args.drain_delay)
+            self.close_listener()
+            if self.mode == "drain":
+                self.close_idle()
+            self.wait_drained()
+            self.exit(0)
+
+    def crash_at(self):
+        """The deadline written to --crash-at-file, once it is there in full."""
+        try:
+            with open(self.args.crash_at_file) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    def crash_later(self, started):
+        deadline = None
+        if self.args.crash_after is not None:
+            deadline = started + int(self.args.crash_after * 1e9)
+        while self.args.crash_at_file:
+            at = self.crash_at()
+            if at is not None:
+                deadline = at if deadline is None else min(deadline, at)
+                break
+            if deadline is not None and now_ns() >= deadline:
+                break
+            time.sleep(0.01)
+        left = deadline - now_ns()
+        if left > 0:
+            time.sleep(left / 1e9)
+        self.events.line("crash", now_ns())
+        self.exit(1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", required=True, choices=MODES)
+    ap.add_argument("--bind", default="0.0.0.0")
+    ap.add_argument("--port", type=int, default=8080)
+    ap.add_argument("--name", default="backend")
+    ap.add_argument("--log-dir", required=True)
+    ap.add_argument("--drain-delay", type=float, default=None)
+    ap.add_argument("--crash-after", type=float, default=None)
+    ap.add_argument("--crash-at-file", default=None)
+    args = ap.parse_args()
+    if args.mode == "crash" and args.crash_after is None and args.crash_at_file is None:
+        ap.error("crash needs --crash-after or --crash-at-file")
+    if args.drain_delay is None:
+        args.drain_delay = 5.0 if args.mode == "drain" else 0.0
+
+    srv = Server(args)
+    handled = args.mode in ("close-listener", "drain", "slow")
+    if handled:
+
+        def on_term(signum, frame):
+            # Later SIGTERMs are absorbed: the shutdown already runs.
+            signal.signal(signal.SIGTERM, lambda s, f: None)
+            raise Terminate()
+
+        signal.signal(signal.SIGTERM, on_term)
+
+    started = now_ns()
+    threading.Thread(target=srv.accept_loop, daemon=True).start()
+    srv.events.line("listening", started, os.getpid(), args.mode)
+    if args.mode == "crash":
+        threading.Thread(target=srv.crash_later, args=(started,), daemon=True).start()
+    try:
+        while True:
+            time.sleep(3600)
+    except Terminate:
+        srv.on_sigterm()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+//! The agent binary as a test drives it: started on a free port, asked over HTTP.
+
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::require_root;
+
+pub fn binary() -> PathBuf {
+    let path = std::env::var_os("DRAINWATCH_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/drainwatch")
+        });
+    assert!(
+        path.exists(),
+        "{} is missing: `cargo xtask test` builds it first (or set DRAINWATCH_BIN)",
+        path.display()
+    );
+    path
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Status, headers (lower-cased names) and body.
+pub type Reply = (u16, Vec<(String, String)>, String);
+
+/// A minimal HTTP/1.1 GET.
+pub fn get(port: u16, path: &str, accept: &str) -> std::io::Result<Reply> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Ok((status, headers, body.to_string()))
+}
+
+pub struct Agent {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl Agent {
+    pub fn start(extra: &[&str]) -> Self {
+        require_root();
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let child = Command::new(binary())
+            .args(["--listen", &listen])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn drainwatch");
+        let mut agent = Self { child, port };
+        // Bounded wait for readiness: the condition, not a fixed sleep.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok((200, _, _)) = get(port, "/readyz", "*/*") {
+                break;
+            }
+            if let Some(status) = agent.child.try_wait().unwrap() {
+                panic!(
+                    "drainwatch exited during start-up: {status}: {}",
+                    agent.stderr()
+                );
+            }
+            assert!(Instant::now() < deadline, "not ready within 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        agent
+    }
+
+    pub fn stderr(&mut self) -> String {
+        let mut s = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    }
+
+    pub fn metric(&self, name_and_labels: &str) -> Option<f64> {
+        let (_, _, body) = get(self.port, "/metrics", "text/plain").ok()?;
+        body.lines()
+            .find_map(|l| l.strip_prefix(name_and_labels))
+            .and_then(|v| v.trim().parse().ok())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+

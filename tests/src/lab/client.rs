@@ -1,0 +1,414 @@
+//! The load generator: slow `GET /work?ms=M&id=<unique>` requests through HAProxy, on a fixed
+//! schedule, with exact per-request outcomes.
+//!
+//! Traffic is a list of *waves*: at each wave's instant, `per_wave` requests are sent, one every
+//! `stagger` (40 ms), each on its own connection (`Connection: close`). With HAProxy's
+//! roundrobin (one thread), requests reach the servers in that fixed order, so with the
+//! rotation primed (see `scenario`) slot 0, 2, ... of every wave go to the first server and
+//! 1, 3, ... to the second while both are UP: which requests a stop hits is decided by the
+//! schedule, not by chance. Fresh connections rather than keep-alive: every request is one
+//! client connection and one server connection, so a cut or a refusal is one connection's fate,
+//! and nothing is ever retried on a reused connection.
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    io::{Read, Write},
+    net::{SocketAddr, SocketAddrV4, TcpStream},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use super::{clock, haproxy::Haproxy};
+
+/// What the client got for one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// 200 from the backend.
+    Ok,
+    /// 502: the backend closed or reset the connection before responding.
+    Cut,
+    /// 503: HAProxy could not connect to the backend (refused, or no server).
+    Refused,
+    /// 504, or no complete response within the client's timeout.
+    Timeout,
+    /// Any other status.
+    Other(u16),
+    /// No HTTP response at all (the connection to HAProxy failed).
+    Error(String),
+}
+
+impl Outcome {
+    /// The outcome for an HTTP status.
+    pub fn from_status(status: u16) -> Outcome {
+        match status {
+            200 => Outcome::Ok,
+            502 => Outcome::Cut,
+            503 => Outcome::Refused,
+            504 => Outcome::Timeout,
+            s => Outcome::Other(s),
+        }
+    }
+
+    /// A short stable label: `ok`, `cut`, `refused`, `timeout`, `other:<status>`, `error`.
+    pub fn label(&self) -> String {
+        match self {
+            Outcome::Ok => "ok".into(),
+            Outcome::Cut => "cut".into(),
+            Outcome::Refused => "refused".into(),
+            Outcome::Timeout => "timeout".into(),
+            Outcome::Other(s) => format!("other:{s}"),
+            Outcome::Error(_) => "error".into(),
+        }
+    }
+}
+
+/// The client-side ground truth of one request.
+#[derive(Clone, Debug)]
+pub struct RequestRecord {
+    /// Unique id (`<tag>-w<wave>-s<slot>`), also in the URL, the backend's log and HAProxy's log.
+    pub id: String,
+    pub wave: usize,
+    pub slot: usize,
+    /// Work the backend was asked to do.
+    pub ms: u64,
+    /// When the schedule wanted it sent.
+    pub scheduled: Instant,
+    /// When the client started connecting.
+    pub start: Instant,
+    /// When the response was complete (or the request failed).
+    pub end: Instant,
+    pub status: Option<u16>,
+    pub outcome: Outcome,
+    /// Client side of the connection to HAProxy.
+    pub local: Option<SocketAddr>,
+    /// `X-Backend` of the response: which backend answered (only when one did).
+    pub x_backend: Option<String>,
+    pub body: String,
+    /// From HAProxy's log (see [`annotate`]): the server chosen, also for 502 and 503.
+    pub server: Option<String>,
+    /// From HAProxy's log: termination state (`----`, `SH--`, `SC--`, ...).
+    pub flags: Option<String>,
+    /// From HAProxy's log: source address of its connection to the server.
+    pub server_conn: Option<SocketAddrV4>,
+}
+
+impl RequestRecord {
+    /// The backend the request went to: HAProxy's choice, else the answering backend.
+    pub fn backend(&self) -> Option<&str> {
+        self.server.as_deref().or(self.x_backend.as_deref())
+    }
+
+    /// How late the request left compared with the schedule.
+    pub fn lateness(&self) -> Duration {
+        self.start.saturating_duration_since(self.scheduled)
+    }
+}
+
+/// One wave: at `at`, one request per entry of `ms` (its work in ms), `stagger` apart.
+#[derive(Clone, Debug)]
+pub struct Wave {
+    pub at: Instant,
+    pub ms: Vec<u64>,
+}
+
+/// The whole load, fixed in advance: bounded in count and in time.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    pub waves: Vec<Wave>,
+    /// Gap between two requests of a wave (keeps their arrival order at HAProxy fixed).
+    pub stagger: Duration,
+    /// Client timeout beyond a request's work (more than HAProxy's `timeout server`, so its
+    /// 504 is what the client sees).
+    pub timeout_extra: Duration,
+}
+
+/// Gap between the requests of a wave.
+pub const STAGGER: Duration = Duration::from_millis(40);
+/// Most requests one schedule may hold (one thread each).
+pub const MAX_REQUESTS: usize = 2000;
+
+impl Schedule {
+    /// `waves` waves `period` apart from `first`, each of `per_wave` requests of `ms` ms.
+    pub fn periodic(
+        first: Instant,
+        period: Duration,
+        waves: usize,
+        per_wave: usize,
+        ms: u64,
+    ) -> Schedule {
+        Schedule {
+            waves: (0..waves)
+                .map(|i| Wave {
+                    at: first + period * i as u32,
+                    ms: vec![ms; per_wave],
+                })
+                .collect(),
+            stagger: STAGGER,
+            timeout_extra: Duration::from_secs(35),
+        }
+    }
+
+    /// Number of requests.
+    pub fn len(&self) -> usize {
+        self.waves.iter().map(|w| w.ms.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// When request `slot` of wave `wave` is sent.
+    pub fn dispatch_at(&self, wave: usize, slot: usize) -> Instant {
+        self.waves[wave].at + self.stagger * slot as u32
+    }
+
+    /// When the last request would end if every request completed its work.
+    pub fn nominal_end(&self) -> Instant {
+        let mut end = Instant::now();
+        for (w, wave) in self.waves.iter().enumerate() {
+            for (s, ms) in wave.ms.iter().enumerate() {
+                end = end.max(self.dispatch_at(w, s) + Duration::from_millis(*ms));
+            }
+        }
+        end
+    }
+}
+
+/// Load running in the background; [`Load::wait`] returns its records.
+pub struct Load {
+    pub tag: String,
+    pub schedule: Schedule,
+    dispatcher: JoinHandle<Vec<JoinHandle<RequestRecord>>>,
+}
+
+impl Load {
+    /// Starts sending `schedule` to `frontend` in the background. Ids are `<tag>-w<w>-s<s>`
+    /// (`tag`: letters, digits and `-` only).
+    pub fn start(frontend: SocketAddr, schedule: Schedule, tag: &str) -> Load {
+        assert!(
+            tag.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'),
+            "tag {tag:?} must be URL-safe"
+        );
+        assert!(schedule.len() <= MAX_REQUESTS, "schedule too large");
+        let sched = schedule.clone();
+        let tag_owned = tag.to_string();
+        let dispatcher = std::thread::Builder::new()
+            .name("lab-load".into())
+            .spawn(move || {
+                let mut handles = Vec::with_capacity(sched.len());
+                for (w, wave) in sched.waves.iter().enumerate() {
+                    for (s, &ms) in wave.ms.iter().enumerate() {
+                        let at = sched.dispatch_at(w, s);
+                        clock::sleep_until(at);
+                        let id = format!("{tag_owned}-w{w}-s{s}");
+                        let timeout = Duration::from_millis(ms) + sched.timeout_extra;
+                        handles.push(
+                            std::thread::Builder::new()
+                                .name(format!("lab-req-{w}-{s}"))
+                                .spawn(move || {
+                                    let mut r = request(frontend, &id, ms, timeout);
+                                    r.wave = w;
+                                    r.slot = s;
+                                    r.scheduled = at;
+                                    r
+                                })
+                                .expect("spawn a request thread"),
+                        );
+                    }
+                }
+                handles
+            })
+            .expect("spawn the load dispatcher");
+        Load {
+            tag: tag.to_string(),
+            schedule,
+            dispatcher,
+        }
+    }
+
+    /// Waits for every request to finish (bounded by the schedule and the client timeout) and
+    /// returns the records in schedule order.
+    pub fn wait(self) -> Vec<RequestRecord> {
+        let handles = self.dispatcher.join().expect("load dispatcher panicked");
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("request thread panicked"))
+            .collect()
+    }
+}
+
+/// Sends one `GET /work?ms=<ms>&id=<id>` to `frontend` on a fresh connection and records it.
+pub fn request(frontend: SocketAddr, id: &str, ms: u64, timeout: Duration) -> RequestRecord {
+    let start = Instant::now();
+    let mut rec = RequestRecord {
+        id: id.to_string(),
+        wave: 0,
+        slot: 0,
+        ms,
+        scheduled: start,
+        start,
+        end: start,
+        status: None,
+        outcome: Outcome::Error(String::new()),
+        local: None,
+        x_backend: None,
+        body: String::new(),
+        server: None,
+        flags: None,
+        server_conn: None,
+    };
+    let deadline = start + timeout;
+    let res = (|| -> Result<Vec<u8>, (bool, String)> {
+        let mut s = TcpStream::connect_timeout(&frontend, Duration::from_secs(5))
+            .map_err(|e| (false, format!("connect: {e}")))?;
+        rec.local = s.local_addr().ok();
+        s.set_write_timeout(Some(Duration::from_secs(5))).ok();
+        // One write: `write!` on a socket sends each piece as its own segment, and Nagle's
+        // algorithm then holds the last one for the peer's delayed ACK (40 ms).
+        let req =
+            format!("GET /work?ms={ms}&id={id} HTTP/1.1\r\nHost: lab\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes())
+            .map_err(|e| (false, format!("write: {e}")))?;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err((true, "client timeout".into()));
+            }
+            s.set_read_timeout(Some(left)).ok();
+            match s.read(&mut chunk) {
+                Ok(0) => return Ok(buf),
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err((true, "client timeout".into()));
+                }
+                Err(e) if !buf.is_empty() => {
+                    // A reset after a complete response still leaves the response.
+                    let _ = e;
+                    return Ok(buf);
+                }
+                Err(e) => return Err((false, format!("read: {e}"))),
+            }
+        }
+    })();
+    rec.end = Instant::now();
+    match res {
+        Ok(buf) => {
+            let text = String::from_utf8_lossy(&buf).into_owned();
+            let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+            let status = head
+                .lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|s| s.parse().ok());
+            rec.x_backend = head.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("x-backend")
+                    .then(|| v.trim().to_string())
+            });
+            rec.body = body.to_string();
+            rec.status = status;
+            rec.outcome = match status {
+                Some(s) => Outcome::from_status(s),
+                None => Outcome::Error(format!("no status line in {text:?}")),
+            };
+        }
+        Err((true, _)) => rec.outcome = Outcome::Timeout,
+        Err((false, e)) => rec.outcome = Outcome::Error(e),
+    }
+    rec
+}
+
+/// Fills `server`, `flags` and `server_conn` of each record from HAProxy's log, waiting up to
+/// `timeout` for lines still to come. Returns the ids HAProxy never logged.
+pub fn annotate(
+    records: &mut [RequestRecord],
+    haproxy: &Haproxy,
+    timeout: Duration,
+) -> Vec<String> {
+    let ids: Vec<&str> = records.iter().map(|r| r.id.as_str()).collect();
+    let logs = haproxy.wait_logged(&ids, timeout);
+    let mut missing = Vec::new();
+    for r in records.iter_mut() {
+        match logs.get(&r.id) {
+            Some(l) => {
+                r.server = Some(l.server.clone());
+                r.flags = Some(l.flags.clone());
+                r.server_conn = l.server_conn;
+            }
+            None => missing.push(r.id.clone()),
+        }
+    }
+    missing
+}
+
+/// Counts per outcome, and per server and outcome.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub total: usize,
+    pub by_outcome: BTreeMap<String, usize>,
+    /// server (HAProxy's choice; `?` when unknown) → outcome label → count.
+    pub by_server: BTreeMap<String, BTreeMap<String, usize>>,
+}
+
+impl Summary {
+    /// Requests with outcome `label` (see [`Outcome::label`]).
+    pub fn count(&self, label: &str) -> usize {
+        self.by_outcome.get(label).copied().unwrap_or(0)
+    }
+
+    /// Requests routed to `server` with outcome `label`.
+    pub fn count_on(&self, server: &str, label: &str) -> usize {
+        self.by_server
+            .get(server)
+            .and_then(|m| m.get(label))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Requests routed to `server`.
+    pub fn routed_to(&self, server: &str) -> usize {
+        self.by_server.get(server).map_or(0, |m| m.values().sum())
+    }
+}
+
+/// Summarizes records.
+pub fn summarize(records: &[RequestRecord]) -> Summary {
+    let mut s = Summary {
+        total: records.len(),
+        ..Default::default()
+    };
+    for r in records {
+        let label = r.outcome.label();
+        *s.by_outcome.entry(label.clone()).or_default() += 1;
+        *s.by_server
+            .entry(r.backend().unwrap_or("?").to_string())
+            .or_default()
+            .entry(label)
+            .or_default() += 1;
+    }
+    s
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} requests:", self.total)?;
+        for (k, v) in &self.by_outcome {
+            write!(f, " {k}={v}")?;
+        }
+        for (server, m) in &self.by_server {
+            write!(f, " | {server}:")?;
+            for (k, v) in m {
+                write!(f, " {k}={v}")?;
+            }
+        }
+        Ok(())
+    }
+}

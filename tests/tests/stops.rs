@@ -1,0 +1,248 @@
+//! Container stops end to end: the real agent, real podman containers behind a real HAProxy
+//! with active health checks and no retries, a scheduled client load (see
+//! `drainwatch_tests::lab`). Each test stops (or crashes) backend s1 mid-load and asserts the
+//! agent's stop record against ground truth from the client, HAProxy and the backend's own log.
+//!
+//! Ground truth for `refused` is the client's 503s plus HAProxy's own count of its failed
+//! health checks (`chkfail`): each check is a connection attempt like any other. Once HAProxy
+//! marks s1 DOWN, the lab removes it from the balancer (maintenance), as Kubernetes removes a
+//! terminating pod's endpoint, so no later check reaches its address.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use drainwatch_tests::{
+    agent::{Agent, get},
+    lab::{Lab, Mode, ScenarioRun, ScenarioSpec, Trigger, clock},
+};
+use serde_json::Value;
+
+/// The agent's answer to `path` and how far its event processing had got (kernel monotonic ns).
+fn api(agent: &Agent, path: &str) -> (u64, Value) {
+    let (status, headers, body) = get(agent.port, path, "application/json").expect("agent answers");
+    assert_eq!(status, 200, "{path}: {body}");
+    let processed = headers
+        .iter()
+        .find(|(k, _)| k == "x-drainwatch-processed-until-ns")
+        .and_then(|(_, v)| v.parse().ok())
+        .expect("processed-until header");
+    (processed, serde_json::from_str(&body).expect("JSON"))
+}
+
+/// Returns once the agent has processed every event that happened before this call: causes a
+/// marker event (a connect to a closed loopback port) and waits until processing passes it.
+fn sync(agent: &Agent) {
+    let before = clock::mono_ns();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    assert!(std::net::TcpStream::connect(closed).is_err());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while api(agent, "/api/v1/stops").0 < before {
+        assert!(Instant::now() < deadline, "the agent did not process the marker within 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// s1's stop record, once its cgroup is gone and every event before that is processed.
+fn stop_record(agent: &Agent, container_id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, stops) = api(agent, "/api/v1/stops");
+        let found = stops
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["container"]["id"] == container_id && !s["cgroup_removed_at"].is_null());
+        if found.is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no settled stop for {container_id}: {stops:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    sync(agent);
+    let (_, stops) = api(agent, "/api/v1/stops");
+    let mine: Vec<Value> = stops
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["container"]["id"] == container_id)
+        .cloned()
+        .collect();
+    assert_eq!(mine.len(), 1, "one stop for s1: {stops:#}");
+    mine.into_iter().next().unwrap()
+}
+
+/// An RFC 3339 time from the API as an `Instant` (through the wall clock, to within a ms).
+fn instant(v: &Value) -> Option<Instant> {
+    let t = humantime::parse_rfc3339(v.as_str()?).ok()?;
+    let now_wall = SystemTime::now();
+    let now = Instant::now();
+    Some(match now_wall.duration_since(t) {
+        Ok(ago) => now - ago,
+        Err(e) => now + e.duration(),
+    })
+}
+
+fn near(a: Instant, b: Instant) -> f64 {
+    clock::secs_since(b, a).abs()
+}
+
+struct Scenario {
+    agent: Agent,
+    lab: Lab,
+    run: ScenarioRun,
+    stop: Value,
+}
+
+fn scenario(mode: Mode, trigger: Trigger, tune: impl FnOnce(&mut ScenarioSpec)) -> Scenario {
+    let agent = Agent::start(&[]);
+    let mut spec = ScenarioSpec::new(mode, trigger);
+    spec.remove_when_down = true;
+    tune(&mut spec);
+    let lab = Lab::setup(spec);
+    let run = lab.run();
+    print!("{}", run.report());
+    let stop = stop_record(&agent, &lab.s1.id);
+    println!("drainwatch: {stop:#}");
+    Scenario { agent, lab, run, stop }
+}
+
+impl Scenario {
+    fn loss(&self, k: &str) -> u64 {
+        self.stop["loss"][k].as_u64().unwrap_or_else(|| panic!("loss.{k} in {:#}", self.stop))
+    }
+
+    fn failed_checks(&self) -> u64 {
+        self.lab.haproxy.failed_checks("s1").expect("HAProxy's chkfail for s1")
+    }
+
+    /// Connections s1 accepted after the stop signal reached it and before it exited:
+    /// requests it started and health checks it answered, from its own log.
+    fn accepted_after_sigterm(&self, term: Instant) -> u64 {
+        let end = self.run.exit_logged_at.unwrap_or_else(Instant::now);
+        let requests = self.run.s1_work.iter().filter(|w| w.started && w.at > term && w.at < end).count();
+        let checks = self.lab.s1.health_checks().into_iter().filter(|(at, _)| *at > term && *at < end).count();
+        (requests + checks) as u64
+    }
+
+    /// What holds for every stop: identity, exact cut and refused counts, ordered timeline.
+    fn check_common(&self) {
+        let s = &self.stop;
+        assert_eq!(s["container"]["runtime"], "podman");
+        assert_eq!(s["container"]["name"], self.lab.s1.container.as_str());
+        assert_eq!(s["exit_code"], self.run.exit_code, "exit code as podman saw it");
+        assert_eq!(self.loss("inflight_cut"), self.run.summary.count("cut") as u64, "in-flight cut = requests cut");
+        assert_eq!(
+            self.loss("refused"),
+            self.run.summary.count("refused") as u64 + self.failed_checks(),
+            "refused = requests refused ({}) + failed health checks ({})",
+            self.run.summary.count("refused"),
+            self.failed_checks()
+        );
+        assert_eq!(self.loss("unreachable"), 0, "the pod holder keeps the address");
+        let exit = instant(&s["exit_at"]).expect("exit_at");
+        let removed = instant(&s["cgroup_removed_at"]).expect("cgroup_removed_at");
+        assert!(exit <= removed, "exit before cgroup removal");
+        if let Some(logged) = self.run.exit_logged_at {
+            assert!(near(exit, logged) < 0.05, "exit_at {:.3}s from the backend's own log", near(exit, logged));
+        }
+        if let Some(term) = instant(&s["sigterm_at"]) {
+            let st = self.run.stop.as_ref().expect("stopped with podman stop");
+            assert!(term + Duration::from_millis(5) >= st.issued && term <= st.returned, "SIGTERM within podman stop");
+            assert!(term <= exit);
+            if let Some(logged) = self.run.sigterm_at {
+                assert!(logged + Duration::from_millis(5) >= term, "the kernel saw the signal before the handler ran");
+            }
+            assert_eq!(s["sigterm_sender"]["comm"], "runc", "podman stop signals through runc");
+            // The stop wave's two s1 requests were in flight at SIGTERM.
+            assert_eq!(s["connections_at_sigterm"], 2);
+            assert_eq!(self.loss("accepted_after_sigterm"), self.accepted_after_sigterm(term), "accepted after SIGTERM");
+        }
+    }
+}
+
+#[test]
+fn no_sigterm_handler_exits_at_once_cutting_inflight_requests() {
+    let sc = scenario(Mode::NoHandler, Trigger::Stop { grace_secs: 10 }, |_| {});
+    sc.check_common();
+    let s = &sc.stop;
+    assert_eq!(s["outcome"], "exit_at_once");
+    assert_eq!((s["exit_code"].as_i64(), s["exit_signal"].as_i64()), (Some(143), Some(15)));
+    assert_eq!(sc.loss("inflight_cut"), 2);
+    assert_eq!(sc.run.summary.count("refused"), 4);
+    assert!(s["sigkill_at"].is_null());
+    assert!(s["drain_seconds"].as_f64().unwrap() < 0.5);
+    let report = std::process::Command::new(drainwatch_tests::agent::binary())
+        .args(["report", "--agent", &format!("127.0.0.1:{}", sc.agent.port)])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&report.stdout);
+    assert!(report.status.success(), "{text}");
+    assert!(text.contains(&format!("STOP {} (podman {})", sc.lab.s1.container, &sc.lab.s1.id[..12])), "{text}");
+    assert!(text.contains("verdict: exited at once on the stop signal (exit signal 15), cutting 2 in-flight requests"), "{text}");
+}
+
+#[test]
+fn closing_the_listener_on_sigterm_refuses_what_routing_still_sends() {
+    let sc = scenario(Mode::CloseListener, Trigger::Stop { grace_secs: 10 }, |_| {});
+    sc.check_common();
+    let s = &sc.stop;
+    assert_eq!(s["outcome"], "listener_closed_early");
+    assert_eq!((s["exit_code"].as_i64(), s["exit_signal"].as_i64()), (Some(0), None));
+    assert_eq!(sc.loss("inflight_cut"), 0);
+    assert_eq!(sc.run.summary.count("refused"), 4);
+    let term = instant(&s["sigterm_at"]).unwrap();
+    let closed = s["listeners"].as_array().unwrap().iter().filter_map(|l| instant(&l["closed_at"])).min().expect("a listener closed");
+    assert!(closed >= term && near(closed, term) < 0.2, "listener closed right after SIGTERM");
+}
+
+#[test]
+fn readiness_flip_then_drain_loses_nothing() {
+    let sc = scenario(Mode::Drain, Trigger::Stop { grace_secs: 10 }, |_| {});
+    sc.check_common();
+    let s = &sc.stop;
+    assert_eq!(s["outcome"], "drained", "{s:#}");
+    assert_eq!((sc.loss("inflight_cut"), sc.loss("refused")), (0, 0));
+    assert_eq!(sc.failed_checks(), 0);
+    assert!(sc.loss("accepted_after_sigterm") > 0, "routing kept sending after SIGTERM");
+    // The listener closed when the backend says it did, after the drain delay.
+    let closed = s["listeners"].as_array().unwrap().iter().filter_map(|l| instant(&l["closed_at"])).min().expect("closed");
+    let logged = sc.lab.s1.event_at("listener-closed").expect("the backend logged its listener close");
+    assert!(near(closed, logged) < 0.05);
+    assert!(s["drain_seconds"].as_f64().unwrap() > 5.0);
+}
+
+#[test]
+fn work_longer_than_the_grace_period_is_killed_at_the_deadline() {
+    let sc = scenario(Mode::Slow, Trigger::Stop { grace_secs: 7 }, |spec| {
+        spec.backend.drain_delay = Some(Duration::from_secs(5));
+        spec.long_request_ms = Some(9000);
+    });
+    sc.check_common();
+    let s = &sc.stop;
+    assert_eq!(s["outcome"], "killed_at_deadline");
+    assert_eq!((s["exit_code"].as_i64(), s["exit_signal"].as_i64()), (Some(137), Some(9)));
+    assert_eq!(sc.loss("inflight_cut"), 1, "the 9 s request");
+    let grace = s["grace_seconds"].as_f64().expect("grace observed");
+    assert!((6.9..7.5).contains(&grace), "grace {grace}");
+}
+
+#[test]
+fn exiting_with_code_1_on_its_own_is_a_crash() {
+    let sc = scenario(Mode::Crash, Trigger::Crash, |_| {});
+    sc.check_common();
+    let s = &sc.stop;
+    assert_eq!(s["outcome"], "crashed");
+    assert_eq!((s["exit_code"].as_i64(), s["exit_signal"].as_i64()), (Some(1), None));
+    assert!(s["sigterm_at"].is_null() && s["sigkill_at"].is_null());
+    assert_eq!(sc.loss("inflight_cut"), 2);
+    // Metrics: the loss is exported per container, and the settled stop by outcome.
+    let labels = format!("{{namespace=\"\",workload=\"{}\",container=\"{}\"}}", s["container"]["workload"].as_str().unwrap(), sc.lab.s1.container);
+    assert_eq!(sc.agent.metric(&format!("drainwatch_stop_inflight_cut_total{labels}")), Some(2.0));
+    // It settles 10 s (the default) after its cgroup is gone.
+    let deadline = Instant::now() + Duration::from_secs(25);
+    let settled = format!("drainwatch_container_stops_total{{namespace=\"\",workload=\"{}\",container=\"{}\",outcome=\"crashed\"}}", s["container"]["workload"].as_str().unwrap(), sc.lab.s1.container);
+    while sc.agent.metric(&settled) != Some(1.0) {
+        assert!(Instant::now() < deadline, "stop never counted as settled");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
