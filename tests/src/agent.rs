@@ -117,4 +117,3 @@ impl Drop for Agent {
         let _ = self.child.wait();
     }
 }
-

@@ -2,10 +2,9 @@
 //! readiness, SIGTERM, and start-up errors that are one sentence and exit code 2.
 
 use std::{
-    io::{Read, Write},
+    io::Write,
     net::{TcpListener, TcpStream},
-    path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 

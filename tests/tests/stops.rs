@@ -32,11 +32,17 @@ fn api(agent: &Agent, path: &str) -> (u64, Value) {
 /// marker event (a connect to a closed loopback port) and waits until processing passes it.
 fn sync(agent: &Agent) {
     let before = clock::mono_ns();
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
     assert!(std::net::TcpStream::connect(closed).is_err());
     let deadline = Instant::now() + Duration::from_secs(10);
     while api(agent, "/api/v1/stops").0 < before {
-        assert!(Instant::now() < deadline, "the agent did not process the marker within 10 s");
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not process the marker within 10 s"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -46,15 +52,17 @@ fn stop_record(agent: &Agent, container_id: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let (_, stops) = api(agent, "/api/v1/stops");
-        let found = stops
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|s| s["container"]["id"] == container_id && !s["cgroup_removed_at"].is_null());
+        let found =
+            stops.as_array().into_iter().flatten().find(|s| {
+                s["container"]["id"] == container_id && !s["cgroup_removed_at"].is_null()
+            });
         if found.is_some() {
             break;
         }
-        assert!(Instant::now() < deadline, "no settled stop for {container_id}: {stops:#}");
+        assert!(
+            Instant::now() < deadline,
+            "no settled stop for {container_id}: {stops:#}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     sync(agent);
@@ -102,24 +110,56 @@ fn scenario(mode: Mode, trigger: Trigger, tune: impl FnOnce(&mut ScenarioSpec)) 
     print!("{}", run.report());
     let stop = stop_record(&agent, &lab.s1.id);
     println!("drainwatch: {stop:#}");
-    Scenario { agent, lab, run, stop }
+    Scenario {
+        agent,
+        lab,
+        run,
+        stop,
+    }
 }
 
 impl Scenario {
     fn loss(&self, k: &str) -> u64 {
-        self.stop["loss"][k].as_u64().unwrap_or_else(|| panic!("loss.{k} in {:#}", self.stop))
+        self.stop["loss"][k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("loss.{k} in {:#}", self.stop))
     }
 
+    /// Health checks that failed to connect: HAProxy's failed checks minus those s1 answered
+    /// (with 503, once not ready) according to its own log.
     fn failed_checks(&self) -> u64 {
-        self.lab.haproxy.failed_checks("s1").expect("HAProxy's chkfail for s1")
+        let failed = self
+            .lab
+            .haproxy
+            .failed_checks("s1")
+            .expect("HAProxy's chkfail for s1");
+        let answered_failing = self
+            .lab
+            .s1
+            .health_checks()
+            .iter()
+            .filter(|(_, status)| *status != 200)
+            .count() as u64;
+        failed - answered_failing
     }
 
     /// Connections s1 accepted after the stop signal reached it and before it exited:
     /// requests it started and health checks it answered, from its own log.
     fn accepted_after_sigterm(&self, term: Instant) -> u64 {
         let end = self.run.exit_logged_at.unwrap_or_else(Instant::now);
-        let requests = self.run.s1_work.iter().filter(|w| w.started && w.at > term && w.at < end).count();
-        let checks = self.lab.s1.health_checks().into_iter().filter(|(at, _)| *at > term && *at < end).count();
+        let requests = self
+            .run
+            .s1_work
+            .iter()
+            .filter(|w| w.started && w.at > term && w.at < end)
+            .count();
+        let checks = self
+            .lab
+            .s1
+            .health_checks()
+            .into_iter()
+            .filter(|(at, _)| *at > term && *at < end)
+            .count();
         (requests + checks) as u64
     }
 
@@ -128,33 +168,61 @@ impl Scenario {
         let s = &self.stop;
         assert_eq!(s["container"]["runtime"], "podman");
         assert_eq!(s["container"]["name"], self.lab.s1.container.as_str());
-        assert_eq!(s["exit_code"], self.run.exit_code, "exit code as podman saw it");
-        assert_eq!(self.loss("inflight_cut"), self.run.summary.count("cut") as u64, "in-flight cut = requests cut");
+        assert_eq!(
+            s["exit_code"], self.run.exit_code,
+            "exit code as podman saw it"
+        );
+        assert_eq!(
+            self.loss("inflight_cut"),
+            self.run.summary.count("cut") as u64,
+            "in-flight cut = requests cut"
+        );
         assert_eq!(
             self.loss("refused"),
             self.run.summary.count("refused") as u64 + self.failed_checks(),
-            "refused = requests refused ({}) + failed health checks ({})",
+            "refused = requests refused ({}) + health checks refused ({})",
             self.run.summary.count("refused"),
             self.failed_checks()
         );
-        assert_eq!(self.loss("unreachable"), 0, "the pod holder keeps the address");
+        assert_eq!(
+            self.loss("unreachable"),
+            0,
+            "the pod holder keeps the address"
+        );
         let exit = instant(&s["exit_at"]).expect("exit_at");
         let removed = instant(&s["cgroup_removed_at"]).expect("cgroup_removed_at");
         assert!(exit <= removed, "exit before cgroup removal");
         if let Some(logged) = self.run.exit_logged_at {
-            assert!(near(exit, logged) < 0.05, "exit_at {:.3}s from the backend's own log", near(exit, logged));
+            assert!(
+                near(exit, logged) < 0.05,
+                "exit_at {:.3}s from the backend's own log",
+                near(exit, logged)
+            );
         }
         if let Some(term) = instant(&s["sigterm_at"]) {
             let st = self.run.stop.as_ref().expect("stopped with podman stop");
-            assert!(term + Duration::from_millis(5) >= st.issued && term <= st.returned, "SIGTERM within podman stop");
+            assert!(
+                term + Duration::from_millis(5) >= st.issued && term <= st.returned,
+                "SIGTERM within podman stop"
+            );
             assert!(term <= exit);
             if let Some(logged) = self.run.sigterm_at {
-                assert!(logged + Duration::from_millis(5) >= term, "the kernel saw the signal before the handler ran");
+                assert!(
+                    logged + Duration::from_millis(5) >= term,
+                    "the kernel saw the signal before the handler ran"
+                );
             }
-            assert_eq!(s["sigterm_sender"]["comm"], "runc", "podman stop signals through runc");
+            assert_eq!(
+                s["sigterm_sender"]["comm"], "runc",
+                "podman stop signals through runc"
+            );
             // The stop wave's two s1 requests were in flight at SIGTERM.
             assert_eq!(s["connections_at_sigterm"], 2);
-            assert_eq!(self.loss("accepted_after_sigterm"), self.accepted_after_sigterm(term), "accepted after SIGTERM");
+            assert_eq!(
+                self.loss("accepted_after_sigterm"),
+                self.accepted_after_sigterm(term),
+                "accepted after SIGTERM"
+            );
         }
     }
 }
@@ -165,7 +233,10 @@ fn no_sigterm_handler_exits_at_once_cutting_inflight_requests() {
     sc.check_common();
     let s = &sc.stop;
     assert_eq!(s["outcome"], "exit_at_once");
-    assert_eq!((s["exit_code"].as_i64(), s["exit_signal"].as_i64()), (Some(143), Some(15)));
+    assert_eq!(
+        (s["exit_code"].as_i64(), s["exit_signal"].as_i64()),
+        (Some(143), Some(15))
+    );
     assert_eq!(sc.loss("inflight_cut"), 2);
     assert_eq!(sc.run.summary.count("refused"), 4);
     assert!(s["sigkill_at"].is_null());
@@ -176,22 +247,45 @@ fn no_sigterm_handler_exits_at_once_cutting_inflight_requests() {
         .unwrap();
     let text = String::from_utf8_lossy(&report.stdout);
     assert!(report.status.success(), "{text}");
-    assert!(text.contains(&format!("STOP {} (podman {})", sc.lab.s1.container, &sc.lab.s1.id[..12])), "{text}");
+    assert!(
+        text.contains(&format!(
+            "STOP {} (podman {})",
+            sc.lab.s1.container,
+            &sc.lab.s1.id[..12]
+        )),
+        "{text}"
+    );
     assert!(text.contains("verdict: exited at once on the stop signal (exit signal 15), cutting 2 in-flight requests"), "{text}");
 }
 
 #[test]
 fn closing_the_listener_on_sigterm_refuses_what_routing_still_sends() {
-    let sc = scenario(Mode::CloseListener, Trigger::Stop { grace_secs: 10 }, |_| {});
+    let sc = scenario(
+        Mode::CloseListener,
+        Trigger::Stop { grace_secs: 10 },
+        |_| {},
+    );
     sc.check_common();
     let s = &sc.stop;
     assert_eq!(s["outcome"], "listener_closed_early");
-    assert_eq!((s["exit_code"].as_i64(), s["exit_signal"].as_i64()), (Some(0), None));
+    assert_eq!(
+        (s["exit_code"].as_i64(), s["exit_signal"].as_i64()),
+        (Some(0), None)
+    );
     assert_eq!(sc.loss("inflight_cut"), 0);
     assert_eq!(sc.run.summary.count("refused"), 4);
     let term = instant(&s["sigterm_at"]).unwrap();
-    let closed = s["listeners"].as_array().unwrap().iter().filter_map(|l| instant(&l["closed_at"])).min().expect("a listener closed");
-    assert!(closed >= term && near(closed, term) < 0.2, "listener closed right after SIGTERM");
+    let closed = s["listeners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| instant(&l["closed_at"]))
+        .min()
+        .expect("a listener closed");
+    assert!(
+        closed >= term && near(closed, term) < 0.2,
+        "listener closed right after SIGTERM"
+    );
 }
 
 #[test]
@@ -202,10 +296,23 @@ fn readiness_flip_then_drain_loses_nothing() {
     assert_eq!(s["outcome"], "drained", "{s:#}");
     assert_eq!((sc.loss("inflight_cut"), sc.loss("refused")), (0, 0));
     assert_eq!(sc.failed_checks(), 0);
-    assert!(sc.loss("accepted_after_sigterm") > 0, "routing kept sending after SIGTERM");
+    assert!(
+        sc.loss("accepted_after_sigterm") > 0,
+        "routing kept sending after SIGTERM"
+    );
     // The listener closed when the backend says it did, after the drain delay.
-    let closed = s["listeners"].as_array().unwrap().iter().filter_map(|l| instant(&l["closed_at"])).min().expect("closed");
-    let logged = sc.lab.s1.event_at("listener-closed").expect("the backend logged its listener close");
+    let closed = s["listeners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| instant(&l["closed_at"]))
+        .min()
+        .expect("closed");
+    let logged = sc
+        .lab
+        .s1
+        .event_at("listener-closed")
+        .expect("the backend logged its listener close");
     assert!(near(closed, logged) < 0.05);
     assert!(s["drain_seconds"].as_f64().unwrap() > 5.0);
 }
@@ -219,7 +326,10 @@ fn work_longer_than_the_grace_period_is_killed_at_the_deadline() {
     sc.check_common();
     let s = &sc.stop;
     assert_eq!(s["outcome"], "killed_at_deadline");
-    assert_eq!((s["exit_code"].as_i64(), s["exit_signal"].as_i64()), (Some(137), Some(9)));
+    assert_eq!(
+        (s["exit_code"].as_i64(), s["exit_signal"].as_i64()),
+        (Some(137), Some(9))
+    );
     assert_eq!(sc.loss("inflight_cut"), 1, "the 9 s request");
     let grace = s["grace_seconds"].as_f64().expect("grace observed");
     assert!((6.9..7.5).contains(&grace), "grace {grace}");
@@ -231,18 +341,32 @@ fn exiting_with_code_1_on_its_own_is_a_crash() {
     sc.check_common();
     let s = &sc.stop;
     assert_eq!(s["outcome"], "crashed");
-    assert_eq!((s["exit_code"].as_i64(), s["exit_signal"].as_i64()), (Some(1), None));
+    assert_eq!(
+        (s["exit_code"].as_i64(), s["exit_signal"].as_i64()),
+        (Some(1), None)
+    );
     assert!(s["sigterm_at"].is_null() && s["sigkill_at"].is_null());
     assert_eq!(sc.loss("inflight_cut"), 2);
     // Metrics: the loss is exported per container, and the settled stop by outcome.
-    let labels = format!("{{namespace=\"\",workload=\"{}\",container=\"{}\"}}", s["container"]["workload"].as_str().unwrap(), sc.lab.s1.container);
-    assert_eq!(sc.agent.metric(&format!("drainwatch_stop_inflight_cut_total{labels}")), Some(2.0));
+    let labels = format!(
+        "{{namespace=\"\",workload=\"{}\",container=\"{}\"}}",
+        s["container"]["workload"].as_str().unwrap(),
+        sc.lab.s1.container
+    );
+    assert_eq!(
+        sc.agent
+            .metric(&format!("drainwatch_stop_inflight_cut_total{labels}")),
+        Some(2.0)
+    );
     // It settles 10 s (the default) after its cgroup is gone.
     let deadline = Instant::now() + Duration::from_secs(25);
-    let settled = format!("drainwatch_container_stops_total{{namespace=\"\",workload=\"{}\",container=\"{}\",outcome=\"crashed\"}}", s["container"]["workload"].as_str().unwrap(), sc.lab.s1.container);
+    let settled = format!(
+        "drainwatch_container_stops_total{{namespace=\"\",workload=\"{}\",container=\"{}\",outcome=\"crashed\"}}",
+        s["container"]["workload"].as_str().unwrap(),
+        sc.lab.s1.container
+    );
     while sc.agent.metric(&settled) != Some(1.0) {
         assert!(Instant::now() < deadline, "stop never counted as settled");
         std::thread::sleep(Duration::from_millis(100));
     }
 }
-

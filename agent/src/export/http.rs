@@ -63,7 +63,8 @@ impl State {
                 let mut r = respond(StatusCode::OK, "application/json", b);
                 // Kernel monotonic time of the newest event processed: a client that caused
                 // an event at time T knows the answer includes it once this is >= T.
-                r.headers_mut().insert("x-drainwatch-processed-until-ns", processed.into());
+                r.headers_mut()
+                    .insert("x-drainwatch-processed-until-ns", processed.into());
                 r
             }
             Err(_) => respond(

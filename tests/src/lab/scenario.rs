@@ -335,7 +335,10 @@ impl Lab {
         let load = Load::start(self.haproxy.frontend, plan.schedule.clone(), &self.tag);
         let (stop, mut records) = std::thread::scope(|scope| {
             if self.spec.remove_when_down {
-                let wait = plan.predicted_down.saturating_duration_since(Instant::now()) + Duration::from_secs(10);
+                let wait = plan
+                    .predicted_down
+                    .saturating_duration_since(Instant::now())
+                    + Duration::from_secs(10);
                 scope.spawn(move || {
                     if self.haproxy.wait_down("s1", wait).is_some() {
                         let _ = self.haproxy.admin("set server be/s1 state maint");
