@@ -144,6 +144,11 @@ async fn pipeline(
                     reason,
                 } => metrics.stop_loss(&container, kind, reason.as_deref()),
                 Emitted::Settled { stop } => metrics.stop_settled(&stop),
+                Emitted::Retry {
+                    container,
+                    proxy,
+                    added_seconds,
+                } => metrics.retry(&container, &proxy, added_seconds),
             }
         }
     }

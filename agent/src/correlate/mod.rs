@@ -3,6 +3,7 @@
 //! nanoseconds), no I/O, so every rule is unit-tested without a kernel.
 
 pub mod deploys;
+pub mod retries;
 pub mod stops;
 
 use std::net::SocketAddr;
@@ -99,6 +100,25 @@ pub enum Observation {
     CgroupRemoved {
         key: String,
     },
+    /// A proxy process on this node opened a connection to the container (`key`).
+    UpstreamOpened {
+        key: String,
+        sock: u64,
+        proxy: retries::Proxy,
+    },
+    /// That connection closed after the proxy sent `bytes_sent` bytes on it.
+    UpstreamClosed {
+        key: String,
+        sock: u64,
+        bytes_sent: u64,
+    },
+    /// The container cut a proxy's connection with a request of `request_bytes` pending.
+    UpstreamCut {
+        key: String,
+        proxy: retries::Proxy,
+        request_bytes: u64,
+        upstream_opened_at: Mono,
+    },
 }
 
 impl Observation {
@@ -114,7 +134,10 @@ impl Observation {
             | Observation::ResetSent { key, .. }
             | Observation::Refused { key }
             | Observation::Unreachable { key }
-            | Observation::CgroupRemoved { key } => key,
+            | Observation::CgroupRemoved { key }
+            | Observation::UpstreamOpened { key, .. }
+            | Observation::UpstreamClosed { key, .. }
+            | Observation::UpstreamCut { key, .. } => key,
         }
     }
 }

@@ -8,7 +8,10 @@ use std::{
 
 use serde::Serialize;
 
-use super::{ContainerIdentity, ExitInfo, Mono, Observation, SECOND, Sender};
+use super::{
+    ContainerIdentity, ExitInfo, Mono, Observation, SECOND, Sender,
+    retries::{Cut, Matcher, Verdict},
+};
 
 pub const SIGINT: i32 = 2;
 pub const SIGQUIT: i32 = 3;
@@ -53,6 +56,10 @@ pub struct Loss {
     pub refused: u64,
     pub unreachable: u64,
     pub accepted_after_sigterm: u64,
+    /// Cut requests a proxy re-sent to another backend (done twice, invisible to the client).
+    pub retry_duplicates: u64,
+    /// Cut requests no proxy re-sent (the client saw an error).
+    pub upstream_aborts: u64,
 }
 
 impl Loss {
@@ -65,6 +72,8 @@ impl Loss {
         self.refused += other.refused;
         self.unreachable += other.unreachable;
         self.accepted_after_sigterm += other.accepted_after_sigterm;
+        self.retry_duplicates += other.retry_duplicates;
+        self.upstream_aborts += other.upstream_aborts;
     }
 }
 
@@ -154,7 +163,7 @@ fn secs(ns: Mono) -> f64 {
 }
 
 /// What the tracker reports for metrics, as it happens.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Emitted {
     /// Loss counted against a stop (`kind`: inflight_cut, refused, unreachable,
     /// accepted_after_sigterm, idle_closed, or `resets_sent` with a reason).
@@ -165,6 +174,13 @@ pub enum Emitted {
     },
     /// A stop will not change any more.
     Settled { stop: Box<Stop> },
+    /// What a proxy did about a request the container cut, stop or not.
+    Retry {
+        container: ContainerIdentity,
+        proxy: String,
+        /// `None` for an abort; the latency the retry added for a duplicate.
+        added_seconds: Option<f64>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -175,6 +191,8 @@ pub struct Config {
     pub settle: Mono,
     /// Most stop records kept.
     pub max_stops: usize,
+    /// How soon after a cut a proxy's new connection counts as its retry.
+    pub retry_window: Mono,
 }
 
 impl Default for Config {
@@ -183,6 +201,7 @@ impl Default for Config {
             retention: 300 * SECOND,
             settle: 10 * SECOND,
             max_stops: 1000,
+            retry_window: SECOND,
         }
     }
 }
@@ -199,9 +218,10 @@ struct ContainerState {
     stops_seen: u32,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Tracker {
     config: Config,
+    retries: Matcher,
     containers: HashMap<String, ContainerState>,
     stops: Vec<Stop>,
     /// Stops dropped from the front of `stops` (keeps indices stable in meaning).
@@ -211,11 +231,22 @@ pub struct Tracker {
     processed_until: Mono,
 }
 
+impl Default for Tracker {
+    fn default() -> Self {
+        Self::new(Config::default())
+    }
+}
+
 impl Tracker {
     pub fn new(config: Config) -> Self {
         Self {
+            retries: Matcher::new(config.retry_window),
             config,
-            ..Default::default()
+            containers: HashMap::new(),
+            stops: Vec::new(),
+            dropped: 0,
+            emitted: Vec::new(),
+            processed_until: 0,
         }
     }
 
@@ -286,6 +317,8 @@ impl Tracker {
             "refused" => l.refused += 1,
             "unreachable" => l.unreachable += 1,
             "accepted_after_sigterm" => l.accepted_after_sigterm += 1,
+            "retry_duplicates" => l.retry_duplicates += 1,
+            "upstream_aborts" => l.upstream_aborts += 1,
             "resets_sent" => {
                 *l.resets_sent
                     .entry(reason.clone().unwrap_or_default())
@@ -342,6 +375,24 @@ impl Tracker {
         }
         match obs {
             Observation::Container { .. } => {}
+            Observation::UpstreamOpened { key, sock, proxy } => {
+                self.retries.opened(sock, proxy.tgid, key, now);
+            }
+            Observation::UpstreamClosed {
+                sock, bytes_sent, ..
+            } => self.retries.closed(sock, bytes_sent),
+            Observation::UpstreamCut {
+                key,
+                proxy,
+                request_bytes,
+                upstream_opened_at,
+            } => self.retries.cut(Cut {
+                at: now,
+                proxy,
+                backend: key,
+                request_bytes,
+                upstream_opened_at,
+            }),
             Observation::Signal { sig, sender, .. } => self.on_signal(now, &key, sig, sender),
             Observation::Exit { exit, .. } => self.on_exit(now, &key, exit),
             Observation::ListenerOpened { addr, .. } => {
@@ -498,6 +549,23 @@ impl Tracker {
     /// Advances the clock: settles stops whose container is gone long enough, forgets
     /// containers past the retention window, bounds the number of records.
     pub fn tick(&mut self, now: Mono) {
+        for d in self.retries.tick(now) {
+            let key = d.cut.backend.clone();
+            let (kind, added) = match d.verdict {
+                Verdict::Duplicate { added_seconds, .. } => {
+                    ("retry_duplicates", Some(added_seconds))
+                }
+                Verdict::Abort => ("upstream_aborts", None),
+            };
+            if let Some(c) = self.containers.get(&key) {
+                self.emitted.push(Emitted::Retry {
+                    container: c.identity.clone(),
+                    proxy: d.cut.proxy.name.clone(),
+                    added_seconds: added,
+                });
+            }
+            self.count(&key, kind, None);
+        }
         let settle = self.config.settle;
         let mut settled = Vec::new();
         for c in self.containers.values_mut() {

@@ -14,8 +14,17 @@ use super::{
 };
 use crate::{
     capture::event::{Event, ExitStatus, Named},
-    correlate::{ContainerIdentity, ExitInfo, Observation, Sender},
+    correlate::{ContainerIdentity, ExitInfo, Mono, Observation, Sender, retries::Proxy},
 };
+
+/// A proxy's connection to a container.
+#[derive(Debug, Clone)]
+struct Upstream {
+    sock: u64,
+    key: String,
+    proxy: Proxy,
+    opened_at: Mono,
+}
 
 /// Init shims that forward signals to the real main process (`--init`, tini, dumb-init).
 const INIT_SHIMS: &[&str] = &[
@@ -58,6 +67,14 @@ pub struct Enricher<H> {
     adopted: HashMap<u64, u64>,
     next_seed: u64,
     by_ip: HashMap<IpAddr, String>,
+    /// Open connections from proxy processes to containers, by kernel address.
+    upstreams: HashMap<u64, Upstream>,
+    /// The same, by (proxy's local, container's) address, kept a while after they close:
+    /// how the container side of a cut finds the proxy.
+    upstream_by_tuple: HashMap<(SocketAddr, SocketAddr), Upstream>,
+    upstream_order: std::collections::VecDeque<(SocketAddr, SocketAddr)>,
+    /// Whether a process is a proxy (it holds a listening socket), cached until it exits.
+    proxies: HashMap<u32, Option<Proxy>>,
     /// Connect attempts answered with RST: refused (counted from the RST), not unreachable.
     refused_attempts: HashSet<u64>,
     /// Connections closed recently, for a RST the kernel sends after the state change.
@@ -86,6 +103,10 @@ impl<H: HostView> Enricher<H> {
             next_seed: 1,
             by_ip: HashMap::new(),
             refused_attempts: HashSet::new(),
+            upstreams: HashMap::new(),
+            upstream_by_tuple: HashMap::new(),
+            upstream_order: std::collections::VecDeque::new(),
+            proxies: HashMap::new(),
             recent: HashMap::new(),
             recent_order: std::collections::VecDeque::new(),
             not_containers: HashSet::new(),
@@ -303,6 +324,7 @@ impl<H: HostView> Enricher<H> {
                 let pid = x.meta.tgid;
                 let key = self.by_pid.remove(&pid);
                 self.not_containers.remove(&pid);
+                self.proxies.remove(&pid);
                 let Some(key) = key else { return out };
                 let is_main = self.containers.get(&key).and_then(|c| c.main_pid) == Some(pid);
                 if is_main {
@@ -372,6 +394,9 @@ impl<H: HostView> Enricher<H> {
         let (old, new) = (state(&s.old), state(&s.new));
         let ns = s.meta.netns;
         let Some(conn) = s.conn else { return };
+        if self.on_upstream(s, old, new, conn, out) {
+            return;
+        }
         match (old, new) {
             ("TCP_CLOSE", "TCP_LISTEN") => {
                 if let Some(key) = self.container_of_task(s.meta.tgid, s.meta.cgroup_id, out) {
@@ -428,11 +453,23 @@ impl<H: HostView> Enricher<H> {
                 self.sockets.remove(&s.skaddr);
                 self.remember_closed(s.skaddr, &t.key);
                 let by_container = !t.peer_done && old == "TCP_ESTABLISHED";
+                let pending = s.counters.request_pending();
+                if by_container
+                    && pending
+                    && let Some(up) = self.upstream_by_tuple.get(&(conn.remote, conn.local))
+                {
+                    out.push(Observation::UpstreamCut {
+                        key: t.key.clone(),
+                        proxy: up.proxy.clone(),
+                        request_bytes: s.counters.bytes_received,
+                        upstream_opened_at: up.opened_at,
+                    });
+                }
                 out.push(Observation::InboundClosed {
                     key: t.key,
                     sock: self.sock_id(s.skaddr),
                     by_container,
-                    pending: s.counters.request_pending(),
+                    pending,
                 });
             }
             _ => {}
@@ -440,6 +477,95 @@ impl<H: HostView> Enricher<H> {
     }
 
     const RECENT: usize = 8192;
+
+    /// The proxy a process is, if it is one: it holds a listening socket. Named by its
+    /// container's workload, or its command outside containers.
+    fn proxy(&mut self, tgid: u32, comm: &str) -> Option<Proxy> {
+        if let Some(p) = self.proxies.get(&tgid) {
+            return p.clone();
+        }
+        let own: HashSet<u64> = self.host.socket_inodes(tgid).into_iter().collect();
+        let listens = !own.is_empty()
+            && self
+                .host
+                .sockets(tgid)
+                .iter()
+                .any(|s| s.listening && own.contains(&s.inode));
+        let p = listens.then(|| Proxy {
+            tgid,
+            name: self
+                .by_pid
+                .get(&tgid)
+                .and_then(|k| self.containers.get(k))
+                .map_or_else(|| comm.to_string(), |c| c.identity.workload.clone()),
+        });
+        self.proxies.insert(tgid, p.clone());
+        p
+    }
+
+    /// Follows proxies' connections to containers; true when the state change was one.
+    fn on_upstream(
+        &mut self,
+        s: &crate::capture::event::StateChange,
+        old: &str,
+        new: &str,
+        conn: crate::capture::event::Endpoints,
+        out: &mut Vec<Observation>,
+    ) -> bool {
+        match (old, new) {
+            ("TCP_CLOSE", "TCP_SYN_SENT") => {
+                // connect(): process context, the local port is not chosen yet.
+                let Some(key) = self.by_ip.get(&conn.remote.ip()).cloned() else {
+                    return false;
+                };
+                let Some(proxy) = self.proxy(s.meta.tgid, &s.meta.comm) else {
+                    return false;
+                };
+                let up = Upstream {
+                    sock: s.skaddr,
+                    key: key.clone(),
+                    proxy: proxy.clone(),
+                    opened_at: s.meta.ts_ns,
+                };
+                self.upstreams.insert(s.skaddr, up);
+                out.push(Observation::UpstreamOpened {
+                    key,
+                    sock: s.skaddr,
+                    proxy,
+                });
+                true
+            }
+            ("TCP_SYN_SENT", "TCP_ESTABLISHED") => {
+                let Some(up) = self.upstreams.get(&s.skaddr).cloned() else {
+                    return false;
+                };
+                let tuple = (conn.local, conn.remote);
+                if self.upstream_by_tuple.insert(tuple, up).is_none() {
+                    self.upstream_order.push_back(tuple);
+                }
+                while self.upstream_order.len() > Self::RECENT {
+                    if let Some(old) = self.upstream_order.pop_front() {
+                        self.upstream_by_tuple.remove(&old);
+                    }
+                }
+                true
+            }
+            (_, "TCP_CLOSE_WAIT") => self.upstreams.contains_key(&s.skaddr),
+            ("TCP_SYN_SENT", _) | ("TCP_ESTABLISHED", _) | ("TCP_CLOSE_WAIT", _) => {
+                let Some(up) = self.upstreams.remove(&s.skaddr) else {
+                    return false;
+                };
+                out.push(Observation::UpstreamClosed {
+                    key: up.key,
+                    sock: up.sock,
+                    bytes_sent: s.counters.bytes_sent,
+                });
+                // A failed attempt goes on to be judged refused or unreachable below.
+                !(old == "TCP_SYN_SENT" && new == "TCP_CLOSE")
+            }
+            _ => false,
+        }
+    }
 
     fn remember_closed(&mut self, skaddr: u64, key: &str) {
         if self.recent.insert(skaddr, key.to_string()).is_none() {

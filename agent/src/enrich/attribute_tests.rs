@@ -48,10 +48,16 @@ impl HostView for FakeHost {
             entry(12, "10.88.0.5:8080", "10.88.0.1:40000", false),
             // A socket of another container sharing the namespace (a pod's sidecar).
             entry(13, "0.0.0.0:9090", "0.0.0.0:0", true),
+            // nginx on the host.
+            entry(21, "0.0.0.0:80", "0.0.0.0:0", true),
         ]
     }
     fn socket_inodes(&self, pid: u32) -> Vec<u64> {
-        if pid == 101 { vec![11, 12] } else { vec![] }
+        match pid {
+            101 => vec![11, 12],
+            60 => vec![21],
+            _ => vec![],
+        }
     }
     fn local_ips(&self, _pid: u32) -> Vec<IpAddr> {
         vec!["10.88.0.5".parse().unwrap()]
@@ -487,4 +493,99 @@ fn a_gone_container_resolves_until_the_retention_window_ends() {
     e.expire(1_000 + 300, 300);
     assert_eq!(e.container_count(), 0);
     assert!(e.on_event(&attempt).is_empty(), "forgotten");
+}
+
+#[test]
+fn a_proxy_connection_cut_with_a_request_pending_names_the_proxy() {
+    let mut e = enricher();
+    e.scan();
+    let mut connect = match state(
+        0xe1,
+        HOST_NS,
+        "TCP_CLOSE",
+        "TCP_SYN_SENT",
+        conn("0.0.0.0:0", "10.88.0.5:8080"),
+        TcpCounters::default(),
+    ) {
+        Event::StateChange(mut s) => {
+            s.meta.tgid = 60;
+            s.meta.comm = "nginx".into();
+            s.meta.ts_ns = 500;
+            s
+        }
+        _ => unreachable!(),
+    };
+    let obs = e.on_event(&Event::StateChange(connect.clone()));
+    assert!(
+        matches!(obs.as_slice(), [O::UpstreamOpened { sock: 0xe1, proxy, .. }] if proxy.name == "nginx" && proxy.tgid == 60),
+        "{obs:#?}"
+    );
+    connect.old = named("TCP_SYN_SENT");
+    connect.new = named("TCP_ESTABLISHED");
+    connect.conn = conn("10.88.0.1:50000", "10.88.0.5:8080");
+    assert!(e.on_event(&Event::StateChange(connect)).is_empty());
+    // The container accepts it and is cut with the 120-byte request pending.
+    e.on_event(&state(
+        0xa9,
+        NS,
+        "TCP_SYN_RECV",
+        "TCP_ESTABLISHED",
+        conn("10.88.0.5:8080", "10.88.0.1:50000"),
+        TcpCounters::default(),
+    ));
+    let mut counters = pending();
+    counters.bytes_received = 120;
+    let obs = e.on_event(&state(
+        0xa9,
+        NS,
+        "TCP_ESTABLISHED",
+        "TCP_FIN_WAIT1",
+        conn("10.88.0.5:8080", "10.88.0.1:50000"),
+        counters,
+    ));
+    assert!(
+        matches!(obs.as_slice(), [O::UpstreamCut { request_bytes: 120, upstream_opened_at: 500, proxy, .. }, O::InboundClosed { pending: true, .. }] if proxy.tgid == 60),
+        "{obs:#?}"
+    );
+    // nginx closes its side: the connection carried 120 bytes.
+    let mut sent = TcpCounters::default();
+    sent.bytes_sent = 120;
+    let obs = e.on_event(&state(
+        0xe1,
+        HOST_NS,
+        "TCP_CLOSE_WAIT",
+        "TCP_LAST_ACK",
+        conn("10.88.0.1:50000", "10.88.0.5:8080"),
+        sent,
+    ));
+    assert!(
+        matches!(
+            obs.as_slice(),
+            [O::UpstreamClosed {
+                sock: 0xe1,
+                bytes_sent: 120,
+                ..
+            }]
+        ),
+        "{obs:#?}"
+    );
+}
+
+#[test]
+fn a_process_without_a_listener_is_no_proxy() {
+    let mut e = enricher();
+    e.scan();
+    let mut s = match state(
+        0xe2,
+        HOST_NS,
+        "TCP_CLOSE",
+        "TCP_SYN_SENT",
+        conn("0.0.0.0:0", "10.88.0.5:8080"),
+        TcpCounters::default(),
+    ) {
+        Event::StateChange(s) => s,
+        _ => unreachable!(),
+    };
+    s.meta.tgid = 50; // runc: holds no listening socket
+    assert!(e.on_event(&Event::StateChange(s)).is_empty());
 }

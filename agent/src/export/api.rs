@@ -60,6 +60,8 @@ pub fn loss_json(l: &Loss) -> Value {
         "refused": l.refused,
         "unreachable": l.unreachable,
         "accepted_after_sigterm": l.accepted_after_sigterm,
+        "retry_duplicates": l.retry_duplicates,
+        "upstream_aborts": l.upstream_aborts,
     })
 }
 

@@ -64,6 +64,14 @@ struct ResetLabels {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ProxyLabels {
+    namespace: String,
+    workload: String,
+    container: String,
+    proxy: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct MetricLabels {
     metric: String,
 }
@@ -80,6 +88,9 @@ struct StopFamilies {
     routing_lag: Family<ContainerLabels, Histogram>,
     connection_resets: Family<ResetLabels, Counter>,
     refused_connections: Family<ContainerLabels, Counter>,
+    retry_duplicates: Family<ProxyLabels, Counter>,
+    upstream_aborts: Family<ProxyLabels, Counter>,
+    retry_added_latency: Family<ContainerLabels, Histogram>,
     series_dropped: Family<MetricLabels, Counter>,
     seen: Mutex<HashSet<ContainerLabels>>,
 }
@@ -190,6 +201,9 @@ impl Metrics {
             routing_lag: Family::new_with_constructor(seconds_buckets),
             connection_resets: Family::default(),
             refused_connections: Family::default(),
+            retry_duplicates: Family::default(),
+            upstream_aborts: Family::default(),
+            retry_added_latency: Family::new_with_constructor(seconds_buckets),
             series_dropped: Family::default(),
             seen: Mutex::new(HashSet::new()),
         };
@@ -242,6 +256,21 @@ impl Metrics {
             "drainwatch_refused_connections",
             "Connection attempts refused at a container's former listening address, stop or not",
             stop.refused_connections.clone(),
+        );
+        registry.register(
+            "drainwatch_retry_duplicates",
+            "Requests a container cut that a proxy on this node re-sent to another backend: done twice, invisible to the client",
+            stop.retry_duplicates.clone(),
+        );
+        registry.register(
+            "drainwatch_upstream_aborts",
+            "Requests a container cut that no proxy re-sent: the client saw an error",
+            stop.upstream_aborts.clone(),
+        );
+        registry.register(
+            "drainwatch_retry_added_latency_seconds",
+            "Latency a proxy retry added: from the original upstream connection to the retry's",
+            stop.retry_added_latency.clone(),
         );
         registry.register(
             "drainwatch_series_dropped",
@@ -362,6 +391,32 @@ impl Metrics {
                 reason: reason.into(),
             })
             .inc();
+    }
+
+    /// What a proxy did about a request `c` cut: re-sent it (`added` latency) or not.
+    pub fn retry(&self, c: &ContainerIdentity, proxy: &str, added: Option<f64>) {
+        let l = ContainerLabels::from(c);
+        if !self.admit(&l, "drainwatch_retry_duplicates") {
+            return;
+        }
+        let labels = ProxyLabels {
+            namespace: l.namespace.clone(),
+            workload: l.workload.clone(),
+            container: l.container.clone(),
+            proxy: proxy.into(),
+        };
+        match added {
+            Some(secs) => {
+                self.stop.retry_duplicates.get_or_create(&labels).inc();
+                self.stop
+                    .retry_added_latency
+                    .get_or_create(&l)
+                    .observe(secs);
+            }
+            None => {
+                self.stop.upstream_aborts.get_or_create(&labels).inc();
+            }
+        }
     }
 
     /// A connection refused at a container's former listening address, in or out of a stop.

@@ -85,8 +85,9 @@ fn resets_total(loss: &Value) -> u64 {
 
 fn loss_line(loss: &Value) -> String {
     format!(
-        "{} in-flight cut, {} refused, {} unreachable, {} accepted after SIGTERM, {} idle closed, {} resets sent",
+        "{} in-flight cut ({} retried by a proxy: done twice), {} refused, {} unreachable, {} accepted after SIGTERM, {} idle closed, {} resets sent",
         n(loss, "inflight_cut"),
+        n(loss, "retry_duplicates"),
         n(loss, "refused"),
         n(loss, "unreachable"),
         n(loss, "accepted_after_sigterm"),
@@ -297,7 +298,7 @@ mod tests {
             order.windows(2).all(|w| w[0] < w[1]),
             "timeline out of order:\n{text}"
         );
-        assert!(text.contains("2 in-flight cut, 0 refused, 0 unreachable, 0 accepted after SIGTERM, 1 idle closed, 1 resets sent"), "{text}");
+        assert!(text.contains("2 in-flight cut (0 retried by a proxy: done twice), 0 refused, 0 unreachable, 0 accepted after SIGTERM, 1 idle closed, 1 resets sent"), "{text}");
         assert!(text.contains("verdict: exited at once on the stop signal (exit signal 15), cutting 2 in-flight requests"), "{text}");
     }
 
