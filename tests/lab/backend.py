@@ -8,6 +8,7 @@ Python 3 standard library only; runs inside a busybox container through the host
 Endpoints
   GET /health          200 "ok", or 503 "draining" once readiness is withdrawn
   GET /work?ms=N&id=ID logs "start ID <ns>", sleeps N ms, logs "end ID <ns>", answers 200 "ID"
+  POST /work?ms=N&id=ID the same; the body (Content-Length bytes) is read and ignored
 
 Logs (in --log-dir, one line per record, flushed at once; <ns> is CLOCK_MONOTONIC in
 nanoseconds, the host's clock too as containers get no time namespace)
@@ -131,6 +132,22 @@ class Server:
                         k, v = raw.split(":", 1)
                         headers[k.strip().lower()] = v.strip().lower()
                 keep = version == "HTTP/1.1" and headers.get("connection") != "close"
+                # A request body (POST) is read in full and ignored; GETs carry none.
+                try:
+                    length = int(headers.get("content-length", "0"))
+                except ValueError:
+                    return
+                if length < 0:
+                    return
+                while len(buf) < length:
+                    try:
+                        data = conn.recv(65536)
+                    except OSError:
+                        return
+                    if not data:
+                        return
+                    buf += data
+                buf = buf[length:]
                 status, body = self.handle(method, target, headers)
                 if self.closing:
                     keep = False
@@ -165,9 +182,9 @@ class Server:
                 self.cv.notify_all()
 
     def handle(self, method, target, headers):
-        if method != "GET":
-            return 405, b"GET only\n"
         url = urlsplit(target)
+        if method != "GET" and not (method == "POST" and url.path == "/work"):
+            return 405, b"GET only\n"
         if url.path == "/health":
             status = 200 if self.ready else 503
             agent = headers.get("user-agent", "-").replace(" ", "_") or "-"

@@ -548,8 +548,10 @@ fn a_proxy_connection_cut_with_a_request_pending_names_the_proxy() {
         "{obs:#?}"
     );
     // nginx closes its side: the connection carried 120 bytes.
-    let mut sent = TcpCounters::default();
-    sent.bytes_sent = 120;
+    let sent = TcpCounters {
+        bytes_sent: 120,
+        ..Default::default()
+    };
     let obs = e.on_event(&state(
         0xe1,
         HOST_NS,

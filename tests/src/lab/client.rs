@@ -186,6 +186,11 @@ impl Load {
     /// Starts sending `schedule` to `frontend` in the background. Ids are `<tag>-w<w>-s<s>`
     /// (`tag`: letters, digits and `-` only).
     pub fn start(frontend: SocketAddr, schedule: Schedule, tag: &str) -> Load {
+        Load::start_with(frontend, schedule, tag, Method::Get)
+    }
+
+    /// As [`Load::start`], every request sent with `method`.
+    pub fn start_with(frontend: SocketAddr, schedule: Schedule, tag: &str, method: Method) -> Load {
         assert!(
             tag.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'),
             "tag {tag:?} must be URL-safe"
@@ -207,7 +212,7 @@ impl Load {
                             std::thread::Builder::new()
                                 .name(format!("lab-req-{w}-{s}"))
                                 .spawn(move || {
-                                    let mut r = request(frontend, &id, ms, timeout);
+                                    let mut r = request_with(frontend, &id, ms, timeout, method);
                                     r.wave = w;
                                     r.slot = s;
                                     r.scheduled = at;
@@ -240,6 +245,51 @@ impl Load {
 
 /// Sends one `GET /work?ms=<ms>&id=<id>` to `frontend` on a fresh connection and records it.
 pub fn request(frontend: SocketAddr, id: &str, ms: u64, timeout: Duration) -> RequestRecord {
+    request_with(frontend, id, ms, timeout, Method::Get)
+}
+
+/// How a request is sent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Method {
+    /// `GET /work?...` with no body (idempotent: a proxy may retry it).
+    #[default]
+    Get,
+    /// `POST /work?...` with a body of this many bytes (`x` each): not idempotent, so nginx
+    /// does not retry it once it was sent (since 1.9.13, unless `non_idempotent`).
+    Post(usize),
+}
+
+/// Most body bytes a [`Method::Post`] request may carry (one small write).
+pub const MAX_POST_BODY: usize = 16 * 1024;
+
+/// The request text for `/work?ms=<ms>&id=<id>` sent with `method`, in one buffer.
+pub fn request_bytes(method: Method, id: &str, ms: u64) -> Vec<u8> {
+    match method {
+        Method::Get => {
+            format!("GET /work?ms={ms}&id={id} HTTP/1.1\r\nHost: lab\r\nConnection: close\r\n\r\n")
+                .into_bytes()
+        }
+        Method::Post(n) => {
+            assert!(n <= MAX_POST_BODY, "POST body of {n} bytes is too large");
+            let mut req = format!(
+                "POST /work?ms={ms}&id={id} HTTP/1.1\r\nHost: lab\r\nContent-Type: text/plain\r\n\
+                 Content-Length: {n}\r\nConnection: close\r\n\r\n"
+            )
+            .into_bytes();
+            req.resize(req.len() + n, b'x');
+            req
+        }
+    }
+}
+
+/// As [`request`], sent with `method` (`POST` carries its body in the same write).
+pub fn request_with(
+    frontend: SocketAddr,
+    id: &str,
+    ms: u64,
+    timeout: Duration,
+    method: Method,
+) -> RequestRecord {
     let start = Instant::now();
     let mut rec = RequestRecord {
         id: id.to_string(),
@@ -266,9 +316,8 @@ pub fn request(frontend: SocketAddr, id: &str, ms: u64, timeout: Duration) -> Re
         s.set_write_timeout(Some(Duration::from_secs(5))).ok();
         // One write: `write!` on a socket sends each piece as its own segment, and Nagle's
         // algorithm then holds the last one for the peer's delayed ACK (40 ms).
-        let req =
-            format!("GET /work?ms={ms}&id={id} HTTP/1.1\r\nHost: lab\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes())
+        let req = request_bytes(method, id, ms);
+        s.write_all(&req)
             .map_err(|e| (false, format!("write: {e}")))?;
         let mut buf = Vec::new();
         let mut chunk = [0u8; 4096];
