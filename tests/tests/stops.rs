@@ -8,86 +8,13 @@
 //! marks s1 DOWN, the lab removes it from the balancer (maintenance), as Kubernetes removes a
 //! terminating pod's endpoint, so no later check reaches its address.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use drainwatch_tests::{
-    agent::{Agent, get},
+    agent::{Agent, instant, stop_record},
     lab::{Lab, Mode, ScenarioRun, ScenarioSpec, Trigger, clock},
 };
 use serde_json::Value;
-
-/// The agent's answer to `path` and how far its event processing had got (kernel monotonic ns).
-fn api(agent: &Agent, path: &str) -> (u64, Value) {
-    let (status, headers, body) = get(agent.port, path, "application/json").expect("agent answers");
-    assert_eq!(status, 200, "{path}: {body}");
-    let processed = headers
-        .iter()
-        .find(|(k, _)| k == "x-drainwatch-processed-until-ns")
-        .and_then(|(_, v)| v.parse().ok())
-        .expect("processed-until header");
-    (processed, serde_json::from_str(&body).expect("JSON"))
-}
-
-/// Returns once the agent has processed every event that happened before this call: causes a
-/// marker event (a connect to a closed loopback port) and waits until processing passes it.
-fn sync(agent: &Agent) {
-    let before = clock::mono_ns();
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    assert!(std::net::TcpStream::connect(closed).is_err());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while api(agent, "/api/v1/stops").0 < before {
-        assert!(
-            Instant::now() < deadline,
-            "the agent did not process the marker within 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// s1's stop record, once its cgroup is gone and every event before that is processed.
-fn stop_record(agent: &Agent, container_id: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, stops) = api(agent, "/api/v1/stops");
-        let found =
-            stops.as_array().into_iter().flatten().find(|s| {
-                s["container"]["id"] == container_id && !s["cgroup_removed_at"].is_null()
-            });
-        if found.is_some() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no settled stop for {container_id}: {stops:#}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    sync(agent);
-    let (_, stops) = api(agent, "/api/v1/stops");
-    let mine: Vec<Value> = stops
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|s| s["container"]["id"] == container_id)
-        .cloned()
-        .collect();
-    assert_eq!(mine.len(), 1, "one stop for s1: {stops:#}");
-    mine.into_iter().next().unwrap()
-}
-
-/// An RFC 3339 time from the API as an `Instant` (through the wall clock, to within a ms).
-fn instant(v: &Value) -> Option<Instant> {
-    let t = humantime::parse_rfc3339(v.as_str()?).ok()?;
-    let now_wall = SystemTime::now();
-    let now = Instant::now();
-    Some(match now_wall.duration_since(t) {
-        Ok(ago) => now - ago,
-        Err(e) => now + e.duration(),
-    })
-}
 
 fn near(a: Instant, b: Instant) -> f64 {
     clock::secs_since(b, a).abs()

@@ -4,21 +4,30 @@
 //! - [`container`]: backend containers (podman + runc) running `tests/lab/backend.py` in one of
 //!   five SIGTERM behaviours ([`Mode`]); stop, crash, exit code, the server's own logs.
 //! - [`haproxy`]: HAProxy with active health checks in front of them; its per-request log.
+//! - [`nginx`]: nginx (master and one worker) with passive health and `proxy_next_upstream`
+//!   retries in front of them; its per-request access log.
 //! - [`client`]: the load, as waves of slow requests on a fixed schedule; one record per request.
 //! - [`scenario`]: all of it put together with a planned timeline, so the counts are known in
 //!   advance (see its docs for why they are exact).
+//! - [`retry`]: the same with nginx: a backend stopped mid-request, and which requests nginx
+//!   ran twice (retry duplicates) or gave up on (502), exactly.
 //! - [`clock`]: `CLOCK_MONOTONIC` conversions shared with the backend's logs (and eBPF).
 //!
-//! Traffic goes only to 127.0.0.1 (HAProxy) and to the containers the lab created. Everything
-//! is bounded in count and time, and removed on drop (set `DRAINWATCH_LAB_KEEP` to keep logs).
+//! Traffic goes only to 127.0.0.1 (HAProxy, nginx) and to the containers the lab created.
+//! Everything is bounded in count and time, and removed on drop (set `DRAINWATCH_LAB_KEEP` to
+//! keep logs).
 
 pub mod client;
 pub mod clock;
 pub mod container;
 pub mod haproxy;
+pub mod nginx;
+pub mod retry;
 pub mod scenario;
 
-pub use client::{Load, Outcome, RequestRecord, Schedule, Summary, Wave};
+pub use client::{Load, Method, Outcome, RequestRecord, Schedule, Summary, Wave};
 pub use container::{Backend, BackendOpts, Mode, StopTimes};
 pub use haproxy::{Haproxy, HaproxyOpts, HttpLog};
+pub use nginx::{AccessEntry, Nginx, NginxOpts};
+pub use retry::{RetryLab, RetryPlan, RetryRequest, RetryRun, RetrySpec};
 pub use scenario::{Lab, Plan, ScenarioRun, ScenarioSpec, Trigger};
