@@ -498,6 +498,12 @@ impl Tracker {
         }
     }
 
+    fn open_inbound(&self, key: &str) -> u64 {
+        self.containers
+            .get(key)
+            .map_or(0, |c| c.inbound.len() as u64)
+    }
+
     fn on_signal(&mut self, now: Mono, key: &str, sig: i32, sender: Sender) {
         let stop_signal = matches!(sig, SIGTERM | SIGINT | SIGQUIT);
         if !stop_signal && sig != SIGKILL {
@@ -510,10 +516,7 @@ impl Tracker {
         if self.begin_stop(key).is_none() {
             return;
         }
-        let inbound = self
-            .containers
-            .get(key)
-            .map_or(0, |c| c.inbound.len() as u64);
+        let inbound = self.open_inbound(key);
         let Some(s) = self.stop_mut(key) else { return };
         if stop_signal && s.sigterm_at.is_none() {
             s.sigterm_at = Some(now);
@@ -532,10 +535,7 @@ impl Tracker {
         if self.begin_stop(key).is_none() {
             return;
         }
-        let inbound = self
-            .containers
-            .get(key)
-            .map_or(0, |c| c.inbound.len() as u64);
+        let inbound = self.open_inbound(key);
         if let Some(c) = self.containers.get_mut(key) {
             c.gone_at.get_or_insert(now);
         }

@@ -461,3 +461,20 @@ impl fmt::Display for Summary {
         Ok(())
     }
 }
+
+/// Sends `ms=0` GETs (at most 4) through a round-robin balancer until one is answered by `s2`,
+/// so the next request it routes goes to `s1`. Returns them.
+pub fn prime(frontend: SocketAddr, tag: &str) -> Vec<RequestRecord> {
+    let mut out = Vec::new();
+    for i in 0..4 {
+        let id = format!("{tag}-p{i}");
+        let r = request(frontend, &id, 0, Duration::from_secs(5));
+        assert_eq!(r.outcome, Outcome::Ok, "primer request failed: {r:?}");
+        let to_s2 = r.x_backend.as_deref() == Some("s2");
+        out.push(r);
+        if to_s2 {
+            return out;
+        }
+    }
+    panic!("no primer request reached s2: {out:?}");
+}

@@ -253,18 +253,7 @@ impl Lab {
     /// Sends `ms=0` requests (at most 4) until one is answered by `s2`, so the next request
     /// HAProxy routes goes to `s1`. Returns them.
     pub fn prime(&self) -> Vec<RequestRecord> {
-        let mut out = Vec::new();
-        for i in 0..4 {
-            let id = format!("{}-p{i}", self.tag);
-            let r = client::request(self.haproxy.frontend, &id, 0, Duration::from_secs(5));
-            assert_eq!(r.outcome, Outcome::Ok, "primer request failed: {r:?}");
-            let to_s2 = r.x_backend.as_deref() == Some("s2");
-            out.push(r);
-            if to_s2 {
-                return out;
-            }
-        }
-        panic!("no primer request reached s2: {out:?}");
+        client::prime(self.haproxy.frontend, &self.tag)
     }
 
     /// Plans the anchor and the schedule from `s1`'s health checks (waits, bounded, for two).
