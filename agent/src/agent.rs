@@ -90,21 +90,23 @@ async fn pipeline(
     metrics: Arc<Metrics>,
     retention: u64,
 ) {
-    let feed = |obs: Vec<Observation>, at: u64| {
-        for o in &obs {
-            if let Observation::Refused { key } = o
-                && let Some(id) = enricher_identity(&tracker, key)
+    // Feeds observations to the tracker; refused connections are also counted outside stops.
+    // `event` marks observations of a kernel event, whose time says how far processing got.
+    let feed = |obs: Vec<Observation>, at: u64, event: bool| {
+        let Ok(mut t) = tracker.lock() else { return };
+        for o in obs {
+            if let Observation::Refused { key } = &o
+                && let Some(id) = t.identity(key)
             {
-                metrics.refused_connection(&id);
+                metrics.refused_connection(id);
             }
+            t.observe(at, o);
         }
-        if let Ok(mut t) = tracker.lock() {
-            for o in obs {
-                t.observe(at, o);
-            }
+        if event {
+            t.processed(at);
         }
     };
-    feed(enricher.scan(), monotonic_now());
+    feed(enricher.scan(), monotonic_now(), false);
     tracing::info!(
         containers = enricher.container_count(),
         "containers found at start-up"
@@ -119,14 +121,11 @@ async fn pipeline(
                 for (id, direction, reason) in enricher.resets(&ev) {
                     metrics.connection_reset(&id, direction, &reason);
                 }
-                feed(obs, at);
-                if let Ok(mut t) = tracker.lock() {
-                    t.processed(at);
-                }
+                feed(obs, at, true);
             }
             _ = tick.tick() => {
                 enricher.expire(monotonic_now(), retention);
-                feed(enricher.scan(), monotonic_now());
+                feed(enricher.scan(), monotonic_now(), false);
                 if let Ok(mut t) = tracker.lock() {
                     t.tick(monotonic_now());
                 }
@@ -152,13 +151,6 @@ async fn pipeline(
             }
         }
     }
-}
-
-fn enricher_identity(
-    tracker: &std::sync::Mutex<Tracker>,
-    key: &str,
-) -> Option<crate::correlate::ContainerIdentity> {
-    tracker.lock().ok()?.identity(key).cloned()
 }
 
 pub async fn run(cli: Cli) -> Result<(), StartupError> {
