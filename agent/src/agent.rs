@@ -121,6 +121,9 @@ async fn pipeline(
                 for (id, direction, reason) in enricher.resets(&ev) {
                     metrics.connection_reset(&id, direction, &reason);
                 }
+                if let Some((id, port, secs)) = enricher.accept_wait(&ev) {
+                    metrics.accept_wait(&id, port, secs);
+                }
                 feed(obs, at, true);
             }
             _ = tick.tick() => {

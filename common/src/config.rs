@@ -3,7 +3,7 @@
 
 use crate::{
     cgroup_rmdir, inet_sk_error_report, inet_sock_set_state, kfree_skb, sched_process_exit,
-    signal_generate, tcp_receive_reset, tcp_send_reset,
+    signal_generate, sys_exit_accept, tcp_receive_reset, tcp_send_reset,
 };
 
 /// A tracepoint field this kernel's format does not have.
@@ -66,6 +66,13 @@ pub struct KernelOffsets {
     pub tcp_copied_seq: u32,
     pub tcp_lsndtime: u32,
     pub tcp_lrcvtime: u32,
+    /// From a task to the socket behind one of its file descriptors (accept's return value).
+    pub task_files: u32,
+    pub files_fdt: u32,
+    pub fdtable_fd: u32,
+    pub fdtable_max_fds: u32,
+    pub file_private_data: u32,
+    pub socket_sk: u32,
     pub _pad: u32,
 }
 
@@ -92,6 +99,12 @@ impl KernelOffsets {
         tcp_copied_seq: NO_OFFSET,
         tcp_lsndtime: NO_OFFSET,
         tcp_lrcvtime: NO_OFFSET,
+        task_files: NO_OFFSET,
+        files_fdt: NO_OFFSET,
+        fdtable_fd: NO_OFFSET,
+        fdtable_max_fds: NO_OFFSET,
+        file_private_data: NO_OFFSET,
+        socket_sk: NO_OFFSET,
         _pad: 0,
     };
 }
@@ -108,6 +121,7 @@ pub struct Config {
     pub sched_process_exit: sched_process_exit::Fields,
     pub cgroup_rmdir: cgroup_rmdir::Fields,
     pub kfree_skb: kfree_skb::Fields,
+    pub sys_exit_accept: sys_exit_accept::Fields,
 }
 
 impl Config {
@@ -122,10 +136,11 @@ impl Config {
         sched_process_exit: sched_process_exit::Fields::ABSENT,
         cgroup_rmdir: cgroup_rmdir::Fields::ABSENT,
         kfree_skb: kfree_skb::Fields::ABSENT,
+        sys_exit_accept: sys_exit_accept::Fields::ABSENT,
     };
 }
 
 pod!(Config, KernelOffsets, AddrFields);
 
 // No implicit padding: the agent writes these bytes verbatim into the program's global.
-const _: () = assert!(core::mem::size_of::<Config>() == 216);
+const _: () = assert!(core::mem::size_of::<Config>() == 244);

@@ -486,3 +486,55 @@ fn a_close_with_an_unanswered_request_is_pending_and_an_answered_one_is_not() {
     assert!(cut.request_pending(), "{cut:?}");
     drop((c1, c2));
 }
+
+#[test]
+fn accept_returns_the_queued_connection_and_how_long_it_waited() {
+    let mut h = Harness::start(&["socket_states", "accept_wait"], RING);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = listener.local_addr().unwrap();
+    let _client = TcpStream::connect(server).unwrap();
+    // The handshake is complete: the connection waits in the accept queue until accept().
+    let queued = std::time::Instant::now();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (_conn, peer) = listener.accept().unwrap();
+    let waited = queued.elapsed();
+    let events = h.events();
+
+    let established: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::StateChange(s)
+                if s.conn
+                    .is_some_and(|c| c.local == server && c.remote == peer)
+                    && s.new.as_ref().and_then(|n| n.name.as_deref())
+                        == Some("TCP_ESTABLISHED") =>
+            {
+                Some((s.skaddr, s.meta.ts_ns))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(established.len(), 1, "{events:#?}");
+    let (sk, at) = established[0];
+    let accepted: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Accepted(a) if a.skaddr == sk => Some(a),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(accepted.len(), 1, "{events:#?}");
+    let a = accepted[0];
+    assert_eq!(
+        a.meta.tgid,
+        std::process::id(),
+        "accept() ran in this process"
+    );
+    assert_eq!(a.conn.map(|c| (c.local, c.remote)), Some((server, peer)));
+    let wait = (a.meta.ts_ns - at) as f64 / 1e9;
+    assert!(
+        (wait - waited.as_secs_f64()).abs() < 0.02,
+        "accept wait {wait:.3}s, the test measured {:.3}s",
+        waited.as_secs_f64()
+    );
+}

@@ -132,6 +132,12 @@ const MEMBERS: &[(&str, &str, Slot)] = &[
     ("tcp_sock", "inet_conn.icsk_ack.lrcvtime", |k| {
         &mut k.tcp_lrcvtime
     }),
+    ("task_struct", "files", |k| &mut k.task_files),
+    ("files_struct", "fdt", |k| &mut k.files_fdt),
+    ("fdtable", "fd", |k| &mut k.fdtable_fd),
+    ("fdtable", "max_fds", |k| &mut k.fdtable_max_fds),
+    ("file", "private_data", |k| &mut k.file_private_data),
+    ("socket", "sk", |k| &mut k.socket_sk),
 ];
 
 /// Resolves every member the programs read. Unresolved ones stay `NO_OFFSET` and are listed
@@ -199,6 +205,9 @@ mod tests {
             bpftool_offset("tcp_sock", "bytes_received")
         );
         assert_eq!(k.tcp_lsndtime, bpftool_offset("tcp_sock", "lsndtime"));
+        assert_eq!(k.files_fdt, bpftool_offset("files_struct", "fdt"));
+        assert_eq!(k.fdtable_fd, bpftool_offset("fdtable", "fd"));
+        assert_eq!(k.socket_sk, bpftool_offset("socket", "sk"));
         // tcp_sock starts with inet_connection_sock; lrcvtime lies inside its icsk_ack struct.
         let icsk_ack = bpftool_offset("inet_connection_sock", "icsk_ack");
         assert_eq!(bpftool_offset("tcp_sock", "inet_conn"), 0);

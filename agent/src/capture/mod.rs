@@ -121,6 +121,7 @@ fn resolve_tracepoints(
     hook!("sched", sched_process_exit);
     hook!("cgroup", cgroup_rmdir);
     hook!("skb", kfree_skb);
+    hook!("syscalls", sys_exit_accept);
     let table = |hook: &str, field: &str| {
         infos
             .get(hook)
@@ -212,13 +213,8 @@ impl Capture {
             };
             for hook in p.hooks {
                 let result = match hook {
-                    Hook::Tracepoint {
-                        category,
-                        name,
-                        needs,
-                        degraded,
-                    } => attach_tracepoint(
-                        &mut ebpf, &mut links, &infos, &res, category, name, needs,
+                    Hook::Tracepoint { name, degraded, .. } => attach_tracepoint(
+                        &mut ebpf, &mut links, &infos, &res, hook,
                     )
                     .map(|optional| {
                         st.degraded
@@ -272,10 +268,18 @@ fn attach_tracepoint(
     links: &mut Vec<Box<dyn Send>>,
     infos: &BTreeMap<&'static str, TracepointInfo>,
     res: &Resolution,
-    category: &str,
-    name: &str,
-    needs: &[&str],
+    hook: &Hook,
 ) -> Result<Vec<String>, String> {
+    let Hook::Tracepoint {
+        category,
+        name,
+        also,
+        needs,
+        ..
+    } = *hook
+    else {
+        return Err("not a tracepoint".into());
+    };
     let info = infos
         .get(name)
         .ok_or_else(|| "no decoder for this tracepoint".to_string())?;
@@ -295,10 +299,15 @@ fn attach_tracepoint(
     if prog.fd().is_err() {
         prog.load().map_err(|e| format!("load: {e}"))?;
     }
-    let id = prog
-        .attach(category, name)
-        .map_err(|e| format!("attach: {}", chain(&e)))?;
-    links.push(Box::new(prog.take_link(id).map_err(|e| format!("{e}"))?));
+    // All targets or none: a partial set would silently miss events.
+    let mut attached: Vec<Box<dyn Send>> = Vec::new();
+    for target in std::iter::once(name).chain(also.iter().copied()) {
+        let id = prog
+            .attach(category, target)
+            .map_err(|e| format!("attach {target}: {}", chain(&e)))?;
+        attached.push(Box::new(prog.take_link(id).map_err(|e| format!("{e}"))?));
+    }
+    links.extend(attached);
     Ok(res.missing_optional.get(name).cloned().unwrap_or_default())
 }
 

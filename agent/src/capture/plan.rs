@@ -9,7 +9,10 @@ pub enum Hook {
     /// (the next entry is then tried), beyond those the hook module requires anyway.
     Tracepoint {
         category: &'static str,
+        /// The tracepoint, and the program's name.
         name: &'static str,
+        /// More tracepoints of the same layout the same program attaches to.
+        also: &'static [&'static str],
         needs: &'static [&'static str],
         /// Why the entry is only a fallback when it is the chosen one.
         degraded: Option<&'static str>,
@@ -25,7 +28,19 @@ impl Hook {
     /// The `hook` label value: `tracepoint:tcp:tcp_send_reset`, `kprobe:tcp_v4_send_reset+...`.
     pub fn label(&self) -> String {
         match self {
-            Hook::Tracepoint { category, name, .. } => format!("tracepoint:{category}:{name}"),
+            Hook::Tracepoint {
+                category,
+                name,
+                also,
+                ..
+            } => {
+                let mut l = format!("tracepoint:{category}:{name}");
+                for a in *also {
+                    l.push('+');
+                    l.push_str(a);
+                }
+                l
+            }
             Hook::Kprobe { functions, ret } => {
                 let kind = if *ret { "kretprobe" } else { "kprobe" };
                 let names: Vec<_> = functions.iter().map(|(f, _)| *f).collect();
@@ -49,6 +64,7 @@ const fn tp(category: &'static str, name: &'static str) -> Hook {
     Hook::Tracepoint {
         category,
         name,
+        also: &[],
         needs: &[],
         degraded: None,
     }
@@ -63,6 +79,7 @@ pub const PLAN: &[SignalPlan] = &[
             Hook::Tracepoint {
                 category: "tcp",
                 name: "tcp_send_reset",
+                also: &[],
                 needs: &["reason"],
                 degraded: None,
             },
@@ -77,6 +94,7 @@ pub const PLAN: &[SignalPlan] = &[
             Hook::Tracepoint {
                 category: "tcp",
                 name: "tcp_send_reset",
+                also: &[],
                 needs: &[],
                 degraded: Some(
                     "pre-6.10 tracepoint: misses resets that answer packets with no socket",
@@ -130,11 +148,21 @@ pub const PLAN: &[SignalPlan] = &[
     SignalPlan {
         signal: "accept_wait",
         title: "accept wait",
-        hooks: &[Hook::Kprobe {
-            functions: &[("inet_csk_accept", "kretprobe_inet_csk_accept")],
-            ret: true,
-        }],
-        unavailable: "needs kprobe or fentry",
+        hooks: &[
+            Hook::Kprobe {
+                functions: &[("inet_csk_accept", "kretprobe_inet_csk_accept")],
+                ret: true,
+            },
+            // accept4() and accept() returning a descriptor, followed to its socket via BTF.
+            Hook::Tracepoint {
+                category: "syscalls",
+                name: "sys_exit_accept",
+                also: &["sys_exit_accept4"],
+                needs: &[],
+                degraded: None,
+            },
+        ],
+        unavailable: "needs kprobe, fentry or the syscalls:sys_exit_accept tracepoints",
     },
 ];
 

@@ -47,6 +47,8 @@ struct Container {
 #[derive(Debug, Clone)]
 struct Tracked {
     key: String,
+    /// When its handshake completed and the listener port, until accept() takes it.
+    queued: Option<(Mono, u16)>,
     /// The peer closed (FIN) or reset first: whatever the container does next is no cut.
     peer_done: bool,
 }
@@ -243,6 +245,7 @@ impl<H: HostView> Enricher<H> {
                     id,
                     Tracked {
                         key: key.to_string(),
+                        queued: None,
                         peer_done: false,
                     },
                 );
@@ -422,6 +425,7 @@ impl<H: HostView> Enricher<H> {
                         s.skaddr,
                         Tracked {
                             key: key.clone(),
+                            queued: Some((s.meta.ts_ns, conn.local.port())),
                             peer_done: false,
                         },
                     );
@@ -604,6 +608,18 @@ impl<H: HostView> Enricher<H> {
             .and_then(|k| self.containers.get(&k))
             .map(|c| vec![(c.identity.clone(), direction, reason)])
             .unwrap_or_default()
+    }
+
+    /// How long a container's connection waited in its listener's accept queue, when this
+    /// event is the accept() that took it: (container, listener port, seconds).
+    pub fn accept_wait(&mut self, ev: &Event) -> Option<(ContainerIdentity, u16, f64)> {
+        let Event::Accepted(a) = ev else { return None };
+        let t = self.sockets.get_mut(&a.skaddr)?;
+        let (at, port) = t.queued.take()?;
+        let key = t.key.clone();
+        let waited = a.meta.ts_ns.checked_sub(at)? as f64 / 1e9;
+        let c = self.containers.get(&key)?;
+        Some((c.identity.clone(), port, waited))
     }
 
     /// The id the tracker knows a connection by.

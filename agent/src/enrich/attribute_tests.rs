@@ -591,3 +591,41 @@ fn a_process_without_a_listener_is_no_proxy() {
     s.meta.tgid = 50; // runc: holds no listening socket
     assert!(e.on_event(&Event::StateChange(s)).is_empty());
 }
+
+#[test]
+fn accept_wait_runs_from_the_handshake_to_accept() {
+    let mut e = enricher();
+    e.scan();
+    let mut est = state(
+        0xa5,
+        NS,
+        "TCP_SYN_RECV",
+        "TCP_ESTABLISHED",
+        conn("10.88.0.5:8080", "10.88.0.1:41005"),
+        TcpCounters::default(),
+    );
+    if let Event::StateChange(s) = &mut est {
+        s.meta.ts_ns = 1_000_000_000;
+    }
+    e.on_event(&est);
+    let accept = |sk| {
+        Event::Accepted(crate::capture::event::Accepted {
+            meta: Meta {
+                ts_ns: 1_250_000_000,
+                ..meta(101, NS, 777)
+            },
+            skaddr: sk,
+            conn: conn("10.88.0.5:8080", "10.88.0.1:41005"),
+        })
+    };
+    let (id, port, secs) = e
+        .accept_wait(&accept(0xa5))
+        .expect("an accept of a queued connection");
+    assert_eq!((id.name.as_str(), port), ("web-2", 8080));
+    assert!((secs - 0.25).abs() < 1e-9);
+    assert!(e.accept_wait(&accept(0xa5)).is_none(), "accepted once");
+    assert!(
+        e.accept_wait(&accept(0xbad)).is_none(),
+        "not a container's connection"
+    );
+}

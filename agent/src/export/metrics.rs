@@ -72,6 +72,14 @@ struct ProxyLabels {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PortLabels {
+    namespace: String,
+    workload: String,
+    container: String,
+    port: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct MetricLabels {
     metric: String,
 }
@@ -91,6 +99,7 @@ struct StopFamilies {
     retry_duplicates: Family<ProxyLabels, Counter>,
     upstream_aborts: Family<ProxyLabels, Counter>,
     retry_added_latency: Family<ContainerLabels, Histogram>,
+    accept_wait: Family<PortLabels, Histogram>,
     series_dropped: Family<MetricLabels, Counter>,
     seen: Mutex<HashSet<ContainerLabels>>,
 }
@@ -204,6 +213,11 @@ impl Metrics {
             retry_duplicates: Family::default(),
             upstream_aborts: Family::default(),
             retry_added_latency: Family::new_with_constructor(seconds_buckets),
+            accept_wait: Family::new_with_constructor(|| {
+                Histogram::new([
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                ])
+            }),
             series_dropped: Family::default(),
             seen: Mutex::new(HashSet::new()),
         };
@@ -271,6 +285,11 @@ impl Metrics {
             "drainwatch_retry_added_latency_seconds",
             "Latency a proxy retry added: from the original upstream connection to the retry's",
             stop.retry_added_latency.clone(),
+        );
+        registry.register(
+            "drainwatch_accept_wait_seconds",
+            "Time connections waited in a listener's accept queue: handshake complete to accept()",
+            stop.accept_wait.clone(),
         );
         registry.register(
             "drainwatch_series_dropped",
@@ -416,6 +435,22 @@ impl Metrics {
             None => {
                 self.stop.upstream_aborts.get_or_create(&labels).inc();
             }
+        }
+    }
+
+    /// A connection waited `secs` in the accept queue of `c`'s listener on `port`.
+    pub fn accept_wait(&self, c: &ContainerIdentity, port: u16, secs: f64) {
+        let l = ContainerLabels::from(c);
+        if self.admit(&l, "drainwatch_accept_wait_seconds") {
+            self.stop
+                .accept_wait
+                .get_or_create(&PortLabels {
+                    namespace: l.namespace,
+                    workload: l.workload,
+                    container: l.container,
+                    port: port.to_string(),
+                })
+                .observe(secs);
         }
     }
 

@@ -1,0 +1,45 @@
+use aya_ebpf::{helpers::bpf_get_current_task, macros::tracepoint, programs::TracePointContext};
+use drainwatch_common::{EventKind, Tuple, inet_csk_accept::Event};
+
+use crate::util::{CONFIG, cfg, field, fill_header, kread, reserve, sock_netns, sock_tuple};
+
+/// Attached to both `sys_exit_accept4` and `sys_exit_accept` (same layout).
+#[tracepoint]
+pub fn sys_exit_accept(ctx: TracePointContext) -> u32 {
+    try_sys_exit_accept(&ctx);
+    0
+}
+
+/// The socket behind descriptor `fd` of the current task: task->files->fdt->fd[fd]->
+/// private_data (struct socket)->sk.
+#[inline(always)]
+fn socket_of_fd(fd: u64) -> Option<u64> {
+    let k = &CONFIG.kernel;
+    let task = unsafe { bpf_get_current_task() };
+    let files = kread::<u64>(task, cfg(&k.task_files))?;
+    let fdt = kread::<u64>(files, cfg(&k.files_fdt))?;
+    let max = kread::<u32>(fdt, cfg(&k.fdtable_max_fds))?;
+    if fd >= u64::from(max) {
+        return None;
+    }
+    let fds = kread::<u64>(fdt, cfg(&k.fdtable_fd))?;
+    let file = kread::<u64>(fds + fd * 8, 0)?;
+    let socket = kread::<u64>(file, cfg(&k.file_private_data))?;
+    kread::<u64>(socket, cfg(&k.socket_sk)).filter(|sk| *sk != 0)
+}
+
+fn try_sys_exit_accept(ctx: &TracePointContext) -> Option<()> {
+    let ret = field::<i64>(ctx, cfg(&CONFIG.sys_exit_accept.ret))?;
+    if ret < 0 {
+        return None;
+    }
+    let sk = socket_of_fd(ret as u64)?;
+    let mut entry = reserve::<Event>(EventKind::InetCskAccept)?;
+    let ev = unsafe { entry.assume_init_mut() };
+    fill_header(&mut ev.header, EventKind::InetCskAccept, sock_netns(sk));
+    ev.skaddr = sk;
+    ev.tuple = Tuple::default();
+    sock_tuple(sk, &mut ev.tuple);
+    entry.submit(0);
+    Some(())
+}
