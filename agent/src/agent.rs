@@ -121,13 +121,14 @@ async fn pipeline(
                 for (id, direction, reason) in enricher.resets(&ev) {
                     metrics.connection_reset(&id, direction, &reason);
                 }
-                if let Some((id, port, secs)) = enricher.accept_wait(&ev) {
-                    metrics.accept_wait(&id, port, secs);
+                if let Some(fact) = enricher.listener_fact(&ev) {
+                    metrics.listener_fact(&fact);
                 }
                 feed(obs, at, true);
             }
             _ = tick.tick() => {
                 enricher.expire(monotonic_now(), retention);
+                metrics.accept_queues(&enricher.accept_queues());
                 feed(enricher.scan(), monotonic_now(), false);
                 if let Ok(mut t) = tracker.lock() {
                     t.tick(monotonic_now());

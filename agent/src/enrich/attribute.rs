@@ -43,6 +43,23 @@ struct Container {
     gone_at: Option<u64>,
 }
 
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fact {
+    /// A connection completed its handshake.
+    Arrival,
+    /// accept() took a connection that had waited this many seconds.
+    AcceptWait(f64),
+    /// A completed handshake was dropped: the accept queue was full.
+    Overflow,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListenerFact {
+    pub container: ContainerIdentity,
+    pub port: u16,
+    pub fact: Fact,
+}
+
 /// A TCP socket the enricher follows: an inbound connection to a container's listener.
 #[derive(Debug, Clone)]
 struct Tracked {
@@ -610,16 +627,52 @@ impl<H: HostView> Enricher<H> {
             .unwrap_or_default()
     }
 
-    /// How long a container's connection waited in its listener's accept queue, when this
-    /// event is the accept() that took it: (container, listener port, seconds).
-    pub fn accept_wait(&mut self, ev: &Event) -> Option<(ContainerIdentity, u16, f64)> {
-        let Event::Accepted(a) = ev else { return None };
-        let t = self.sockets.get_mut(&a.skaddr)?;
-        let (at, port) = t.queued.take()?;
-        let key = t.key.clone();
-        let waited = a.meta.ts_ns.checked_sub(at)? as f64 / 1e9;
+    /// What an event says about one of a container's listeners, for the per-listener metrics.
+    pub fn listener_fact(&mut self, ev: &Event) -> Option<ListenerFact> {
+        let (key, port, what) = match ev {
+            // The accept() that took a queued connection: how long it waited.
+            Event::Accepted(a) => {
+                let t = self.sockets.get_mut(&a.skaddr)?;
+                let (at, port) = t.queued.take()?;
+                let waited = a.meta.ts_ns.checked_sub(at)? as f64 / 1e9;
+                (t.key.clone(), port, Fact::AcceptWait(waited))
+            }
+            // A handshake completed on one of its listeners.
+            Event::StateChange(s)
+                if state(&s.old) == "TCP_SYN_RECV" && state(&s.new) == "TCP_ESTABLISHED" =>
+            {
+                let t = self.sockets.get(&s.skaddr)?;
+                let (_, port) = t.queued?;
+                (t.key.clone(), port, Fact::Arrival)
+            }
+            Event::ListenOverflow(o) => {
+                let port = o.listener?.port();
+                let (key, _) = self.listeners.get(&(o.meta.netns, port))?;
+                (key.clone(), port, Fact::Overflow)
+            }
+            _ => return None,
+        };
         let c = self.containers.get(&key)?;
-        Some((c.identity.clone(), port, waited))
+        Some(ListenerFact {
+            container: c.identity.clone(),
+            port,
+            fact: what,
+        })
+    }
+
+    /// Accept-queue depth and limit of every running container's listeners, from procfs.
+    pub fn accept_queues(&self) -> Vec<(ContainerIdentity, u16, u32, u32)> {
+        let mut out = Vec::new();
+        for c in self.containers.values().filter(|c| c.gone_at.is_none()) {
+            let Some(pid) = c.main_pid else { continue };
+            let own: HashSet<u64> = self.host.socket_inodes(pid).into_iter().collect();
+            for s in self.host.sockets(pid) {
+                if s.listening && own.contains(&s.inode) {
+                    out.push((c.identity.clone(), s.local.port(), s.rx_queue, s.tx_queue));
+                }
+            }
+        }
+        out
     }
 
     /// The id the tracker knows a connection by.

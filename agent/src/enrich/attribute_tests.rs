@@ -42,6 +42,8 @@ impl HostView for FakeHost {
             remote: remote.parse().unwrap(),
             listening,
             established: !listening,
+            rx_queue: if listening { 3 } else { 0 },
+            tx_queue: if listening { 128 } else { 0 },
         };
         vec![
             entry(11, "0.0.0.0:8080", "0.0.0.0:0", true),
@@ -593,7 +595,8 @@ fn a_process_without_a_listener_is_no_proxy() {
 }
 
 #[test]
-fn accept_wait_runs_from_the_handshake_to_accept() {
+fn listener_facts_arrivals_accept_wait_overflows_and_queues() {
+    use super::attribute::{Fact, ListenerFact};
     let mut e = enricher();
     e.scan();
     let mut est = state(
@@ -608,6 +611,11 @@ fn accept_wait_runs_from_the_handshake_to_accept() {
         s.meta.ts_ns = 1_000_000_000;
     }
     e.on_event(&est);
+    let fact = |f: Option<ListenerFact>| f.map(|f| (f.container.name, f.port, f.fact));
+    assert_eq!(
+        fact(e.listener_fact(&est)),
+        Some(("web-2".into(), 8080, Fact::Arrival))
+    );
     let accept = |sk| {
         Event::Accepted(crate::capture::event::Accepted {
             meta: Meta {
@@ -618,14 +626,33 @@ fn accept_wait_runs_from_the_handshake_to_accept() {
             conn: conn("10.88.0.5:8080", "10.88.0.1:41005"),
         })
     };
-    let (id, port, secs) = e
-        .accept_wait(&accept(0xa5))
-        .expect("an accept of a queued connection");
-    assert_eq!((id.name.as_str(), port), ("web-2", 8080));
-    assert!((secs - 0.25).abs() < 1e-9);
-    assert!(e.accept_wait(&accept(0xa5)).is_none(), "accepted once");
-    assert!(
-        e.accept_wait(&accept(0xbad)).is_none(),
+    assert_eq!(
+        fact(e.listener_fact(&accept(0xa5))),
+        Some(("web-2".into(), 8080, Fact::AcceptWait(0.25)))
+    );
+    assert_eq!(fact(e.listener_fact(&accept(0xa5))), None, "accepted once");
+    assert_eq!(
+        fact(e.listener_fact(&accept(0xbad))),
+        None,
         "not a container's connection"
     );
+    let overflow = Event::ListenOverflow(crate::capture::event::ListenOverflow {
+        meta: meta(0, NS, 0),
+        listener: Some("0.0.0.0:8080".parse().unwrap()),
+        reason: Named {
+            value: 40,
+            name: Some("TCP_LISTEN_OVERFLOW".into()),
+        },
+    });
+    assert_eq!(
+        fact(e.listener_fact(&overflow)),
+        Some(("web-2".into(), 8080, Fact::Overflow))
+    );
+    // Queue depth and limit of its own listener only (not the sidecar's 9090).
+    let q: Vec<_> = e
+        .accept_queues()
+        .into_iter()
+        .map(|(c, p, d, l)| (c.name, p, d, l))
+        .collect();
+    assert_eq!(q, [("web-2".to_string(), 8080, 3, 128)]);
 }

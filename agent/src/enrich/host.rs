@@ -31,6 +31,10 @@ pub struct SocketEntry {
     pub remote: SocketAddr,
     pub listening: bool,
     pub established: bool,
+    /// For a listener: connections waiting in its accept queue, and the queue's limit
+    /// (the receive and send queue columns of /proc/net/tcp).
+    pub rx_queue: u32,
+    pub tx_queue: u32,
 }
 
 pub trait HostView {
@@ -131,6 +135,8 @@ impl HostView for Procfs {
                 remote: e.remote_address,
                 listening: e.state == procfs::net::TcpState::Listen,
                 established: e.state == procfs::net::TcpState::Established,
+                rx_queue: e.rx_queue,
+                tx_queue: e.tx_queue,
             })
             .collect()
     }

@@ -15,6 +15,7 @@ use drainwatch_common::EventKind;
 use crate::{
     capture::{event::kind_name, plan::SignalStatus},
     correlate::{ContainerIdentity, stops::Stop},
+    enrich::attribute::{Fact, ListenerFact},
 };
 
 /// Most distinct containers (namespace, workload, container) the per-container families
@@ -72,7 +73,7 @@ struct ProxyLabels {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct PortLabels {
+pub struct PortLabels {
     namespace: String,
     workload: String,
     container: String,
@@ -100,6 +101,12 @@ struct StopFamilies {
     upstream_aborts: Family<ProxyLabels, Counter>,
     retry_added_latency: Family<ContainerLabels, Histogram>,
     accept_wait: Family<PortLabels, Histogram>,
+    arrivals: Family<PortLabels, Counter>,
+    listen_overflows: Family<PortLabels, Counter>,
+    accept_queue_depth: Family<PortLabels, Gauge>,
+    accept_queue_limit: Family<PortLabels, Gauge>,
+    /// Listeners whose queue gauges were set last time, to remove the ones that went away.
+    queues_seen: Mutex<HashSet<PortLabels>>,
     series_dropped: Family<MetricLabels, Counter>,
     seen: Mutex<HashSet<ContainerLabels>>,
 }
@@ -218,6 +225,11 @@ impl Metrics {
                     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                 ])
             }),
+            arrivals: Family::default(),
+            listen_overflows: Family::default(),
+            accept_queue_depth: Family::default(),
+            accept_queue_limit: Family::default(),
+            queues_seen: Mutex::new(HashSet::new()),
             series_dropped: Family::default(),
             seen: Mutex::new(HashSet::new()),
         };
@@ -290,6 +302,26 @@ impl Metrics {
             "drainwatch_accept_wait_seconds",
             "Time connections waited in a listener's accept queue: handshake complete to accept()",
             stop.accept_wait.clone(),
+        );
+        registry.register(
+            "drainwatch_connection_arrivals",
+            "Connections that completed their handshake on a container's listener",
+            stop.arrivals.clone(),
+        );
+        registry.register(
+            "drainwatch_listen_overflows",
+            "Completed handshakes a container's listener dropped because its accept queue was full",
+            stop.listen_overflows.clone(),
+        );
+        registry.register(
+            "drainwatch_accept_queue_depth",
+            "Connections waiting in a container listener's accept queue (sampled each second)",
+            stop.accept_queue_depth.clone(),
+        );
+        registry.register(
+            "drainwatch_accept_queue_limit",
+            "A container listener's accept queue limit (its listen() backlog)",
+            stop.accept_queue_limit.clone(),
         );
         registry.register(
             "drainwatch_series_dropped",
@@ -438,20 +470,69 @@ impl Metrics {
         }
     }
 
-    /// A connection waited `secs` in the accept queue of `c`'s listener on `port`.
-    pub fn accept_wait(&self, c: &ContainerIdentity, port: u16, secs: f64) {
+    fn port_labels(&self, c: &ContainerIdentity, port: u16, metric: &str) -> Option<PortLabels> {
         let l = ContainerLabels::from(c);
-        if self.admit(&l, "drainwatch_accept_wait_seconds") {
-            self.stop
-                .accept_wait
-                .get_or_create(&PortLabels {
-                    namespace: l.namespace,
-                    workload: l.workload,
-                    container: l.container,
-                    port: port.to_string(),
-                })
-                .observe(secs);
+        self.admit(&l, metric).then(|| PortLabels {
+            namespace: l.namespace,
+            workload: l.workload,
+            container: l.container,
+            port: port.to_string(),
+        })
+    }
+
+    /// An arrival, accept wait or overflow on one of a container's listeners.
+    pub fn listener_fact(&self, f: &ListenerFact) {
+        let s = &self.stop;
+        match f.fact {
+            Fact::Arrival => {
+                if let Some(l) =
+                    self.port_labels(&f.container, f.port, "drainwatch_connection_arrivals")
+                {
+                    s.arrivals.get_or_create(&l).inc();
+                }
+            }
+            Fact::AcceptWait(secs) => {
+                if let Some(l) =
+                    self.port_labels(&f.container, f.port, "drainwatch_accept_wait_seconds")
+                {
+                    s.accept_wait.get_or_create(&l).observe(secs);
+                }
+            }
+            Fact::Overflow => {
+                if let Some(l) =
+                    self.port_labels(&f.container, f.port, "drainwatch_listen_overflows")
+                {
+                    s.listen_overflows.get_or_create(&l).inc();
+                }
+            }
         }
+    }
+
+    /// Sets the accept-queue gauges to this sample, removing listeners that are gone.
+    pub fn accept_queues(&self, sample: &[(ContainerIdentity, u16, u32, u32)]) {
+        let Ok(mut seen) = self.stop.queues_seen.lock() else {
+            return;
+        };
+        let mut now = HashSet::new();
+        for (c, port, depth, limit) in sample {
+            let Some(l) = self.port_labels(c, *port, "drainwatch_accept_queue_depth") else {
+                continue;
+            };
+            self.stop
+                .accept_queue_depth
+                .get_or_create(&l)
+                .set(i64::from(*depth));
+            self.stop
+                .accept_queue_limit
+                .get_or_create(&l)
+                .set(i64::from(*limit));
+            now.insert(l);
+        }
+        for gone in seen.difference(&now) {
+            self.stop.accept_queue_depth.remove(gone);
+            self.stop.accept_queue_limit.remove(gone);
+        }
+        *seen = now;
     }
 
     /// A connection refused at a container's former listening address, in or out of a stop.
@@ -581,6 +662,30 @@ mod tests {
                 .count(),
             MAX_CONTAINERS
         );
+    }
+
+    #[test]
+    fn accept_queue_gauges_follow_the_sample_and_drop_gone_listeners() {
+        let m = Metrics::new("k");
+        let c = ContainerIdentity {
+            name: "web-2".into(),
+            workload: "web".into(),
+            ..Default::default()
+        };
+        m.accept_queues(&[(c.clone(), 8080, 7, 128)]);
+        let text = m.encode_prometheus().unwrap();
+        let labels = "{namespace=\"\",workload=\"web\",container=\"web-2\",port=\"8080\"}";
+        assert!(
+            text.contains(&format!("drainwatch_accept_queue_depth{labels} 7")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("drainwatch_accept_queue_limit{labels} 128")),
+            "{text}"
+        );
+        m.accept_queues(&[]);
+        let text = m.encode_prometheus().unwrap();
+        assert!(!text.contains("drainwatch_accept_queue_depth{"), "{text}");
     }
 
     #[test]
