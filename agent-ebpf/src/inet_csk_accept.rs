@@ -3,18 +3,19 @@ use drainwatch_common::{EventKind, Tuple, inet_csk_accept::Event};
 
 use crate::util::{fill_header, reserve, sock_netns, sock_tuple};
 
-/// Needs kprobes: where they are missing the agent reports accept wait as unavailable.
+/// Needs kprobes: where they are missing the plan falls back to the accept syscall tracepoints.
 #[kretprobe]
 pub fn kretprobe_inet_csk_accept(ctx: RetProbeContext) -> u32 {
-    try_inet_csk_accept(&ctx);
+    let sk = ctx.ret::<*const u8>() as u64;
+    if sk != 0 {
+        emit_accepted(sk);
+    }
     0
 }
 
-fn try_inet_csk_accept(ctx: &RetProbeContext) -> Option<()> {
-    let sk = ctx.ret::<*const u8>() as u64;
-    if sk == 0 {
-        return None;
-    }
+/// Reports that accept() handed `sk` to the application (both accept hooks use it).
+#[inline(always)]
+pub fn emit_accepted(sk: u64) -> Option<()> {
     let mut entry = reserve::<Event>(EventKind::InetCskAccept)?;
     let ev = unsafe { entry.assume_init_mut() };
     fill_header(&mut ev.header, EventKind::InetCskAccept, sock_netns(sk));

@@ -1,7 +1,9 @@
 use aya_ebpf::{helpers::bpf_get_current_task, macros::tracepoint, programs::TracePointContext};
-use drainwatch_common::{EventKind, Tuple, inet_csk_accept::Event};
 
-use crate::util::{CONFIG, cfg, field, fill_header, kread, reserve, sock_netns, sock_tuple};
+use crate::{
+    inet_csk_accept::emit_accepted,
+    util::{CONFIG, cfg, field, kread},
+};
 
 /// Attached to both `sys_exit_accept4` and `sys_exit_accept` (same layout).
 #[tracepoint]
@@ -34,12 +36,5 @@ fn try_sys_exit_accept(ctx: &TracePointContext) -> Option<()> {
         return None;
     }
     let sk = socket_of_fd(ret as u64)?;
-    let mut entry = reserve::<Event>(EventKind::InetCskAccept)?;
-    let ev = unsafe { entry.assume_init_mut() };
-    fill_header(&mut ev.header, EventKind::InetCskAccept, sock_netns(sk));
-    ev.skaddr = sk;
-    ev.tuple = Tuple::default();
-    sock_tuple(sk, &mut ev.tuple);
-    entry.submit(0);
-    Some(())
+    emit_accepted(sk)
 }
