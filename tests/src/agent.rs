@@ -192,3 +192,36 @@ pub fn instant(v: &Value) -> Option<Instant> {
         Err(e) => now + e.duration(),
     })
 }
+
+/// Fails unless `promtool check metrics` accepts this Prometheus text exposition.
+pub fn promtool_check(text: &str) {
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (cargo xtask setup installs prometheus)");
+    promtool
+        .stdin
+        .take()
+        .expect("promtool stdin")
+        .write_all(text.as_bytes())
+        .expect("write to promtool");
+    let out = promtool.wait_with_output().expect("promtool ran");
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Agent {
+    /// The whole /metrics text, Prometheus 0.0.4 format.
+    pub fn metrics_text(&self) -> String {
+        let (status, _, body) = get(self.port, "/metrics", "text/plain").expect("scrape");
+        assert_eq!(status, 200);
+        body
+    }
+}

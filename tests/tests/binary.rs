@@ -2,14 +2,13 @@
 //! readiness, SIGTERM, and start-up errors that are one sentence and exit code 2.
 
 use std::{
-    io::Write,
     net::{TcpListener, TcpStream},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use drainwatch_tests::{
-    agent::{Agent, binary, free_port, get},
+    agent::{Agent, binary, free_port, get, promtool_check},
     require_root,
 };
 
@@ -54,26 +53,7 @@ fn metrics_pass_promtool_and_negotiate_openmetrics() {
     );
     assert!(plain.contains(&build), "missing {build:?}");
 
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool (cargo xtask setup installs prometheus)");
-    promtool
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(plain.as_bytes())
-        .unwrap();
-    let out = promtool.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    promtool_check(&plain);
 
     let (status, headers, om) = get(
         agent.port,

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use drainwatch_tests::{
-    agent::{Agent, api, stop_record},
+    agent::{Agent, api, promtool_check, stop_record},
     lab::{Method, RetryLab, RetryRun, RetrySpec},
 };
 use serde_json::Value;
@@ -113,6 +113,8 @@ fn a_get_cut_mid_request_is_retried_by_nginx_and_done_twice() {
         (sum - truth).abs() < 0.05,
         "added latency {sum:.3}s vs {truth:.3}s from the backends' logs"
     );
+    // The retry families, histogram included, are valid exposition.
+    promtool_check(&v.agent.metrics_text());
     let _ = &v.lab;
 }
 

@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use drainwatch_tests::{
-    agent::{Agent, instant, stop_record},
+    agent::{Agent, instant, promtool_check, stop_record},
     lab::{Lab, Mode, ScenarioRun, ScenarioSpec, Trigger, clock},
 };
 use serde_json::Value;
@@ -296,4 +296,6 @@ fn exiting_with_code_1_on_its_own_is_a_crash() {
         assert!(Instant::now() < deadline, "stop never counted as settled");
         std::thread::sleep(Duration::from_millis(100));
     }
+    // Every family, now with per-container series and histograms, is valid exposition.
+    promtool_check(&sc.agent.metrics_text());
 }
