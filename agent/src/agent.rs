@@ -19,8 +19,9 @@ use crate::{
     correlate::{
         Observation, SECOND,
         stops::{self, Emitted, Tracker},
+        storms::Storms,
     },
-    enrich::{Enricher, host::Procfs},
+    enrich::{Enricher, attribute::Fact, host::Procfs},
     export::{api::monotonic_now, http, metrics::Metrics},
 };
 
@@ -87,6 +88,7 @@ async fn pipeline(
     mut rx: mpsc::Receiver<Event>,
     mut enricher: Enricher<Procfs>,
     tracker: Arc<std::sync::Mutex<Tracker>>,
+    storms: Arc<std::sync::Mutex<Storms>>,
     metrics: Arc<Metrics>,
     retention: u64,
 ) {
@@ -123,12 +125,29 @@ async fn pipeline(
                 }
                 if let Some(fact) = enricher.listener_fact(&ev) {
                     metrics.listener_fact(&fact);
+                    if let Ok(mut s) = storms.lock() {
+                        let w = (fact.container.namespace.clone(), fact.container.workload.clone());
+                        match fact.fact {
+                            Fact::Arrival => s.arrival(&w, &fact.container.name, fact.port, at),
+                            Fact::AcceptWait(secs) => s.accept_wait(&w, fact.port, secs, at),
+                            Fact::Overflow => s.overflow(&w, fact.port),
+                        }
+                    }
                 }
                 feed(obs, at, true);
             }
             _ = tick.tick() => {
                 enricher.expire(monotonic_now(), retention);
-                metrics.accept_queues(&enricher.accept_queues());
+                let queues = enricher.accept_queues();
+                metrics.accept_queues(&queues);
+                if let Ok(mut s) = storms.lock() {
+                    for (c, port, depth, _) in &queues {
+                        s.queue_depth(&(c.namespace.clone(), c.workload.clone()), *port, *depth);
+                    }
+                    for storm in s.tick(monotonic_now()) {
+                        metrics.storm(&storm);
+                    }
+                }
                 feed(enricher.scan(), monotonic_now(), false);
                 if let Ok(mut t) = tracker.lock() {
                     t.tick(monotonic_now());
@@ -147,6 +166,16 @@ async fn pipeline(
                     reason,
                 } => metrics.stop_loss(&container, kind, reason.as_deref()),
                 Emitted::Settled { stop } => metrics.stop_settled(&stop),
+                Emitted::StopBegan {
+                    container,
+                    stop_id,
+                    at,
+                } => {
+                    if let Ok(mut s) = storms.lock() {
+                        let w = (container.namespace.clone(), container.workload.clone());
+                        s.stopped(w, &stop_id, &container.name, at);
+                    }
+                }
                 Emitted::Retry {
                     container,
                     proxy,
@@ -174,9 +203,11 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         settle: cli.stop_settle_seconds * SECOND,
         ..Default::default()
     })));
+    let storms = Arc::new(std::sync::Mutex::new(Storms::default()));
     let state = Arc::new(http::State::new(
         metrics.clone(),
         tracker.clone(),
+        storms.clone(),
         cli.deploy_window_seconds * SECOND,
     ));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -217,6 +248,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         rx,
         enricher,
         tracker,
+        storms,
         metrics.clone(),
         cli.retention_seconds * SECOND,
     ));

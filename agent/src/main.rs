@@ -13,7 +13,8 @@ fn run_report(agent: &str, json: bool) -> Result<String, report::ReportError> {
         return Ok(format!("{stops:#}\n"));
     }
     let deploys = report::fetch(agent, "/api/v1/deploys")?;
-    Ok(report::render(&deploys, &stops))
+    let storms = report::fetch(agent, "/api/v1/storms")?;
+    Ok(report::render(&deploys, &stops) + &report::render_storms(&storms))
 }
 
 fn main() -> ExitCode {

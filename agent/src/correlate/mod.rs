@@ -5,6 +5,7 @@
 pub mod deploys;
 pub mod retries;
 pub mod stops;
+pub mod storms;
 
 use std::net::SocketAddr;
 

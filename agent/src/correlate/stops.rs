@@ -172,6 +172,12 @@ pub enum Emitted {
         kind: &'static str,
         reason: Option<String>,
     },
+    /// A stop began (its first signal, or the exit of a crash).
+    StopBegan {
+        container: ContainerIdentity,
+        stop_id: String,
+        at: Mono,
+    },
     /// A stop will not change any more.
     Settled { stop: Box<Stop> },
     /// What a proxy did about a request the container cut, stop or not.
@@ -273,7 +279,7 @@ impl Tracker {
         self.stops.get_mut(idx.checked_sub(self.dropped)?)
     }
 
-    fn begin_stop(&mut self, key: &str) -> Option<usize> {
+    fn begin_stop(&mut self, key: &str, now: Mono) -> Option<usize> {
         let c = self.containers.get_mut(key)?;
         if let Some(i) = c.stop {
             return Some(i);
@@ -298,6 +304,11 @@ impl Tracker {
             settled: false,
         };
         let idx = self.dropped + self.stops.len();
+        self.emitted.push(Emitted::StopBegan {
+            container: stop.container.clone(),
+            stop_id: stop.id.clone(),
+            at: now,
+        });
         self.stops.push(stop);
         c.stop = Some(idx);
         Some(idx)
@@ -513,7 +524,7 @@ impl Tracker {
         if exited {
             return; // signals to what is left of an exited container change nothing
         }
-        if self.begin_stop(key).is_none() {
+        if self.begin_stop(key, now).is_none() {
             return;
         }
         let inbound = self.open_inbound(key);
@@ -532,7 +543,7 @@ impl Tracker {
         if self.stop_mut(key).is_some_and(|s| s.exit_at.is_some()) {
             return; // duplicate
         }
-        if self.begin_stop(key).is_none() {
+        if self.begin_stop(key, now).is_none() {
             return;
         }
         let inbound = self.open_inbound(key);

@@ -420,6 +420,10 @@ fn unreachable_counts_only_after_the_container_is_gone_and_stops_settle() {
     t.observe(ms(20_000), O::Unreachable { key: key() });
     assert_eq!(only_stop(&t).loss.unreachable, 2);
     let emitted = t.take_emitted();
+    assert!(
+        matches!(emitted.first(), Some(Emitted::StopBegan { stop_id, at, .. }) if stop_id == "c1-1" && *at == ms(0)),
+        "the stop's beginning is reported first: {emitted:?}"
+    );
     let losses = emitted
         .iter()
         .filter(|e| {

@@ -7,6 +7,7 @@ use crate::correlate::{
     Mono,
     deploys::Deploy,
     stops::{Loss, Stop},
+    storms::Storm,
 };
 
 /// Converts kernel monotonic time to wall-clock time.
@@ -102,6 +103,34 @@ pub fn deploy_json(d: &Deploy, clock: &Clock) -> Value {
         "in_progress": d.in_progress,
         "loss": loss_json(&d.loss),
     })
+}
+
+pub fn storm_json(s: &Storm, clock: &Clock) -> Value {
+    json!({
+        "namespace": s.namespace,
+        "workload": s.workload,
+        "container": s.container,
+        "port": s.port,
+        "stop_id": s.stop_id,
+        "first_arrival_at": clock.rfc3339(s.first_arrival),
+        "last_arrival_at": clock.rfc3339(s.last_arrival),
+        "clients": s.clients,
+        "seconds_to_95_percent": (s.seconds_to_95_percent * 1000.0).round() / 1000.0,
+        "peak_arrivals_per_second": s.peak_arrivals_per_second,
+        "arrivals_per_100ms": s.arrivals_per_bucket,
+        "max_queue_depth": s.max_queue_depth,
+        "overflows": s.overflows,
+        "accept_wait_p50_seconds": round3(s.accept_wait_quantile(0.5)),
+        "accept_wait_p95_seconds": round3(s.accept_wait_quantile(0.95)),
+        "accept_wait_max_seconds": round3(s.accept_waits.last().copied()),
+        "sustained_accept_rate": round3(s.sustained_accept_rate),
+        "recommended_window_seconds": round3(s.recommended_window_seconds),
+    })
+}
+
+/// Newest first.
+pub fn storms_json(storms: &[Storm], clock: &Clock) -> Value {
+    Value::Array(storms.iter().rev().map(|s| storm_json(s, clock)).collect())
 }
 
 /// Newest first.

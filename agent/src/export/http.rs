@@ -18,7 +18,7 @@ use hyper_util::rt::TokioIo;
 use tokio::{net::TcpListener, sync::watch};
 
 use super::{api, metrics::Metrics};
-use crate::correlate::{Mono, deploys, stops::Tracker};
+use crate::correlate::{Mono, deploys, stops::Tracker, storms::Storms};
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -27,6 +27,7 @@ pub struct State {
     pub metrics: Arc<Metrics>,
     pub ready: AtomicBool,
     pub tracker: Arc<std::sync::Mutex<Tracker>>,
+    pub storms: Arc<std::sync::Mutex<Storms>>,
     pub clock: api::Clock,
     /// Stops of one workload this close together are one deploy.
     pub deploy_window: Mono,
@@ -36,12 +37,14 @@ impl State {
     pub fn new(
         metrics: Arc<Metrics>,
         tracker: Arc<std::sync::Mutex<Tracker>>,
+        storms: Arc<std::sync::Mutex<Storms>>,
         deploy_window: Mono,
     ) -> Self {
         Self {
             metrics,
             ready: AtomicBool::new(false),
             tracker,
+            storms,
             clock: api::Clock::now(),
             deploy_window,
         }
@@ -126,6 +129,20 @@ pub fn route(
                 &state.clock,
             )
         }),
+        "/api/v1/storms" => {
+            let storms = state
+                .storms
+                .lock()
+                .map(|s| api::storms_json(s.storms(), &state.clock));
+            match storms.map(|v| serde_json::to_vec_pretty(&v)) {
+                Ok(Ok(b)) => respond(StatusCode::OK, "application/json", b),
+                _ => respond(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "text/plain",
+                    "state unavailable\n",
+                ),
+            }
+        }
         "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
         "/readyz" if state.ready.load(Ordering::Relaxed) => {
             respond(StatusCode::OK, "text/plain", "ready\n")
@@ -188,6 +205,7 @@ mod tests {
         let s = State::new(
             Arc::new(Metrics::new("test")),
             Arc::default(),
+            Arc::default(),
             600 * crate::correlate::SECOND,
         );
         s.ready.store(ready, Ordering::Relaxed);
@@ -213,7 +231,7 @@ mod tests {
     #[test]
     fn the_report_api_serves_json_arrays() {
         let s = state(true);
-        for path in ["/api/v1/stops", "/api/v1/deploys"] {
+        for path in ["/api/v1/stops", "/api/v1/deploys", "/api/v1/storms"] {
             let r = route(&s, &hyper::Method::GET, path, None);
             assert_eq!(r.status(), StatusCode::OK);
             assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");

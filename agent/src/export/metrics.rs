@@ -14,7 +14,7 @@ use drainwatch_common::EventKind;
 
 use crate::{
     capture::{event::kind_name, plan::SignalStatus},
-    correlate::{ContainerIdentity, stops::Stop},
+    correlate::{ContainerIdentity, stops::Stop, storms::Storm},
     enrich::attribute::{Fact, ListenerFact},
 };
 
@@ -105,6 +105,9 @@ struct StopFamilies {
     listen_overflows: Family<PortLabels, Counter>,
     accept_queue_depth: Family<PortLabels, Gauge>,
     accept_queue_limit: Family<PortLabels, Gauge>,
+    storms: Family<PortLabels, Counter>,
+    storm_peak_rate: Family<PortLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    storm_window: Family<PortLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// Listeners whose queue gauges were set last time, to remove the ones that went away.
     queues_seen: Mutex<HashSet<PortLabels>>,
     series_dropped: Family<MetricLabels, Counter>,
@@ -230,6 +233,9 @@ impl Metrics {
             accept_queue_depth: Family::default(),
             accept_queue_limit: Family::default(),
             queues_seen: Mutex::new(HashSet::new()),
+            storms: Family::default(),
+            storm_peak_rate: Family::default(),
+            storm_window: Family::default(),
             series_dropped: Family::default(),
             seen: Mutex::new(HashSet::new()),
         };
@@ -322,6 +328,21 @@ impl Metrics {
             "drainwatch_accept_queue_limit",
             "A container listener's accept queue limit (its listen() backlog)",
             stop.accept_queue_limit.clone(),
+        );
+        registry.register(
+            "drainwatch_reconnect_storms",
+            "Reconnect storms: clients of a stopped container coming back at once to a listener of the same workload",
+            stop.storms.clone(),
+        );
+        registry.register(
+            "drainwatch_reconnect_storm_peak_rate",
+            "Peak arrivals per second (100 ms resolution) of the last reconnect storm",
+            stop.storm_peak_rate.clone(),
+        );
+        registry.register(
+            "drainwatch_reconnect_window_recommended_seconds",
+            "Reconnect window the last storm needed: its clients divided by the accept rate the listener sustained",
+            stop.storm_window.clone(),
         );
         registry.register(
             "drainwatch_series_dropped",
@@ -505,6 +526,27 @@ impl Metrics {
                     s.listen_overflows.get_or_create(&l).inc();
                 }
             }
+        }
+    }
+
+    /// A reconnect storm ended.
+    pub fn storm(&self, s: &Storm) {
+        let c = ContainerIdentity {
+            namespace: s.namespace.clone(),
+            workload: s.workload.clone(),
+            name: s.container.clone(),
+            ..Default::default()
+        };
+        let Some(l) = self.port_labels(&c, s.port, "drainwatch_reconnect_storms") else {
+            return;
+        };
+        self.stop.storms.get_or_create(&l).inc();
+        self.stop
+            .storm_peak_rate
+            .get_or_create(&l)
+            .set(s.peak_arrivals_per_second);
+        if let Some(w) = s.recommended_window_seconds {
+            self.stop.storm_window.get_or_create(&l).set(w);
         }
     }
 

@@ -167,6 +167,31 @@ fn timeline(stop: &Value) -> Vec<(String, String)> {
     rows
 }
 
+/// Renders reconnect storms (newest first).
+pub fn render_storms(storms: &Value) -> String {
+    let mut out = String::new();
+    for s in storms.as_array().into_iter().flatten() {
+        let f = |k: &str| s[k].as_f64().map_or("-".to_string(), |v| format!("{v:.3}"));
+        out.push_str(&format!(
+            "STORM {} port {} after stop {}: {} clients back in {} s (95%), peak {} arrivals/s, max queue {}, {} overflows\n  accept wait p50 {} s, p95 {} s, max {} s; sustained {} accepts/s\n  verdict: spread reconnects over at least {} s\n\n",
+            s["container"].as_str().unwrap_or(""),
+            s["port"],
+            s["stop_id"].as_str().unwrap_or(""),
+            n(s, "clients"),
+            f("seconds_to_95_percent"),
+            f("peak_arrivals_per_second"),
+            n(s, "max_queue_depth"),
+            n(s, "overflows"),
+            f("accept_wait_p50_seconds"),
+            f("accept_wait_p95_seconds"),
+            f("accept_wait_max_seconds"),
+            f("sustained_accept_rate"),
+            f("recommended_window_seconds"),
+        ));
+    }
+    out
+}
+
 /// Renders deploys (newest first) and their stops.
 pub fn render(deploys: &Value, stops: &Value) -> String {
     let mut out = String::new();
@@ -300,6 +325,29 @@ mod tests {
         );
         assert!(text.contains("2 in-flight cut (0 retried by a proxy: done twice), 0 refused, 0 unreachable, 0 accepted after SIGTERM, 1 idle closed, 1 resets sent"), "{text}");
         assert!(text.contains("verdict: exited at once on the stop signal (exit signal 15), cutting 2 in-flight requests"), "{text}");
+    }
+
+    #[test]
+    fn renders_a_storm_with_its_window_advice() {
+        let storms = json!([{
+            "namespace": "", "workload": "ws", "container": "ws-2", "port": 8080, "stop_id": "abc-1",
+            "clients": 2000, "seconds_to_95_percent": 1.05, "peak_arrivals_per_second": 2600.0,
+            "max_queue_depth": 128, "overflows": 3,
+            "accept_wait_p50_seconds": 1.2, "accept_wait_p95_seconds": 3.6, "accept_wait_max_seconds": 3.9,
+            "sustained_accept_rate": 480.0, "recommended_window_seconds": 4.167
+        }]);
+        let text = render_storms(&storms);
+        assert!(
+            text.contains(
+                "STORM ws-2 port 8080 after stop abc-1: 2000 clients back in 1.050 s (95%)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("verdict: spread reconnects over at least 4.167 s"),
+            "{text}"
+        );
+        assert!(render_storms(&json!([])).is_empty());
     }
 
     #[test]

@@ -1,0 +1,307 @@
+//! Reconnect storms: after a workload's container stops (or restarts in place), its clients
+//! come back at once to the replacement(s). Per listener port, a storm is the run of arrivals
+//! that starts after the stop and ends after a quiet second; it records how many came back, how
+//! fast, how long they waited in the accept queue, the accept rate the service sustained, and
+//! the reconnect window it would have needed: clients ÷ sustained accept rate. Pure: fed
+//! listener facts and a clock.
+
+use std::collections::BTreeMap;
+
+use super::{Mono, SECOND};
+
+/// 100 ms: the resolution of arrival rates.
+pub const BUCKET: Mono = SECOND / 10;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// How long after a stop arrivals at the workload still start a storm.
+    pub watch: Mono,
+    /// A storm ends after this long without arrivals.
+    pub quiet: Mono,
+    /// Fewer clients than this are not a storm.
+    pub min_clients: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            watch: 60 * SECOND,
+            quiet: SECOND,
+            min_clients: 10,
+        }
+    }
+}
+
+/// A workload as storms group it: (namespace, workload).
+pub type Workload = (String, String);
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Storm {
+    pub namespace: String,
+    pub workload: String,
+    /// The container (name) whose listener took the storm, and the port.
+    pub container: String,
+    pub port: u16,
+    /// The stop that caused it.
+    pub stop_id: String,
+    pub first_arrival: Mono,
+    pub last_arrival: Mono,
+    pub clients: u64,
+    /// Arrivals per 100 ms, from the first arrival.
+    pub arrivals_per_bucket: Vec<u32>,
+    pub seconds_to_95_percent: f64,
+    pub peak_arrivals_per_second: f64,
+    pub max_queue_depth: u32,
+    pub overflows: u64,
+    /// Accept waits seen, sorted.
+    pub accept_waits: Vec<f64>,
+    /// Accepts per second between the first and the last accept.
+    pub sustained_accept_rate: Option<f64>,
+    /// Clients ÷ sustained accept rate: the reconnect window that would have avoided waiting.
+    pub recommended_window_seconds: Option<f64>,
+}
+
+impl Storm {
+    pub fn accept_wait_quantile(&self, q: f64) -> Option<f64> {
+        let n = self.accept_waits.len();
+        if n == 0 {
+            return None;
+        }
+        let i = ((q * n as f64).ceil() as usize).clamp(1, n) - 1;
+        Some(self.accept_waits[i])
+    }
+}
+
+#[derive(Debug, Default)]
+struct Open {
+    stop_id: String,
+    container: String,
+    arrivals: Vec<Mono>,
+    accepts: Vec<(Mono, f64)>,
+    max_depth: u32,
+    overflows: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct Storms {
+    config: Config,
+    /// Workloads that stopped recently: (stop id, when, the stopped container).
+    watching: BTreeMap<Workload, (String, Mono, String)>,
+    /// Storms in progress, per workload and port.
+    open: BTreeMap<(Workload, u16), Open>,
+    done: Vec<Storm>,
+}
+
+impl Storms {
+    pub fn new(config: Config) -> Self {
+        Self {
+            config,
+            ..Default::default()
+        }
+    }
+
+    pub fn storms(&self) -> &[Storm] {
+        &self.done
+    }
+
+    /// A container of `workload` began stopping (or exited) at `at`.
+    pub fn stopped(&mut self, workload: Workload, stop_id: &str, container: &str, at: Mono) {
+        self.watching
+            .insert(workload, (stop_id.to_string(), at, container.to_string()));
+    }
+
+    /// A connection completed its handshake on `container`'s listener on `port`.
+    pub fn arrival(&mut self, workload: &Workload, container: &str, port: u16, at: Mono) {
+        let Some((stop_id, since, _)) = self.watching.get(workload) else {
+            return;
+        };
+        if at < *since || at > since + self.config.watch {
+            return;
+        }
+        let stop_id = stop_id.clone();
+        let open = self
+            .open
+            .entry((workload.clone(), port))
+            .or_insert_with(|| Open {
+                stop_id,
+                container: container.to_string(),
+                ..Default::default()
+            });
+        open.arrivals.push(at);
+    }
+
+    pub fn accept_wait(&mut self, workload: &Workload, port: u16, secs: f64, at: Mono) {
+        if let Some(o) = self.open.get_mut(&(workload.clone(), port)) {
+            o.accepts.push((at, secs));
+        }
+    }
+
+    pub fn overflow(&mut self, workload: &Workload, port: u16) {
+        if let Some(o) = self.open.get_mut(&(workload.clone(), port)) {
+            o.overflows += 1;
+        }
+    }
+
+    pub fn queue_depth(&mut self, workload: &Workload, port: u16, depth: u32) {
+        if let Some(o) = self.open.get_mut(&(workload.clone(), port)) {
+            o.max_depth = o.max_depth.max(depth);
+        }
+    }
+
+    /// Closes storms quiet for `quiet`; returns the ones large enough to report.
+    pub fn tick(&mut self, now: Mono) -> Vec<Storm> {
+        let quiet = self.config.quiet;
+        let ended: Vec<_> = self
+            .open
+            .iter()
+            .filter(|(_, o)| o.arrivals.last().is_some_and(|l| now >= l + quiet))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut out = Vec::new();
+        for key in ended {
+            let Some(o) = self.open.remove(&key) else {
+                continue;
+            };
+            if (o.arrivals.len() as u64) < self.config.min_clients {
+                continue;
+            }
+            let ((namespace, workload), port) = key;
+            let storm = summarize(namespace, workload, port, o);
+            self.done.push(storm.clone());
+            out.push(storm);
+        }
+        self.watching
+            .retain(|_, (_, since, _)| now <= *since + self.config.watch);
+        out
+    }
+}
+
+fn summarize(namespace: String, workload: String, port: u16, mut o: Open) -> Storm {
+    o.arrivals.sort_unstable();
+    let first = o.arrivals[0];
+    let last = o.arrivals[o.arrivals.len() - 1];
+    let clients = o.arrivals.len() as u64;
+    let mut buckets = vec![0u32; ((last - first) / BUCKET + 1) as usize];
+    for a in &o.arrivals {
+        buckets[((a - first) / BUCKET) as usize] += 1;
+    }
+    let i95 = ((clients as f64 * 0.95).ceil() as usize).clamp(1, o.arrivals.len()) - 1;
+    let peak = buckets.iter().copied().max().unwrap_or(0) as f64 * (SECOND / BUCKET) as f64;
+    o.accepts.sort_by_key(|(at, _)| *at);
+    let sustained = match (o.accepts.first(), o.accepts.last()) {
+        (Some((a, _)), Some((b, _))) if b > a && o.accepts.len() > 1 => {
+            Some((o.accepts.len() - 1) as f64 / ((b - a) as f64 / SECOND as f64))
+        }
+        _ => None,
+    };
+    let mut waits: Vec<f64> = o.accepts.iter().map(|(_, w)| *w).collect();
+    waits.sort_by(f64::total_cmp);
+    Storm {
+        namespace,
+        workload,
+        container: o.container,
+        port,
+        stop_id: o.stop_id,
+        first_arrival: first,
+        last_arrival: last,
+        clients,
+        arrivals_per_bucket: buckets,
+        seconds_to_95_percent: (o.arrivals[i95] - first) as f64 / SECOND as f64,
+        peak_arrivals_per_second: peak,
+        max_queue_depth: o.max_depth,
+        overflows: o.overflows,
+        accept_waits: waits,
+        sustained_accept_rate: sustained,
+        recommended_window_seconds: sustained.map(|r| clients as f64 / r),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Mono = 1_000_000;
+    const T0: Mono = 1_000 * SECOND;
+
+    fn web() -> Workload {
+        (String::new(), "web".into())
+    }
+
+    /// `n` clients arriving evenly over `spread`, served at `rate` accepts per second.
+    fn storm(n: u64, spread: Mono, rate: f64) -> Storms {
+        let mut s = Storms::new(Config::default());
+        s.stopped(web(), "old-1", "web-1", T0);
+        let start = T0 + 500 * MS;
+        let service = (SECOND as f64 / rate) as Mono;
+        let mut free_at = start;
+        for i in 0..n {
+            let at = start + spread * i / n;
+            s.arrival(&web(), "web-2", 8080, at);
+            // One server: each accept waits for the previous one's service time.
+            let accepted = free_at.max(at);
+            free_at = accepted + service;
+            s.accept_wait(
+                &web(),
+                8080,
+                (accepted - at) as f64 / SECOND as f64,
+                accepted,
+            );
+        }
+        s
+    }
+
+    #[test]
+    fn a_burst_faster_than_the_accept_rate_waits_and_recommends_a_wider_window() {
+        // 200 clients within 0.4 s against 100 accepts/s: 2 s of work.
+        let mut s = storm(200, 400 * MS, 100.0);
+        assert!(s.tick(T0 + 1_000 * MS).is_empty(), "not quiet yet");
+        let done = s.tick(T0 + 2 * SECOND);
+        assert_eq!(done.len(), 1);
+        let st = &done[0];
+        assert_eq!(
+            (
+                st.clients,
+                st.port,
+                st.stop_id.as_str(),
+                st.container.as_str()
+            ),
+            (200, 8080, "old-1", "web-2")
+        );
+        assert_eq!(st.arrivals_per_bucket, vec![50, 50, 50, 50]);
+        assert_eq!(st.peak_arrivals_per_second, 500.0);
+        let rate = st.sustained_accept_rate.unwrap();
+        assert!((rate - 100.0).abs() < 1.0, "{rate}");
+        let window = st.recommended_window_seconds.unwrap();
+        assert!((window - 2.0).abs() < 0.05, "{window}");
+        // The last arrivals waited about 2 s - 0.4 s.
+        let max = st.accept_waits.last().copied().unwrap();
+        assert!((max - 1.6).abs() < 0.05, "{max}");
+        assert!(st.accept_wait_quantile(0.5).unwrap() > 0.5);
+    }
+
+    #[test]
+    fn a_spread_out_return_barely_waits() {
+        // 100 clients over 2 s against 100 accepts/s: each finds the server free.
+        let mut s = storm(100, 2 * SECOND, 100.0);
+        let st = &s.tick(T0 + 5 * SECOND)[0];
+        assert!(st.accept_wait_quantile(0.95).unwrap() < 0.001);
+    }
+
+    #[test]
+    fn arrivals_without_a_stop_or_too_few_are_no_storm() {
+        let mut s = Storms::new(Config::default());
+        for i in 0..50 {
+            s.arrival(&web(), "web-2", 8080, T0 + i * MS);
+        }
+        assert!(s.tick(T0 + 5 * SECOND).is_empty(), "no stop before");
+        s.stopped(web(), "old-1", "web-1", T0 + 10 * SECOND);
+        for i in 0..5 {
+            s.arrival(&web(), "web-2", 8080, T0 + 11 * SECOND + i * MS);
+        }
+        assert!(
+            s.tick(T0 + 20 * SECOND).is_empty(),
+            "5 clients are no storm"
+        );
+        assert!(s.storms().is_empty());
+    }
+}
