@@ -363,7 +363,23 @@ impl Tracker {
             inbound,
         } = obs
         {
+            // Announced again after its main process exited: restarted in place. The old
+            // stop is over (settled now); the next stop signal starts a new record.
+            let restarted = self
+                .stop_mut(&key)
+                .filter(|s| s.exit_at.is_some() && !s.settled);
+            if let Some(s) = restarted {
+                s.settled = true;
+                let stop = Box::new(s.clone());
+                self.emitted.push(Emitted::Settled { stop });
+            }
             let c = self.containers.entry(key).or_default();
+            if c.gone_at.is_some() {
+                c.gone_at = None;
+                c.stop = None;
+                c.inbound.clear();
+                c.listeners.retain(|l| l.closed_at.is_none());
+            }
             c.identity = identity;
             for addr in listeners {
                 if !c

@@ -446,8 +446,7 @@ fn unreachable_counts_only_after_the_container_is_gone_and_stops_settle() {
 }
 
 #[test]
-fn pid_reuse_and_restart_in_place_start_a_new_record() {
-    // A container restarted in place (same id): the second stop is a new record.
+fn a_container_restarted_in_place_gets_a_new_record_for_its_next_stop() {
     let mut t = running(0);
     t.observe(
         ms(0),
@@ -464,17 +463,45 @@ fn pid_reuse_and_restart_in_place_start_a_new_record() {
             exit: killed_by(SIGTERM),
         },
     );
-    t.tick(ms(10) + 40 * SECOND);
-    // The runtime starts it again: announced anew, not gone any more.
+    // The runtime starts it again under the same id: the first stop is over.
     t.observe(
-        ms(0) + 41 * SECOND,
+        ms(2000),
         O::Container {
             identity: identity("c1", "web"),
             listeners: vec![addr()],
             inbound: vec![],
         },
     );
-    assert!(t.knows("c1"));
+    assert!(t.stops()[0].settled);
+    assert!(
+        t.take_emitted()
+            .iter()
+            .any(|e| matches!(e, Emitted::Settled { .. }))
+    );
+    t.observe(
+        ms(9000),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    t.observe(
+        ms(9100),
+        O::Exit {
+            key: key(),
+            exit: ExitInfo {
+                code: Some(0),
+                signal: None,
+            },
+        },
+    );
+    assert_eq!(t.stops().len(), 2);
+    let second = &t.stops()[1];
+    assert_eq!(
+        (second.id.as_str(), second.sigterm_at, second.outcome()),
+        ("c1-2", Some(ms(9000)), Some(Outcome::Drained))
+    );
 }
 
 #[test]

@@ -192,10 +192,11 @@ impl<H: HostView> Enricher<H> {
                 self.by_pid.insert(p.pid, key.clone());
                 self.not_containers.remove(&p.pid);
             }
-            let known = self
-                .containers
-                .get(&key)
-                .is_some_and(|c| c.main_pid.is_some());
+            // Known, and still the same run: a container restarted in place (same id) has a
+            // new main process and is adopted again.
+            let known = self.containers.get(&key).is_some_and(|c| {
+                c.gone_at.is_none() && c.main_pid.is_some_and(|m| procs.iter().any(|p| p.pid == m))
+            });
             if known {
                 continue;
             }

@@ -656,3 +656,34 @@ fn listener_facts_arrivals_accept_wait_overflows_and_queues() {
         .collect();
     assert_eq!(q, [("web-2".to_string(), 8080, 3, 128)]);
 }
+
+#[test]
+fn a_container_restarted_in_place_is_adopted_again_with_its_new_main_process() {
+    let mut e = enricher();
+    e.scan();
+    let exit = Event::Exit(Exit {
+        meta: meta(101, NS, 777),
+        status: ExitStatus::Killed {
+            signal: 15,
+            core: false,
+        },
+    });
+    assert_eq!(e.on_event(&exit).len(), 1);
+    // The runtime starts it again under the same id: new init and main process.
+    e.host_mut().procs.retain(|p| p.pid != 100 && p.pid != 101);
+    e.host_mut().procs.push(proc(200, 90, "catatonit", 1, true));
+    e.host_mut().procs.push(proc(201, 200, "python3", 2, true));
+    let obs = e.scan();
+    assert!(
+        matches!(obs.as_slice(), [O::Container { .. }]),
+        "adopted again: {obs:#?}"
+    );
+    let exit = Event::Exit(Exit {
+        meta: meta(201, NS, 777),
+        status: ExitStatus::Exited(0),
+    });
+    assert!(
+        matches!(e.on_event(&exit).as_slice(), [O::Exit { .. }]),
+        "the new main process's exit counts"
+    );
+}
