@@ -184,12 +184,14 @@ pub fn stop_record(agent: &Agent, container_id: &str) -> Value {
 
 /// An RFC 3339 time from the API as an `Instant` (through the wall clock, to within a ms).
 pub fn instant(v: &Value) -> Option<Instant> {
+    // One anchor per test process: converting each timestamp against a fresh `now` pair would
+    // let two equal wall times land on instants a few nanoseconds apart, in either order.
+    static ANCHOR: std::sync::OnceLock<(SystemTime, Instant)> = std::sync::OnceLock::new();
+    let (wall, mono) = *ANCHOR.get_or_init(|| (SystemTime::now(), Instant::now()));
     let t = humantime::parse_rfc3339(v.as_str()?).ok()?;
-    let now_wall = SystemTime::now();
-    let now = Instant::now();
-    Some(match now_wall.duration_since(t) {
-        Ok(ago) => now - ago,
-        Err(e) => now + e.duration(),
+    Some(match t.duration_since(wall) {
+        Ok(after) => mono + after,
+        Err(e) => mono - e.duration(),
     })
 }
 
