@@ -28,6 +28,11 @@ Modes
                   (work longer than the grace period gets the container SIGKILLed: exit 137)
   crash           no handler; exits by itself with code 1 (no signal) --crash-after seconds
                   after start, or at the CLOCK_MONOTONIC nanosecond written to --crash-at-file
+  gate            not HTTP: a socket service with a bounded connect path, for reconnect
+                  storms. --workers threads each accept() one connection, "authorise" it for
+                  --auth-ms, send one greeting line "hello NAME ACCEPTED_NS SENT_NS" and keep the
+                  connection open: at most workers / auth-ms connects per second (10 / 20 ms =
+                  500/s). No SIGTERM handler: dies at once under --init (exit 143)
 """
 
 import argparse
@@ -39,7 +44,7 @@ import threading
 import time
 from urllib.parse import parse_qs, urlsplit
 
-MODES = ("no-handler", "close-listener", "drain", "slow", "crash")
+MODES = ("no-handler", "close-listener", "drain", "slow", "crash", "gate")
 
 
 def now_ns():
@@ -80,7 +85,9 @@ class Server:
         self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.lsock.bind((args.bind, args.port))
-        self.lsock.listen(256)
+        self.lsock.listen(args.backlog)
+        # gate: the connections it greeted, kept open until the process exits.
+        self.held = []
 
     # -- connection handling -------------------------------------------------------------
 
@@ -200,6 +207,24 @@ class Server:
             return 200, rid.encode("latin-1")
         return 404, b"not found\n"
 
+    def gate_worker(self):
+        """One "authorisation" at a time: accept, work --auth-ms, greet, keep the connection."""
+        auth = self.args.auth_ms / 1000.0
+        while True:
+            try:
+                conn, _ = self.lsock.accept()
+            except OSError:
+                return
+            accepted = now_ns()
+            time.sleep(auth)
+            try:
+                conn.sendall(f"hello {self.args.name} {accepted} {now_ns()}\n".encode())
+            except OSError:
+                conn.close()
+                continue
+            with self.cv:
+                self.held.append(conn)
+
     # -- shutdown ------------------------------------------------------------------------
 
     def close_listener(self):
@@ -288,6 +313,9 @@ def main():
     ap.add_argument("--drain-delay", type=float, default=None)
     ap.add_argument("--crash-after", type=float, default=None)
     ap.add_argument("--crash-at-file", default=None)
+    ap.add_argument("--backlog", type=int, default=256)
+    ap.add_argument("--workers", type=int, default=10, help="gate: concurrent authorisations")
+    ap.add_argument("--auth-ms", type=float, default=20.0, help="gate: work per connect")
     args = ap.parse_args()
     if args.mode == "crash" and args.crash_after is None and args.crash_at_file is None:
         ap.error("crash needs --crash-after or --crash-at-file")
@@ -306,7 +334,11 @@ def main():
         signal.signal(signal.SIGTERM, on_term)
 
     started = now_ns()
-    threading.Thread(target=srv.accept_loop, daemon=True).start()
+    if args.mode == "gate":
+        for _ in range(args.workers):
+            threading.Thread(target=srv.gate_worker, daemon=True).start()
+    else:
+        threading.Thread(target=srv.accept_loop, daemon=True).start()
     srv.events.line("listening", started, os.getpid(), args.mode)
     if args.mode == "crash":
         threading.Thread(target=srv.crash_later, args=(started,), daemon=True).start()

@@ -182,6 +182,10 @@ pub enum Mode {
     Slow,
     /// No handler; exits with code 1 by itself (`crash_after`, or [`Backend::crash_at`]).
     Crash,
+    /// Not HTTP: a socket service with a bounded connect path (`gate_workers` concurrent
+    /// "authorisations" of `gate_auth` each), greeting every connection with one line and
+    /// keeping it open; no handler (see `backend.py`). For reconnect storms.
+    Gate,
 }
 
 impl Mode {
@@ -193,6 +197,7 @@ impl Mode {
             Mode::Drain => "drain",
             Mode::Slow => "slow",
             Mode::Crash => "crash",
+            Mode::Gate => "gate",
         }
     }
 }
@@ -216,6 +221,14 @@ pub struct BackendOpts {
     pub crash_after: Option<Duration>,
     /// Bound on waiting for the server to listen and answer /health.
     pub ready_timeout: Duration,
+    /// Container labels (`--label k=v`), e.g. `com.docker.compose.service`, the workload name
+    /// drainwatch gives containers outside Kubernetes.
+    pub labels: Vec<(String, String)>,
+    /// `listen()` backlog (backend.py's default: 256).
+    pub backlog: Option<u32>,
+    /// `Gate`: concurrent authorisations (default 10) and the work of each (default 20 ms).
+    pub gate_workers: Option<u32>,
+    pub gate_auth: Option<Duration>,
 }
 
 impl Default for BackendOpts {
@@ -227,6 +240,10 @@ impl Default for BackendOpts {
             drain_delay: None,
             crash_after: None,
             ready_timeout: Duration::from_secs(10),
+            labels: Vec::new(),
+            backlog: None,
+            gate_workers: None,
+            gate_auth: None,
         }
     }
 }
@@ -278,6 +295,8 @@ pub struct Backend {
     pub log_dir: PathBuf,
     /// The network holder container, when `netns_holder`.
     pub holder: Option<String>,
+    /// Run with `--init` (the server is catatonit's child).
+    pub init: bool,
 }
 
 /// The backend server script, bind-mounted into every container.
@@ -332,6 +351,7 @@ impl Backend {
             mode,
             log_dir: log_dir.clone(),
             holder: None,
+            init: opts.init,
         };
         // From here on, `b`'s Drop removes whatever was created if a step panics.
         let label = format!("drainwatch.lab={}", std::process::id());
@@ -351,7 +371,18 @@ impl Backend {
         let port = opts.port.to_string();
         let drain = opts.drain_delay.map(|d| d.as_secs_f64().to_string());
         let crash_after = opts.crash_after.map(|d| d.as_secs_f64().to_string());
+        let labels: Vec<String> = opts
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let backlog = opts.backlog.map(|b| b.to_string());
+        let workers = opts.gate_workers.map(|w| w.to_string());
+        let auth = opts.gate_auth.map(|d| (d.as_secs_f64() * 1e3).to_string());
         let mut args: Vec<&str> = vec!["run", "-d", "--name", &container, "--label", &label];
+        for l in &labels {
+            args.extend(["--label", l]);
+        }
         args.extend(ULIMITS);
         if opts.init {
             args.push("--init");
@@ -367,6 +398,15 @@ impl Backend {
         args.extend(["--log-dir", "/lab/log"]);
         if let Some(d) = &drain {
             args.extend(["--drain-delay", d]);
+        }
+        if let Some(b) = &backlog {
+            args.extend(["--backlog", b]);
+        }
+        if let Some(w) = &workers {
+            args.extend(["--workers", w]);
+        }
+        if let Some(a) = &auth {
+            args.extend(["--auth-ms", a]);
         }
         if mode == Mode::Crash {
             args.extend(["--crash-at-file", "/lab/log/crash-at"]);
@@ -384,47 +424,24 @@ impl Backend {
         // Listening (from its own log: polling /health earlier would cause refused connects
         // that a test counting resets would see), then one /health that must answer 200.
         let deadline = Instant::now() + opts.ready_timeout;
-        let listening = loop {
-            if let Some(ev) = b.events().into_iter().find(|e| e.kind == "listening") {
-                break ev;
-            }
-            if Instant::now() > deadline || b.status() == "exited" {
-                panic!(
-                    "backend {name} did not start listening within {:?}: status {}, output:\n{}",
-                    opts.ready_timeout,
-                    b.status(),
-                    podman(&["logs", &container]).unwrap_or_else(|e| e)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        b.await_listening(0, deadline);
         let ip_of = b.holder.clone().unwrap_or_else(|| container.clone());
         let ip = inspect(&ip_of, "{{.NetworkSettings.IPAddress}}").expect("inspect the address");
         b.ip = ip
             .parse()
             .unwrap_or_else(|_| panic!("container address {ip:?} is not IPv4"));
-        b.init_pid = inspect(&container, "{{.State.Pid}}")
-            .expect("inspect the pid")
-            .parse()
-            .expect("State.Pid");
-        b.pid = if opts.init {
-            server_child(b.init_pid, deadline)
-        } else {
-            b.init_pid
-        };
-        // The pid python logged is its pid inside the container: the last NSpid entry.
-        let ns_pid = listening.detail.split_whitespace().next().unwrap_or("");
-        let status = fs::read_to_string(format!("/proc/{}/status", b.pid)).unwrap_or_default();
-        let nspid = status
-            .lines()
-            .find_map(|l| l.strip_prefix("NSpid:"))
-            .and_then(|l| l.split_whitespace().last())
-            .unwrap_or("");
-        assert_eq!(
-            nspid, ns_pid,
-            "host pid {} of {name} is not the server that logged pid {ns_pid}",
-            b.pid
-        );
+        if mode == Mode::Gate {
+            // Not HTTP: one connection that must be greeted.
+            loop {
+                match greeting(b.addr(), Duration::from_secs(2)) {
+                    Ok(_) => return b,
+                    r if Instant::now() > deadline => {
+                        panic!("backend {name} sent no greeting in time: {r:?}")
+                    }
+                    _ => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        }
         loop {
             match http_get(b.addr(), "/health", Duration::from_secs(2)) {
                 Ok((200, _)) => break,
@@ -435,6 +452,82 @@ impl Backend {
             }
         }
         b
+    }
+
+    /// Waits (until `deadline`) for the server's `skip + 1`-th `listening` line, then takes the
+    /// pids of the container's PID 1 and of the server and checks the server is the process
+    /// that logged it.
+    fn await_listening(&mut self, skip: usize, deadline: Instant) {
+        let listening = loop {
+            let mut found = self.events().into_iter().filter(|e| e.kind == "listening");
+            if let Some(ev) = found.nth(skip) {
+                break ev;
+            }
+            if Instant::now() > deadline || self.status() == "exited" {
+                panic!(
+                    "backend {} did not start listening in time: status {}, output:\n{}",
+                    self.name,
+                    self.status(),
+                    podman(&["logs", &self.container]).unwrap_or_else(|e| e)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.init_pid = inspect(&self.container, "{{.State.Pid}}")
+            .expect("inspect the pid")
+            .parse()
+            .expect("State.Pid");
+        self.pid = if self.init {
+            server_child(self.init_pid, deadline)
+        } else {
+            self.init_pid
+        };
+        // The pid python logged is its pid inside the container: the last NSpid entry.
+        let ns_pid = listening.detail.split_whitespace().next().unwrap_or("");
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
+        let nspid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|l| l.split_whitespace().last())
+            .unwrap_or("");
+        assert_eq!(
+            nspid, ns_pid,
+            "host pid {} of {} is not the server that logged pid {ns_pid}",
+            self.pid, self.name
+        );
+    }
+
+    /// `podman restart -t grace_secs`: the same container (same id, name and, with a network
+    /// holder, address) stopped and started again. Returns once the new server process listens
+    /// (from its own log: nothing connects to it, so a test can count every connection after
+    /// the restart), with the times the restart was issued and returned; `pid` and `init_pid`
+    /// are the new processes'.
+    pub fn restart(&mut self, grace_secs: u32, timeout: Duration) -> StopTimes {
+        let before = self
+            .events()
+            .iter()
+            .filter(|e| e.kind == "listening")
+            .count();
+        let grace = grace_secs.to_string();
+        let issued = Instant::now();
+        podman(&["restart", "-t", &grace, &self.container])
+            .unwrap_or_else(|e| panic!("restarting {}: {e}", self.name));
+        let returned = Instant::now();
+        self.await_listening(before, issued + timeout);
+        StopTimes { issued, returned }
+    }
+
+    /// Host pid of a process in the server's network namespace that outlives the server (the
+    /// network holder's, else the server's own): where the namespace's `/proc/<pid>/net` files
+    /// are read across a restart.
+    pub fn netns_pid(&self) -> u32 {
+        match &self.holder {
+            Some(h) => inspect(h, "{{.State.Pid}}")
+                .ok()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("no pid for the network holder {h}")),
+            None => self.pid,
+        }
     }
 
     /// `ip:port` of the server.
@@ -604,6 +697,27 @@ fn server_child(init_pid: u32, deadline: Instant) -> u32 {
             "catatonit (pid {init_pid}) has children {kids:?}, expected exactly the server"
         );
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A `Gate` server's greeting line on a fresh connection (closed afterwards).
+pub fn greeting(addr: SocketAddrV4, timeout: Duration) -> Result<String, String> {
+    if !on_local_link(*addr.ip()) {
+        return Err(format!(
+            "{} is on no local bridge: its container is gone",
+            addr.ip()
+        ));
+    }
+    let s =
+        TcpStream::connect_timeout(&addr.into(), timeout).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(timeout)).ok();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(s), &mut line)
+        .map_err(|e| format!("read: {e}"))?;
+    if line.starts_with("hello ") && line.ends_with('\n') {
+        Ok(line)
+    } else {
+        Err(format!("not a greeting: {line:?}"))
     }
 }
 

@@ -11,6 +11,9 @@
 //!   advance (see its docs for why they are exact).
 //! - [`retry`]: the same with nginx: a backend stopped mid-request, and which requests nginx
 //!   ran twice (retry duplicates) or gave up on (502), exactly.
+//! - [`storm`]: reconnect storms: a socket service with a bounded connect path (`Mode::Gate`),
+//!   N persistent clients, the container stopped (rolling update) or restarted in place, and
+//!   each client's own timing of every reconnect.
 //! - [`clock`]: `CLOCK_MONOTONIC` conversions shared with the backend's logs (and eBPF).
 //!
 //! Traffic goes only to 127.0.0.1 (HAProxy, nginx) and to the containers the lab created.
@@ -24,6 +27,7 @@ pub mod haproxy;
 pub mod nginx;
 pub mod retry;
 pub mod scenario;
+pub mod storm;
 
 pub use client::{Load, Method, Outcome, RequestRecord, Schedule, Summary, Wave};
 pub use container::{Backend, BackendOpts, Mode, StopTimes};
@@ -31,3 +35,4 @@ pub use haproxy::{Haproxy, HaproxyOpts, HttpLog};
 pub use nginx::{AccessEntry, Nginx, NginxOpts};
 pub use retry::{RetryLab, RetryPlan, RetryRequest, RetryRun, RetrySpec};
 pub use scenario::{Lab, Plan, ScenarioRun, ScenarioSpec, Trigger};
+pub use storm::{Replace, StormLab, StormRun, StormSpec};
