@@ -11,10 +11,13 @@ use std::{
 use super::{
     cgroup_path::{CgroupOwner, parse_cgroup_path},
     host::{HostView, ProcInfo},
+    netstat::{ListenCounters, NetstatError, parse_listen_counters},
 };
 use crate::{
     capture::event::{Event, ExitStatus, Named},
-    correlate::{ContainerIdentity, ExitInfo, Mono, Observation, Sender, retries::Proxy},
+    correlate::{
+        ContainerIdentity, ExitInfo, Mono, Observation, Sender, retries::Proxy, storms::Workload,
+    },
 };
 
 /// A proxy's connection to a container.
@@ -39,8 +42,22 @@ const INIT_SHIMS: &[&str] = &[
 struct Container {
     identity: ContainerIdentity,
     main_pid: Option<u32>,
+    netns: Option<u32>,
+    /// Its listening sockets' inodes as of the last full listen-path sample.
+    listener_inodes: HashSet<u64>,
     /// When its cgroup was removed (kernel monotonic ns).
     gone_at: Option<u64>,
+}
+
+/// One sample of the listen path (see [`Enricher::sample_listen_path`]).
+#[derive(Debug, Default)]
+pub struct ListenSample {
+    /// (container, port, accept-queue depth, its limit) of each sampled listener.
+    pub queues: Vec<(ContainerIdentity, u16, u32, u32)>,
+    /// Each sampled network namespace's counters, under the container that owns it.
+    pub netns: Vec<(ContainerIdentity, ListenCounters)>,
+    /// netstat files that could not be parsed.
+    pub errors: Vec<NetstatError>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -275,6 +292,8 @@ impl<H: HostView> Enricher<H> {
             Container {
                 identity: identity.clone(),
                 main_pid,
+                netns,
+                listener_inodes: HashSet::new(),
                 gone_at: None,
             },
         );
@@ -661,16 +680,66 @@ impl<H: HostView> Enricher<H> {
         })
     }
 
-    /// Accept-queue depth and limit of every running container's listeners, from procfs.
-    pub fn accept_queues(&self) -> Vec<(ContainerIdentity, u16, u32, u32)> {
-        let mut out = Vec::new();
-        for c in self.containers.values().filter(|c| c.gone_at.is_none()) {
+    /// Samples the listen path from procfs: each listener's accept queue (depth and limit) and
+    /// each network namespace's listen counters. `only` restricts the sample to some workloads'
+    /// containers and reuses the listener sockets the last full sample found, so a fast sample
+    /// reads two small files per container and never walks a process's descriptors.
+    pub fn sample_listen_path(&mut self, only: Option<&HashSet<Workload>>) -> ListenSample {
+        let mut out = ListenSample::default();
+        let mut keys: Vec<&String> = self
+            .containers
+            .iter()
+            .filter(|(_, c)| c.gone_at.is_none() && c.main_pid.is_some())
+            .filter(|(_, c)| {
+                only.is_none_or(|w| {
+                    w.contains(&(c.identity.namespace.clone(), c.identity.workload.clone()))
+                })
+            })
+            .map(|(k, _)| k)
+            .collect();
+        keys.sort_by_key(|k| &self.containers[*k].identity.name);
+        let keys: Vec<String> = keys.into_iter().cloned().collect();
+        let mut namespaces = HashSet::new();
+        let mut counters = Vec::new();
+        for key in keys {
+            let Some(c) = self.containers.get_mut(&key) else {
+                continue;
+            };
             let Some(pid) = c.main_pid else { continue };
-            let own: HashSet<u64> = self.host.socket_inodes(pid).into_iter().collect();
-            for s in self.host.sockets(pid) {
-                if s.listening && own.contains(&s.inode) {
-                    out.push((c.identity.clone(), s.local.port(), s.rx_queue, s.tx_queue));
-                }
+            let socks = self.host.sockets(pid);
+            if only.is_none() {
+                let own: HashSet<u64> = self.host.socket_inodes(pid).into_iter().collect();
+                c.listener_inodes = socks
+                    .iter()
+                    .filter(|s| s.listening && own.contains(&s.inode))
+                    .map(|s| s.inode)
+                    .collect();
+            }
+            for s in socks
+                .iter()
+                .filter(|s| c.listener_inodes.contains(&s.inode))
+            {
+                out.queues
+                    .push((c.identity.clone(), s.local.port(), s.rx_queue, s.tx_queue));
+            }
+            // A pod's containers share one namespace: its counters go under the first
+            // container (by name) that listens in it.
+            let owns = !c.listener_inodes.is_empty();
+            if let Some(ns) = c.netns {
+                counters.push((owns, ns, pid, c.identity.clone()));
+            }
+        }
+        counters.sort_by_key(|(owns, ..)| !owns);
+        for (_, ns, pid, identity) in counters {
+            if !namespaces.insert(ns) {
+                continue;
+            }
+            let Some(text) = self.host.netstat(pid) else {
+                continue;
+            };
+            match parse_listen_counters(&text) {
+                Ok(c) => out.netns.push((identity, c)),
+                Err(e) => out.errors.push(e),
             }
         }
         out

@@ -49,6 +49,8 @@ pub trait HostView {
     /// The cgroup v2 id (the directory's inode) of a container cgroup path.
     fn cgroup_v2_id(&self, path: &str) -> Option<u64>;
     fn metadata(&self, owner: &CgroupOwner) -> ContainerMeta;
+    /// The text of `pid`'s network namespace's `net/netstat`.
+    fn netstat(&self, pid: u32) -> Option<String>;
 }
 
 /// Local IPv4 addresses from a `/proc/<pid>/net/fib_trie` text: the `/32 host LOCAL` leaves.
@@ -197,6 +199,10 @@ impl HostView for Procfs {
         .find(|p| p.join("cgroup.procs").exists() && is_v2(p))
         .and_then(|p| std::fs::metadata(p).ok())
         .map(|m| m.ino())
+    }
+
+    fn netstat(&self, pid: u32) -> Option<String> {
+        std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("net/netstat")).ok()
     }
 
     fn metadata(&self, owner: &CgroupOwner) -> ContainerMeta {
