@@ -52,8 +52,9 @@ struct Container {
 /// One sample of the listen path (see [`Enricher::sample_listen_path`]).
 #[derive(Debug, Default)]
 pub struct ListenSample {
-    /// (container, port, accept-queue depth, its limit) of each sampled listener.
-    pub queues: Vec<(ContainerIdentity, u16, u32, u32)>,
+    /// (container, port, accept-queue depth, its limit) of each sampled listener. The limit is
+    /// known for listeners opened while the agent ran (procfs does not show it).
+    pub queues: Vec<(ContainerIdentity, u16, u32, Option<u32>)>,
     /// Each sampled network namespace's counters, under the container that owns it.
     pub netns: Vec<(ContainerIdentity, ListenCounters)>,
     /// netstat files that could not be parsed.
@@ -96,6 +97,8 @@ pub struct Enricher<H> {
     listeners: HashMap<(u32, u16), (String, SocketAddr)>,
     /// Listeners that were closed: (netns, port) → former owner.
     closed_listeners: HashMap<(u32, u16), String>,
+    /// Accept-queue limits of listeners opened while the agent ran: (netns, port) → limit.
+    backlog_limits: HashMap<(u32, u16), u32>,
     sockets: HashMap<u64, Tracked>,
     /// Inbound connections found by a scan (no kernel address yet): (netns, local, remote) → id.
     seeded: HashMap<(u32, SocketAddr, SocketAddr), u64>,
@@ -133,6 +136,7 @@ impl<H: HostView> Enricher<H> {
             by_cgroup: HashMap::new(),
             listeners: HashMap::new(),
             closed_listeners: HashMap::new(),
+            backlog_limits: HashMap::new(),
             sockets: HashMap::new(),
             seeded: HashMap::new(),
             adopted: HashMap::new(),
@@ -439,6 +443,9 @@ impl<H: HostView> Enricher<H> {
         }
         match (old, new) {
             ("TCP_CLOSE", "TCP_LISTEN") => {
+                if let Some(limit) = s.max_ack_backlog {
+                    self.backlog_limits.insert((ns, conn.local.port()), limit);
+                }
                 if let Some(key) = self.container_of_task(s.meta.tgid, s.meta.cgroup_id, out) {
                     self.listeners
                         .insert((ns, conn.local.port()), (key.clone(), conn.local));
@@ -450,6 +457,7 @@ impl<H: HostView> Enricher<H> {
                 }
             }
             ("TCP_LISTEN", "TCP_CLOSE") => {
+                self.backlog_limits.remove(&(ns, conn.local.port()));
                 if let Some((key, addr)) = self.listeners.remove(&(ns, conn.local.port())) {
                     self.closed_listeners.insert((ns, addr.port()), key.clone());
                     out.push(Observation::ListenerClosed { key, addr });
@@ -719,8 +727,10 @@ impl<H: HostView> Enricher<H> {
                 .iter()
                 .filter(|s| c.listener_inodes.contains(&s.inode))
             {
+                let port = s.local.port();
+                let limit = c.netns.and_then(|ns| self.backlog_limits.get(&(ns, port)));
                 out.queues
-                    .push((c.identity.clone(), s.local.port(), s.rx_queue, s.tx_queue));
+                    .push((c.identity.clone(), port, s.rx_queue, limit.copied()));
             }
             // A pod's containers share one namespace: its counters go under the first
             // container (by name) that listens in it.

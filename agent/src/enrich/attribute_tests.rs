@@ -47,7 +47,6 @@ impl HostView for FakeHost {
             listening,
             established: !listening,
             rx_queue: if listening { 3 } else { 0 },
-            tx_queue: if listening { 128 } else { 0 },
         };
         vec![
             entry(11, "0.0.0.0:8080", "0.0.0.0:0", true),
@@ -147,6 +146,7 @@ fn state(
         old: named(old),
         new: named(new),
         counters,
+        max_ack_backlog: None,
     })
 }
 
@@ -662,7 +662,8 @@ fn listener_facts_arrivals_accept_wait_overflows_and_queues() {
         .into_iter()
         .map(|(c, p, d, l)| (c.name, p, d, l))
         .collect();
-    assert_eq!(q, [("web-2".to_string(), 8080, 3, 128)]);
+    // The limit is unknown for a listener opened before the agent started...
+    assert_eq!(q, [("web-2".to_string(), 8080, 3, None)]);
     let ns: Vec<_> = sample.netns.into_iter().map(|(c, n)| (c.name, n)).collect();
     assert_eq!(
         ns,
@@ -674,10 +675,25 @@ fn listener_facts_arrivals_accept_wait_overflows_and_queues() {
             }
         )]
     );
+    // ...and known from the kernel for one opened since.
+    let mut listen = state(
+        5,
+        NS,
+        "TCP_CLOSE",
+        "TCP_LISTEN",
+        conn("0.0.0.0:8080", "0.0.0.0:0"),
+        TcpCounters::default(),
+    );
+    if let Event::StateChange(s) = &mut listen {
+        s.meta = meta(101, NS, 777);
+        s.max_ack_backlog = Some(128);
+    }
+    e.on_event(&listen);
     // A fast sample of the workload reuses the listener found by the full one.
     let web: HashSet<_> = [(String::new(), "web".to_string())].into();
     let fast = e.sample_listen_path(Some(&web));
     assert_eq!(fast.queues.len(), 1);
+    assert_eq!(fast.queues[0].3, Some(128));
     let other: HashSet<_> = [(String::new(), "api".to_string())].into();
     let none = e.sample_listen_path(Some(&other));
     assert!(none.queues.is_empty() && none.netns.is_empty());

@@ -31,10 +31,9 @@ pub struct SocketEntry {
     pub remote: SocketAddr,
     pub listening: bool,
     pub established: bool,
-    /// For a listener: connections waiting in its accept queue, and the queue's limit
-    /// (the receive and send queue columns of /proc/net/tcp).
+    /// For a listener: connections waiting in its accept queue (the receive queue column of
+    /// /proc/net/tcp; its send queue column is 0 for listeners, not the limit).
     pub rx_queue: u32,
-    pub tx_queue: u32,
 }
 
 pub trait HostView {
@@ -138,7 +137,6 @@ impl HostView for Procfs {
                 listening: e.state == procfs::net::TcpState::Listen,
                 established: e.state == procfs::net::TcpState::Established,
                 rx_queue: e.rx_queue,
-                tx_queue: e.tx_queue,
             })
             .collect()
     }

@@ -345,7 +345,7 @@ impl Metrics {
         );
         registry.register(
             "drainwatch_accept_queue_limit",
-            "A container listener's accept queue limit (its listen() backlog)",
+            "A container listener's accept queue limit (its listen() backlog capped by somaxconn), for listeners opened while the agent ran",
             stop.accept_queue_limit.clone(),
         );
         registry.register(
@@ -631,7 +631,11 @@ impl Metrics {
 
     /// Sets the accept-queue gauges to this sample; a `complete` sample (every container's
     /// listeners, not a fast one of a few workloads) also removes listeners that are gone.
-    pub fn accept_queues(&self, sample: &[(ContainerIdentity, u16, u32, u32)], complete: bool) {
+    pub fn accept_queues(
+        &self,
+        sample: &[(ContainerIdentity, u16, u32, Option<u32>)],
+        complete: bool,
+    ) {
         let Ok(mut seen) = self.stop.queues_seen.lock() else {
             return;
         };
@@ -644,10 +648,12 @@ impl Metrics {
                 .accept_queue_depth
                 .get_or_create(&l)
                 .set(i64::from(*depth));
-            self.stop
-                .accept_queue_limit
-                .get_or_create(&l)
-                .set(i64::from(*limit));
+            if let Some(limit) = limit {
+                self.stop
+                    .accept_queue_limit
+                    .get_or_create(&l)
+                    .set(i64::from(*limit));
+            }
             now.insert(l);
         }
         if !complete {
@@ -798,7 +804,7 @@ mod tests {
             workload: "web".into(),
             ..Default::default()
         };
-        m.accept_queues(&[(c.clone(), 8080, 7, 128)], true);
+        m.accept_queues(&[(c.clone(), 8080, 7, Some(128))], true);
         let text = m.encode_prometheus().unwrap();
         let labels = "{namespace=\"\",workload=\"web\",container=\"web-2\",port=\"8080\"}";
         assert!(
