@@ -88,6 +88,12 @@ class Server:
         self.lsock.listen(args.backlog)
         # gate: the connections it greeted, kept open until the process exits.
         self.held = []
+        # A second listener that never accepts (--hold-port): its queue fills and overflows.
+        self.hold = None
+        if args.hold_port:
+            self.hold = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.hold.bind((args.bind, args.hold_port))
+            self.hold.listen(args.hold_backlog)
 
     # -- connection handling -------------------------------------------------------------
 
@@ -316,6 +322,8 @@ def main():
     ap.add_argument("--backlog", type=int, default=256)
     ap.add_argument("--workers", type=int, default=10, help="gate: concurrent authorisations")
     ap.add_argument("--auth-ms", type=float, default=20.0, help="gate: work per connect")
+    ap.add_argument("--hold-port", type=int, default=None)
+    ap.add_argument("--hold-backlog", type=int, default=2)
     args = ap.parse_args()
     if args.mode == "crash" and args.crash_after is None and args.crash_at_file is None:
         ap.error("crash needs --crash-after or --crash-at-file")

@@ -129,20 +129,12 @@ pub fn route(
                 &state.clock,
             )
         }),
-        "/api/v1/storms" => {
-            let storms = state
-                .storms
-                .lock()
-                .map(|s| api::storms_json(s.storms(), &state.clock));
-            match storms.map(|v| serde_json::to_vec_pretty(&v)) {
-                Ok(Ok(b)) => respond(StatusCode::OK, "application/json", b),
-                _ => respond(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "text/plain",
-                    "state unavailable\n",
-                ),
-            }
-        }
+        "/api/v1/storms" => state.json(|t| {
+            let deploys = deploys::group(t.stops(), state.deploy_window);
+            state.storms.lock().map_or(serde_json::Value::Null, |s| {
+                api::storms_json(s.storms(), &deploys, &state.clock)
+            })
+        }),
         "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
         "/readyz" if state.ready.load(Ordering::Relaxed) => {
             respond(StatusCode::OK, "text/plain", "ready\n")

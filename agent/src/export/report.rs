@@ -172,8 +172,17 @@ pub fn render_storms(storms: &Value) -> String {
     let mut out = String::new();
     for s in storms.as_array().into_iter().flatten() {
         let f = |k: &str| s[k].as_f64().map_or("-".to_string(), |v| format!("{v:.3}"));
+        let verdict = match s["recommended_window_seconds"].as_f64() {
+            Some(w) => format!(
+                "{} clients came back within {} s against {} accepts/s: spread reconnects over at least {w:.3} s",
+                n(s, "clients"),
+                f("seconds_to_95_percent"),
+                f("sustained_accept_rate"),
+            ),
+            None => "the accept queue never backed up: the reconnect window was wide enough".into(),
+        };
         out.push_str(&format!(
-            "STORM {} port {} after stop {}: {} clients back in {} s (95%), peak {} arrivals/s, max queue {}, {} overflows\n  accept wait p50 {} s, p95 {} s, max {} s; sustained {} accepts/s\n  verdict: spread reconnects over at least {} s\n\n",
+            "STORM {} port {} after stop {}: {} clients back in {} s (95%), peak {} arrivals/s, max queue {}, {} overflows\n  accept wait p50 {} s, p95 {} s, max {} s; capacity {} accepts/s while queued\n  verdict: {verdict}\n\n",
             s["container"].as_str().unwrap_or(""),
             s["port"],
             s["stop_id"].as_str().unwrap_or(""),
@@ -186,7 +195,6 @@ pub fn render_storms(storms: &Value) -> String {
             f("accept_wait_p95_seconds"),
             f("accept_wait_max_seconds"),
             f("sustained_accept_rate"),
-            f("recommended_window_seconds"),
         ));
     }
     out
@@ -344,9 +352,11 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("verdict: spread reconnects over at least 4.167 s"),
+            text.contains("verdict: 2000 clients came back within 1.050 s against 480.000 accepts/s: spread reconnects over at least 4.167 s"),
             "{text}"
         );
+        let calm = json!([{"clients": 2000, "recommended_window_seconds": null}]);
+        assert!(render_storms(&calm).contains("verdict: the accept queue never backed up"));
         assert!(render_storms(&json!([])).is_empty());
     }
 

@@ -229,6 +229,8 @@ pub struct BackendOpts {
     /// `Gate`: concurrent authorisations (default 10) and the work of each (default 20 ms).
     pub gate_workers: Option<u32>,
     pub gate_auth: Option<Duration>,
+    /// A second listener on this port with this backlog that never accepts.
+    pub hold: Option<(u16, u32)>,
 }
 
 impl Default for BackendOpts {
@@ -244,6 +246,7 @@ impl Default for BackendOpts {
             backlog: None,
             gate_workers: None,
             gate_auth: None,
+            hold: None,
         }
     }
 }
@@ -379,6 +382,7 @@ impl Backend {
         let backlog = opts.backlog.map(|b| b.to_string());
         let workers = opts.gate_workers.map(|w| w.to_string());
         let auth = opts.gate_auth.map(|d| (d.as_secs_f64() * 1e3).to_string());
+        let hold = opts.hold.map(|(p, b)| (p.to_string(), b.to_string()));
         let mut args: Vec<&str> = vec!["run", "-d", "--name", &container, "--label", &label];
         for l in &labels {
             args.extend(["--label", l]);
@@ -407,6 +411,9 @@ impl Backend {
         }
         if let Some(a) = &auth {
             args.extend(["--auth-ms", a]);
+        }
+        if let Some((port, backlog)) = &hold {
+            args.extend(["--hold-port", port, "--hold-backlog", backlog]);
         }
         if mode == Mode::Crash {
             args.extend(["--crash-at-file", "/lab/log/crash-at"]);
