@@ -1,6 +1,7 @@
 //! Reconnect storms: after a workload's container stops (or restarts in place), its clients
 //! come back at once to the replacement(s). Per listener port, a storm is the run of arrivals
-//! that starts after the stop and ends after a quiet second; it records how many came back, how
+//! that starts after the stop and ends after a quiet second once its queue has drained (the
+//! longest waits are accepted last, seconds after the last arrival); it records how many came back, how
 //! fast, how long they waited in the accept queue, the accept rate the service sustained
 //! while connections queued (its capacity), and the reconnect window it would have needed:
 //! clients ÷ that rate. Pure: fed listener facts, procfs samples and a clock.
@@ -21,7 +22,8 @@ pub const QUEUED_SECS: f64 = 0.005;
 pub struct Config {
     /// How long after a stop arrivals at the workload still start a storm.
     pub watch: Mono,
-    /// A storm ends after this long without arrivals.
+    /// A storm ends after this long without arrivals, and once every arrival was accepted or
+    /// this long passed without an accept too.
     pub quiet: Mono,
     /// Fewer clients than this are not a storm.
     pub min_clients: u64,
@@ -93,6 +95,19 @@ struct Open {
     overflows: u64,
     /// The namespace's counters before the first arrival, and the latest.
     counters: Option<(ListenCounters, ListenCounters)>,
+}
+
+impl Open {
+    /// No arrival for `quiet`, and no connection left in the queue: every arrival accepted, or
+    /// no accept for `quiet` either (a client that gives up while queued is never accepted).
+    fn ended(&self, now: Mono, quiet: Mono) -> bool {
+        let Some(last) = self.arrivals.last() else {
+            return false;
+        };
+        now >= last + quiet
+            && (self.accepts.len() >= self.arrivals.len()
+                || self.accepts.last().is_none_or(|(at, _)| now >= at + quiet))
+    }
 }
 
 #[derive(Debug, Default)]
@@ -189,7 +204,7 @@ impl Storms {
         let ended: Vec<_> = self
             .open
             .iter()
-            .filter(|(_, o)| o.arrivals.last().is_some_and(|l| now >= l + quiet))
+            .filter(|(_, o)| o.ended(now, quiet))
             .map(|(k, _)| k.clone())
             .collect();
         let mut out = Vec::new();
@@ -334,6 +349,40 @@ mod tests {
         let max = st.accept_waits.last().copied().unwrap();
         assert!((max - 1.6).abs() < 0.05, "{max}");
         assert!(st.accept_wait_quantile(0.5).unwrap() > 0.5);
+    }
+
+    #[test]
+    fn a_storm_stays_open_until_its_queue_has_drained() {
+        // 100 arrivals within 0.1 s; the server accepts 50/s, and the agent sees each accept
+        // when it happens: the last is 2 s after the first arrival, 1.9 s after the last.
+        let mut s = Storms::new(Config::default());
+        s.stopped(web(), "old-1", "web-1", T0);
+        let start = T0 + 500 * MS;
+        for i in 0..100 {
+            s.arrival(&web(), "web-2", 8080, start + i * MS);
+        }
+        let mut done = Vec::new();
+        for i in 0..100u64 {
+            let at = start + i * 20 * MS;
+            s.accept_wait(&web(), 8080, (at - (start + i * MS)) as f64 / 1e9, at);
+            done.extend(s.tick(at));
+            if i == 60 {
+                assert!(done.is_empty(), "arrivals quiet for a second, 39 still queued");
+            }
+        }
+        assert_eq!(done.len(), 1, "ended with its last accept");
+        let st = &done[0];
+        assert_eq!(st.accept_waits.len(), 100, "every wait, the longest too");
+        assert!((st.accept_waits[99] - 1.881).abs() < 0.001, "{}", st.accept_waits[99]);
+        // A queue whose last clients gave up (never accepted) ends a quiet second after the
+        // last accept.
+        let mut s = Storms::new(Config::default());
+        s.stopped(web(), "old-1", "web-1", T0);
+        for i in 0..20 {
+            s.arrival(&web(), "web-2", 8080, start + i * MS);
+        }
+        s.accept_wait(&web(), 8080, 0.0, start);
+        assert!(s.tick(start + 1_500 * MS).len() == 1);
     }
 
     #[test]
