@@ -714,7 +714,7 @@ impl<H: HostView> Enricher<H> {
                 continue;
             };
             let Some(pid) = c.main_pid else { continue };
-            let socks = self.host.sockets(pid);
+            let socks = self.host.listeners(pid);
             if only.is_none() {
                 let own: HashSet<u64> = self.host.socket_inodes(pid).into_iter().collect();
                 c.listener_inodes = socks

@@ -41,6 +41,14 @@ pub trait HostView {
     fn process(&self, pid: u32) -> Option<ProcInfo>;
     /// TCP sockets of `pid`'s network namespace.
     fn sockets(&self, pid: u32) -> Vec<SocketEntry>;
+    /// The listening TCP sockets of `pid`'s network namespace only: cheap however many
+    /// connections it holds (see [`listening_prefix`]).
+    fn listeners(&self, pid: u32) -> Vec<SocketEntry> {
+        self.sockets(pid)
+            .into_iter()
+            .filter(|s| s.listening)
+            .collect()
+    }
     /// Inodes of the sockets `pid` has open: which of a shared namespace's sockets are its.
     fn socket_inodes(&self, pid: u32) -> Vec<u64>;
     /// Local addresses of `pid`'s network namespace (loopback excluded).
@@ -70,6 +78,35 @@ pub fn local_ipv4_from_fib_trie(text: &str) -> Vec<Ipv4Addr> {
         }
     }
     out
+}
+
+/// The header and the LISTEN lines that open a `/proc/<pid>/net/tcp{,6}` text: the kernel prints
+/// listening sockets first (its iterator walks the listening hash before the established one),
+/// so reading stops at the first other state. Printing the rest costs the kernel a walk of the
+/// established hash per read(): with a few thousand connections in a reconnect storm, about a
+/// second for the whole file, measured. Hand-written: procfs parses whole tables only.
+pub fn listening_prefix(r: impl std::io::BufRead) -> std::io::Result<String> {
+    let mut out = String::new();
+    for (i, line) in r.lines().enumerate() {
+        let line = line?;
+        if i > 0 && line.split_whitespace().nth(3) != Some("0A") {
+            break;
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+fn socket_entry(e: procfs::net::TcpNetEntry) -> SocketEntry {
+    SocketEntry {
+        inode: e.inode,
+        local: e.local_address,
+        remote: e.remote_address,
+        listening: e.state == procfs::net::TcpState::Listen,
+        established: e.state == procfs::net::TcpState::Established,
+        rx_queue: e.rx_queue,
+    }
 }
 
 /// The real host: `/proc` and cgroupfs, possibly mounted elsewhere (DaemonSet).
@@ -128,16 +165,26 @@ impl HostView for Procfs {
         };
         let v4 = p.tcp().unwrap_or_default();
         let v6 = p.tcp6().unwrap_or_default();
-        v4.into_iter()
-            .chain(v6)
-            .map(|e| SocketEntry {
-                inode: e.inode,
-                local: e.local_address,
-                remote: e.remote_address,
-                listening: e.state == procfs::net::TcpState::Listen,
-                established: e.state == procfs::net::TcpState::Established,
-                rx_queue: e.rx_queue,
+        v4.into_iter().chain(v6).map(socket_entry).collect()
+    }
+
+    fn listeners(&self, pid: u32) -> Vec<SocketEntry> {
+        use procfs::FromBufReadSI;
+        let dir = self.proc_root.join(pid.to_string()).join("net");
+        ["tcp", "tcp6"]
+            .into_iter()
+            .filter_map(|f| {
+                let file = std::fs::File::open(dir.join(f)).ok()?;
+                let text = listening_prefix(std::io::BufReader::new(file)).ok()?;
+                procfs::net::TcpNetEntries::from_buf_read(
+                    text.as_bytes(),
+                    procfs::current_system_info(),
+                )
+                .ok()
             })
+            .flat_map(|t| t.0)
+            .map(socket_entry)
+            .filter(|s| s.listening)
             .collect()
     }
 
@@ -228,5 +275,30 @@ mod tests {
             [Ipv4Addr::new(10, 88, 0, 21)]
         );
         assert!(local_ipv4_from_fib_trie("garbage\n/32 host LOCAL\n").is_empty());
+    }
+
+    #[test]
+    fn reads_only_the_listeners_that_open_a_tcp_table() {
+        use procfs::FromBufReadSI;
+        // Two listeners (8080 with 2 connections waiting), then six established sockets.
+        let text = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fixtures/procfs/net-tcp-6.18.txt"
+        ));
+        let prefix = listening_prefix(text.as_bytes()).unwrap();
+        assert_eq!(prefix.lines().count(), 3, "header and two listeners");
+        let entries = procfs::net::TcpNetEntries::from_buf_read(
+            prefix.as_bytes(),
+            procfs::current_system_info(),
+        )
+        .unwrap()
+        .0;
+        let got: Vec<(u16, u32, bool)> = entries
+            .into_iter()
+            .map(socket_entry)
+            .map(|s| (s.local.port(), s.rx_queue, s.listening))
+            .collect();
+        assert_eq!(got, [(8080, 2, true), (9090, 0, true)]);
+        assert_eq!(listening_prefix("".as_bytes()).unwrap(), "");
     }
 }
