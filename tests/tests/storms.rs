@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use drainwatch_tests::{
     agent::{Agent, api, get, sync},
-    lab::{Replace, StormLab, StormRun, StormSpec, storm::quantile},
+    lab::{Replace, StormLab, StormRun, StormSpec, clock, storm::quantile},
 };
 use serde_json::Value;
 
@@ -63,11 +63,66 @@ fn storms_of(agent: &Agent, workload: &str) -> Vec<Value> {
     of(&storms_json(agent))
 }
 
+/// How far behind the agent's event processing is, sampled every 50 ms on its own thread:
+/// (when, kernel time now - newest event processed, events lost so far).
+struct LagProbe {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<(Instant, f64, f64)>>,
+}
+
+impl LagProbe {
+    fn start(port: u16) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                let now = clock::mono_ns();
+                let processed = get(port, "/api/v1/deploys", "application/json").ok();
+                if let (Some((200, headers, _)), Ok((200, _, body))) =
+                    (processed, get(port, "/metrics", "text/plain"))
+                {
+                    let processed: Option<u64> = headers
+                        .iter()
+                        .find(|(k, _)| k == "x-drainwatch-processed-until-ns")
+                        .and_then(|(_, v)| v.parse().ok());
+                    let lost: f64 = body
+                        .lines()
+                        .filter(|l| l.starts_with("drainwatch_events_lost_total{"))
+                        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                        .sum();
+                    let lag = processed.map_or(-1.0, |p| (now as f64 - p as f64) / 1e9);
+                    out.push((Instant::now(), lag, lost));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            out
+        });
+        Self { stop, thread }
+    }
+
+    fn finish(self) -> Vec<(Instant, f64, f64)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("lag probe")
+    }
+}
+
 fn case(spec: StormSpec) -> Case {
     let agent = Agent::start(&[]);
     let mut lab = StormLab::setup(spec);
+    let probe = LagProbe::start(agent.port);
     let run = lab.run();
+    let lag = probe.finish();
     print!("{}", run.report());
+    let base = run.stop.issued;
+    println!(
+        "agent lag (s after stop: processing lag s, events lost): {}",
+        lag.iter()
+            .filter(|(t, _, _)| *t + Duration::from_secs(2) >= base)
+            .map(|(t, l, lost)| format!("{:+.2}:{l:.2}/{lost}", clock::secs_since(base, *t)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     let storms = storms_of(&agent, &run.spec.workload);
     println!("drainwatch: {:#}", Value::Array(storms.clone()));
     for stage in ["ringbuf", "queue", "decode"] {
@@ -130,6 +185,21 @@ impl Case {
             self.old_stop()["id"],
             "caused by the old container's stop"
         );
+        let (_, deploys) = api(&self.agent, "/api/v1/deploys");
+        let deploy = deploys
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| {
+                d["stops"]
+                    .as_array()
+                    .is_some_and(|st| st.contains(&s["stop_id"]))
+            })
+            .unwrap_or_else(|| panic!("no deploy holds {}: {deploys:#}", s["stop_id"]));
+        assert_eq!(
+            s["deploy_id"], deploy["id"],
+            "linked to the deploy of its stop"
+        );
         // Every client came back exactly once, and the listener saw exactly those handshakes.
         assert_eq!(run.clients_back(), N, "clients greeted again");
         assert_eq!(
@@ -153,6 +223,10 @@ impl Case {
         assert_eq!(
             s["overflows"], run.listen_overflows,
             "overflows = ListenOverflows delta"
+        );
+        assert_eq!(
+            s["netns_listen_overflows"], run.listen_overflows,
+            "the namespace's ListenOverflows growth, as the agent sampled it"
         );
         assert_eq!(
             run.listen_overflows, 0,
