@@ -63,8 +63,9 @@ fn storms_of(agent: &Agent, workload: &str) -> Vec<Value> {
     of(&storms_json(agent))
 }
 
-/// How far behind the agent's event processing is, sampled every 50 ms on its own thread:
-/// (when, kernel time now - newest event processed, events lost so far).
+/// How far behind the agent's event processing is, sampled every 100 ms on its own thread:
+/// (when, kernel time now - newest event processed, events lost so far). A pipeline that stalls
+/// splits storms (they end after a quiet second) and overflows the ring buffer: this says so.
 struct LagProbe {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: std::thread::JoinHandle<Vec<(Instant, f64, f64)>>,
@@ -114,14 +115,15 @@ fn case(spec: StormSpec) -> Case {
     let run = lab.run();
     let lag = probe.finish();
     print!("{}", run.report());
-    let base = run.stop.issued;
+    let worst = lag.iter().max_by(|a, b| a.1.total_cmp(&b.1));
     println!(
-        "agent lag (s after stop: processing lag s, events lost): {}",
-        lag.iter()
-            .filter(|(t, _, _)| *t + Duration::from_secs(2) >= base)
-            .map(|(t, l, lost)| format!("{:+.2}:{l:.2}/{lost}", clock::secs_since(base, *t)))
-            .collect::<Vec<_>>()
-            .join(" ")
+        "agent: processing lag max {} ({} samples), events lost {}",
+        worst.map_or("-".into(), |(t, l, _)| format!(
+            "{l:.3}s at {:+.3}s",
+            clock::secs_since(run.stop.issued, *t)
+        )),
+        lag.len(),
+        lag.last().map_or(0.0, |l| l.2)
     );
     let storms = storms_of(&agent, &run.spec.workload);
     println!("drainwatch: {:#}", Value::Array(storms.clone()));
@@ -238,13 +240,32 @@ impl Case {
             0,
             "no reconnect needed a SYN retransmission"
         );
-        // First arrival to 95%: the agent's handshake times are the clients' connect returns.
-        let t95 = run.seconds_to_95().expect("arrivals");
+        // First arrival to 95%: each handshake completed between its client's connect() start
+        // and return, so the kernel's i-th arrival lies between the clients' i-th start and
+        // i-th return (order statistics keep the bounds).
+        let (lo, hi) = run.seconds_to_95_bounds().expect("arrivals");
+        let t95 = f(s, "seconds_to_95_percent");
         assert!(
-            (f(s, "seconds_to_95_percent") - t95).abs() < 0.05,
-            "seconds_to_95_percent {} vs clients {t95:.3}",
-            s["seconds_to_95_percent"]
+            t95 >= lo - 0.002 && t95 <= hi + 0.002,
+            "seconds_to_95_percent {t95} outside what the clients saw: {lo:.3}..{hi:.3} s"
         );
+    }
+
+    /// A storm faster than the service: the clients waited (p50 over 0.5 s), and the agent's
+    /// accept-wait p50 and p95 are within 25% of theirs.
+    fn check_queued_waits(&self) {
+        for (q, key) in [
+            (0.5, "accept_wait_p50_seconds"),
+            (0.95, "accept_wait_p95_seconds"),
+        ] {
+            let (client, agent) = self.waits(q, key);
+            println!("accept wait q{q}: clients {client:.3}s, drainwatch {agent:.3}s");
+            assert!(client > 0.5, "clients waited (q{q} {client:.3}s)");
+            assert!(
+                within(agent, client, 0.25),
+                "{key} {agent:.3}s vs clients' {client:.3}s: more than 25% apart"
+            );
+        }
     }
 
     /// The client-side accept wait quantile `q` and the agent's.
@@ -280,19 +301,7 @@ fn reconnects_within_one_second_wait_in_the_accept_queue() {
         N / 4,
         run.max_queue().0
     );
-    // The wait in the queue, as the kernel saw it and as the clients measured it.
-    for (q, key) in [
-        (0.5, "accept_wait_p50_seconds"),
-        (0.95, "accept_wait_p95_seconds"),
-    ] {
-        let (client, agent) = c.waits(q, key);
-        println!("accept wait q{q}: clients {client:.3}s, drainwatch {agent:.3}s");
-        assert!(client > 0.5, "clients waited (q{q} {client:.3}s)");
-        assert!(
-            within(agent, client, 0.25),
-            "{key} {agent:.3}s vs clients' {client:.3}s: more than 25% apart"
-        );
-    }
+    c.check_queued_waits();
     // The window the service needed: clients ÷ what it sustains (N / 500 = 4 s).
     let window = f(s, "recommended_window_seconds");
     let want = N as f64 / capacity;
@@ -314,27 +323,61 @@ fn reconnects_spread_over_twice_the_needed_window_barely_wait() {
     let (client95, agent95) = c.waits(0.95, "accept_wait_p95_seconds");
     println!("accept wait p95: clients {client95:.3}s, drainwatch {agent95:.3}s");
     // Near the 20 ms service time: arrivals at half the capacity find a worker free but for
-    // chance bunching (10 workers at 50% load: a few % wait, for part of one authorisation).
+    // chance bunching (10 workers at 50% load: a few % wait, for part of one authorisation),
+    // so p95 is within one authorisation; measured: 0 ms (agent), 2 ms (clients).
+    let service = run.spec.auth.as_secs_f64();
     assert!(
-        agent95 <= 0.030,
-        "accept wait p95 {agent95:.3}s: not near the 20 ms service time"
+        agent95 <= service,
+        "accept wait p95 {agent95:.3}s: more than one 20 ms authorisation"
     );
     assert!(
-        client95 <= 0.030,
+        client95 <= service,
         "clients' wait p95 {client95:.3}s: the load did not stay under capacity"
     );
     let depth = s["max_queue_depth"].as_u64().expect("max_queue_depth");
     assert!(
-        depth < 50,
-        "max_queue_depth {depth}: the queue never backed up"
-    );
-    assert!(
-        run.max_queue().0 < 50,
-        "10 ms samples: the queue never backed up"
+        depth < N as u64 / 20 && run.max_queue().0 < N as u32 / 20,
+        "max_queue_depth {depth} (10 ms samples: {}): the queue backed up",
+        run.max_queue().0
     );
     // The window was wide enough: nothing to recommend.
     assert!(
         s["sustained_accept_rate"].is_null() && s["recommended_window_seconds"].is_null(),
         "no backlog, so no sustained rate and no recommendation: {s:#}"
+    );
+}
+
+/// A restart in place: the same container (same id, name and address) stopped and started
+/// again; its clients come back to it, and the storm is linked to that container's stop. Those
+/// that come back before it listens again are refused and retry after another jitter.
+#[test]
+fn a_restart_in_place_storm_belongs_to_the_restarted_container() {
+    let spec = StormSpec::new(
+        N,
+        (Duration::from_millis(500), Duration::from_millis(1500)),
+        Replace::InPlace,
+    );
+    let c = case(spec);
+    c.check_common();
+    let (s, run) = (&c.storm, &c.run);
+    assert_eq!(
+        run.target_container, c.lab.old.container,
+        "the same container"
+    );
+    c.check_queued_waits();
+    let stop = c.old_stop();
+    assert!(
+        s["stop_id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with(&c.lab.old.id[..12])),
+        "stop id {} names the container",
+        s["stop_id"]
+    );
+    // Every reconnect that reached the address before the server listened again was refused,
+    // and the stop counts exactly those.
+    assert_eq!(
+        stop["loss"]["refused"],
+        run.failed_reconnects() as u64,
+        "refused = reconnects refused while the container restarted"
     );
 }

@@ -661,6 +661,21 @@ impl StormRun {
         Some((a.get(i)?.connected? - a.first()?.connected?).as_secs_f64())
     }
 
+    /// Bounds on the listener's first-arrival-to-95% time: each handshake completed between
+    /// its `start` and `connected`, so the i-th completion lies between the i-th start and the
+    /// i-th `connected` (sorted separately).
+    pub fn seconds_to_95_bounds(&self) -> Option<(f64, f64)> {
+        let a = self.arrivals();
+        let mut starts: Vec<Instant> = a.iter().map(|a| a.start).collect();
+        let mut conns: Vec<Instant> = a.iter().filter_map(|a| a.connected).collect();
+        starts.sort_unstable();
+        conns.sort_unstable();
+        let i = ((a.len() as f64 * 0.95).ceil() as usize).clamp(1, a.len().max(1)) - 1;
+        let lo = starts.get(i)?.saturating_duration_since(*conns.first()?);
+        let hi = conns.get(i)?.saturating_duration_since(*starts.first()?);
+        Some((lo.as_secs_f64(), hi.as_secs_f64()))
+    }
+
     pub fn max_queue(&self) -> (u32, Option<Instant>) {
         self.queue
             .iter()
