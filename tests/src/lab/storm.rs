@@ -36,7 +36,7 @@ use std::{
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, BufReader},
     net::{TcpSocket, TcpStream},
-    sync::watch,
+    sync::{Semaphore, watch},
 };
 
 use super::{
@@ -123,6 +123,9 @@ pub struct Attempt {
     pub error: Option<String>,
 }
 
+/// First connections in flight at once while the fleet connects to the old server.
+const FILL_IN_FLIGHT: usize = 100;
+
 #[derive(Default)]
 struct Counts {
     up: AtomicUsize,
@@ -152,6 +155,9 @@ impl Fleet {
                 .expect("tokio runtime");
             rt.block_on(async move {
                 let deadline = tokio::time::Instant::now() + bound;
+                // The first connections are paced: never more than FILL_IN_FLIGHT waiting, so
+                // filling the old server queues little and overflows no backlog.
+                let fill = Arc::new(Semaphore::new(FILL_IN_FLIGHT));
                 let mut set = tokio::task::JoinSet::new();
                 for i in 0..n {
                     let rng = fastrand::Rng::with_seed(seed.wrapping_add(i as u64));
@@ -162,11 +168,11 @@ impl Fleet {
                         jitter,
                         rng,
                     };
-                    let (c, stop) = (c.clone(), stop_rx.clone());
+                    let (c, stop, fill) = (c.clone(), stop_rx.clone(), fill.clone());
                     set.spawn(async move {
                         let mut out = Vec::new();
-                        let _ =
-                            tokio::time::timeout_at(deadline, plan.run(&c, stop, &mut out)).await;
+                        let run = plan.run(&c, &fill, stop, &mut out);
+                        let _ = tokio::time::timeout_at(deadline, run).await;
                         out
                     });
                 }
@@ -241,11 +247,16 @@ impl Client {
     async fn run(
         mut self,
         counts: &Counts,
+        fill: &Semaphore,
         mut stop: watch::Receiver<bool>,
         out: &mut Vec<Attempt>,
     ) {
+        let Ok(permit) = fill.acquire().await else {
+            return;
+        };
         let now = Instant::now();
         let (rec, conn) = attempt(self.i, 0, self.first, now).await;
+        drop(permit);
         out.push(rec);
         let Some(mut conn) = conn else { return };
         counts.up.fetch_add(1, Ordering::Relaxed);
