@@ -411,10 +411,12 @@ impl Store {
                 }
             }
         }
-        for c in &pod.containers {
-            for id in &c.ids {
-                self.by_container.insert(id.clone(), pod.uid.clone());
-            }
+        // Ids that fell off the bound stop resolving to this pod.
+        let ids: HashSet<&String> = pod.containers.iter().flat_map(|c| &c.ids).collect();
+        self.by_container
+            .retain(|id, uid| *uid != pod.uid || ids.contains(id));
+        for id in ids {
+            self.by_container.insert(id.clone(), pod.uid.clone());
         }
         self.pods.insert(
             pod.uid.clone(),
