@@ -86,6 +86,8 @@ pub fn stop_json(s: &Stop, clock: &Clock) -> Value {
         "connections_at_exit": s.connections_at_exit,
         "grace_seconds": round3(s.grace_seconds()),
         "drain_seconds": round3(s.drain_seconds()),
+        "grace_configured_seconds": s.grace_configured_seconds,
+        "prestop": s.prestop,
         "loss": loss_json(&s.loss),
         "outcome": s.outcome().map(|o| o.as_str()),
     })
@@ -96,6 +98,8 @@ pub fn deploy_json(d: &Deploy, clock: &Clock) -> Value {
         "id": d.id,
         "namespace": d.namespace,
         "workload": d.workload,
+        "workload_kind": d.workload_kind,
+        "revisions": d.revisions,
         "started_at": clock.rfc3339(d.started_at),
         "last_stop_at": clock.rfc3339(d.last_stop_at),
         "stops": d.stops,
@@ -199,6 +203,8 @@ mod tests {
             last_accept_at: None,
             connections_at_sigterm: Some(2),
             connections_at_exit: Some(2),
+            grace_configured_seconds: Some(30),
+            prestop: None,
             loss: Loss {
                 inflight_cut: 2,
                 ..Default::default()
@@ -222,6 +228,8 @@ mod tests {
             "connections_at_exit",
             "grace_seconds",
             "drain_seconds",
+            "grace_configured_seconds",
+            "prestop",
             "loss",
             "outcome",
         ] {
@@ -235,7 +243,19 @@ mod tests {
         assert_eq!(v["container"]["workload"], "web");
         assert_eq!(v["listeners"][0]["address"], "10.88.0.2:8080");
         assert_eq!(v["loss"]["inflight_cut"], 2);
-        for k in ["id", "runtime", "name", "namespace", "pod", "workload"] {
+        assert_eq!(v["grace_configured_seconds"], 30);
+        assert_eq!(v["prestop"], Value::Null);
+        for k in [
+            "id",
+            "runtime",
+            "name",
+            "namespace",
+            "pod",
+            "workload",
+            "workload_kind",
+            "revision",
+            "node",
+        ] {
             assert!(v["container"].get(k).is_some(), "container.{k}");
         }
     }
@@ -247,6 +267,8 @@ mod tests {
             id: id.into(),
             namespace: String::new(),
             workload: "ws".into(),
+            workload_kind: String::new(),
+            revisions: Vec::new(),
             started_at: 0,
             last_stop_at: 0,
             stops: vec![stop.into()],
