@@ -220,8 +220,7 @@ impl Case {
             buckets, N as u64,
             "arrivals per 100 ms add up to the clients"
         );
-        // Nothing dropped: the agent's count is the kernel's, and no client's handshake hid
-        // time in SYN retransmissions.
+        // Nothing overflowed, as the agent and the namespace's own counter agree.
         assert_eq!(
             s["overflows"], run.listen_overflows,
             "overflows = ListenOverflows delta"
@@ -235,11 +234,17 @@ impl Case {
             "backlog {} holds the storm",
             run.spec.backlog
         );
-        assert_eq!(
-            run.syn_retransmitted(),
-            0,
-            "no reconnect needed a SYN retransmission"
-        );
+        // No SYN was dropped on the way to a fresh replacement. (Back to the same address, a
+        // client's new port can meet one of the server's own TIME_WAIT sockets of the old
+        // connections: it answers the SYN with an ACK, the client resets it and sends the SYN
+        // again after a few ms; `client_waits` leave the handshake out either way.)
+        if run.spec.replace == Replace::Rolling {
+            assert_eq!(
+                run.syn_retransmitted(),
+                0,
+                "no reconnect needed a SYN retransmission"
+            );
+        }
         // First arrival to 95%: each handshake completed between its client's connect() start
         // and return, so the kernel's i-th arrival lies between the clients' i-th start and
         // i-th return (order statistics keep the bounds).
@@ -348,13 +353,14 @@ fn reconnects_spread_over_twice_the_needed_window_barely_wait() {
 }
 
 /// A restart in place: the same container (same id, name and address) stopped and started
-/// again; its clients come back to it, and the storm is linked to that container's stop. Those
-/// that come back before it listens again are refused and retry after another jitter.
+/// again; its clients come back to it, and the storm is linked to that container's stop. The
+/// jitter window starts at 0 so that some come back during the restart (which takes 0.2–0.8 s
+/// here): they are refused and retry after another jitter.
 #[test]
 fn a_restart_in_place_storm_belongs_to_the_restarted_container() {
     let spec = StormSpec::new(
         N,
-        (Duration::from_millis(500), Duration::from_millis(1500)),
+        (Duration::ZERO, Duration::from_secs(1)),
         Replace::InPlace,
     );
     let c = case(spec);
@@ -375,6 +381,10 @@ fn a_restart_in_place_storm_belongs_to_the_restarted_container() {
     );
     // Every reconnect that reached the address before the server listened again was refused,
     // and the stop counts exactly those.
+    assert!(
+        run.failed_reconnects() > 0,
+        "some came back during the restart"
+    );
     assert_eq!(
         stop["loss"]["refused"],
         run.failed_reconnects() as u64,

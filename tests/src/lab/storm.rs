@@ -809,6 +809,17 @@ impl StormRun {
             }
             s += "\n";
         }
+        for a in re.iter().filter(|a| a.syn_retrans > 0).take(5) {
+            s += &format!(
+                "  SYN retransmitted x{}: client {} attempt {} start {} connected {} greeted {}\n",
+                a.syn_retrans,
+                a.client,
+                a.seq,
+                t(a.start),
+                opt(a.connected),
+                opt(a.greeted)
+            );
+        }
         let errors: Vec<String> = re.iter().filter_map(|a| a.error.clone()).take(5).collect();
         if !errors.is_empty() {
             s += &format!("first errors: {errors:?}\n");
