@@ -117,8 +117,9 @@ pub struct Storms {
     watching: BTreeMap<Workload, (String, Mono, String)>,
     /// Storms in progress, per workload and port.
     open: BTreeMap<(Workload, u16), Open>,
-    /// The latest namespace counters per container (name), the baseline of the next storm.
-    counters: BTreeMap<String, ListenCounters>,
+    /// The latest namespace counters per container (name), the baseline of the next storm,
+    /// and whether they were sampled since the last tick.
+    counters: BTreeMap<String, (ListenCounters, bool)>,
     done: Vec<Storm>,
 }
 
@@ -148,7 +149,7 @@ impl Storms {
 
     /// A sample of `container`'s network namespace counters.
     pub fn netns_counters(&mut self, workload: &Workload, container: &str, c: ListenCounters) {
-        self.counters.insert(container.to_string(), c);
+        self.counters.insert(container.to_string(), (c, true));
         for ((w, _), o) in self.open.iter_mut() {
             if w == workload
                 && o.container == container
@@ -174,7 +175,7 @@ impl Storms {
             .or_insert_with(|| Open {
                 stop_id,
                 container: container.to_string(),
-                counters: self.counters.get(container).map(|c| (*c, *c)),
+                counters: self.counters.get(container).map(|(c, _)| (*c, *c)),
                 ..Default::default()
             });
         open.arrivals.push(at);
@@ -222,10 +223,10 @@ impl Storms {
         }
         self.watching
             .retain(|_, (_, since, _)| now <= *since + self.config.watch);
-        // Baselines matter only while something is watched; the next sample refills them.
-        if self.watching.is_empty() && self.open.is_empty() {
-            self.counters.clear();
-        }
+        // A storm's baseline is the sample before its first arrival, which can come before the
+        // fast sampling after a stop has run: keep every container's latest sample (all are
+        // sampled between two ticks), and forget those no longer sampled.
+        self.counters.retain(|_, (_, fresh)| std::mem::take(fresh));
         out
     }
 }
@@ -367,13 +368,20 @@ mod tests {
             s.accept_wait(&web(), 8080, (at - (start + i * MS)) as f64 / 1e9, at);
             done.extend(s.tick(at));
             if i == 60 {
-                assert!(done.is_empty(), "arrivals quiet for a second, 39 still queued");
+                assert!(
+                    done.is_empty(),
+                    "arrivals quiet for a second, 39 still queued"
+                );
             }
         }
         assert_eq!(done.len(), 1, "ended with its last accept");
         let st = &done[0];
         assert_eq!(st.accept_waits.len(), 100, "every wait, the longest too");
-        assert!((st.accept_waits[99] - 1.881).abs() < 0.001, "{}", st.accept_waits[99]);
+        assert!(
+            (st.accept_waits[99] - 1.881).abs() < 0.001,
+            "{}",
+            st.accept_waits[99]
+        );
         // A queue whose last clients gave up (never accepted) ends a quiet second after the
         // last accept.
         let mut s = Storms::new(Config::default());
@@ -446,6 +454,31 @@ mod tests {
         assert!(s.hot_workloads().contains(&web()));
         s.tick(T0 + 120 * SECOND);
         assert!(s.hot_workloads().is_empty(), "the watch window ended");
+    }
+
+    #[test]
+    fn a_storm_right_after_a_stop_has_the_baseline_sampled_at_rest() {
+        let mut s = Storms::new(Config::default());
+        let c = |overflows| ListenCounters {
+            overflows,
+            drops: overflows,
+        };
+        // Sampled at rest, then the tick of that second.
+        s.netns_counters(&web(), "web-2", c(5));
+        s.netns_counters(&web(), "gone-1", c(1));
+        assert!(s.tick(T0 - SECOND).is_empty());
+        // The next second only web-2 is still there.
+        s.netns_counters(&web(), "web-2", c(5));
+        s.tick(T0 - SECOND / 2);
+        // The first arrival comes before any sample after the stop.
+        s.stopped(web(), "old-1", "web-1", T0);
+        for i in 0..20 {
+            s.arrival(&web(), "web-2", 8080, T0 + i * MS);
+        }
+        s.netns_counters(&web(), "web-2", c(7));
+        let st = &s.tick(T0 + 2 * SECOND)[0];
+        assert_eq!(st.netns_listen_overflows, Some(2));
+        assert!(!s.counters.contains_key("gone-1"), "no longer sampled");
     }
 
     #[test]
