@@ -116,14 +116,19 @@ fn case(spec: StormSpec) -> Case {
     let lag = probe.finish();
     print!("{}", run.report());
     let worst = lag.iter().max_by(|a, b| a.1.total_cmp(&b.1));
+    let first_loss = lag.iter().find(|l| l.2 > 0.0);
     println!(
-        "agent: processing lag max {} ({} samples), events lost {}",
+        "agent: processing lag max {} ({} samples), events lost {}{}",
         worst.map_or("-".into(), |(t, l, _)| format!(
             "{l:.3}s at {:+.3}s",
             clock::secs_since(run.stop.issued, *t)
         )),
         lag.len(),
-        lag.last().map_or(0.0, |l| l.2)
+        lag.last().map_or(0.0, |l| l.2),
+        first_loss.map_or(String::new(), |(t, _, n)| format!(
+            " (first {n} by {:+.3}s)",
+            clock::secs_since(run.stop.issued, *t)
+        ))
     );
     let storms = storms_of(&agent, &run.spec.workload);
     println!("drainwatch: {:#}", Value::Array(storms.clone()));
