@@ -117,9 +117,9 @@ pub struct Storms {
     watching: BTreeMap<Workload, (String, Mono, String)>,
     /// Storms in progress, per workload and port.
     open: BTreeMap<(Workload, u16), Open>,
-    /// The latest namespace counters per container (name), the baseline of the next storm,
-    /// and whether they were sampled since the last tick.
-    counters: BTreeMap<String, (ListenCounters, bool)>,
+    /// The latest namespace counters per container (name), the baseline of the next storm:
+    /// its workload, the counters, and whether they were sampled since the last tick.
+    counters: BTreeMap<String, (Workload, ListenCounters, bool)>,
     done: Vec<Storm>,
 }
 
@@ -149,7 +149,8 @@ impl Storms {
 
     /// A sample of `container`'s network namespace counters.
     pub fn netns_counters(&mut self, workload: &Workload, container: &str, c: ListenCounters) {
-        self.counters.insert(container.to_string(), (c, true));
+        self.counters
+            .insert(container.to_string(), (workload.clone(), c, true));
         for ((w, _), o) in self.open.iter_mut() {
             if w == workload
                 && o.container == container
@@ -175,7 +176,7 @@ impl Storms {
             .or_insert_with(|| Open {
                 stop_id,
                 container: container.to_string(),
-                counters: self.counters.get(container).map(|(c, _)| (*c, *c)),
+                counters: self.counters.get(container).map(|(_, c, _)| (*c, *c)),
                 ..Default::default()
             });
         open.arrivals.push(at);
@@ -225,8 +226,12 @@ impl Storms {
             .retain(|_, (_, since, _)| now <= *since + self.config.watch);
         // A storm's baseline is the sample before its first arrival, which can come before the
         // fast sampling after a stop has run: keep every container's latest sample (all are
-        // sampled between two ticks), and forget those no longer sampled.
-        self.counters.retain(|_, (_, fresh)| std::mem::take(fresh));
+        // sampled between two ticks), also while a container of its workload is stopping or
+        // restarting (not sampled while it has no process; a restarted container's namespace
+        // is the same), and forget the others once no longer sampled.
+        let watching = &self.watching;
+        self.counters
+            .retain(|_, (w, _, fresh)| std::mem::take(fresh) || watching.contains_key(w));
         out
     }
 }
@@ -479,6 +484,19 @@ mod tests {
         let st = &s.tick(T0 + 2 * SECOND)[0];
         assert_eq!(st.netns_listen_overflows, Some(2));
         assert!(!s.counters.contains_key("gone-1"), "no longer sampled");
+        // Restarted in place: not sampled while it has no process, its baseline stays.
+        s.stopped(web(), "web-2-1", "web-2", T0 + 10 * SECOND);
+        s.tick(T0 + 11 * SECOND);
+        s.tick(T0 + 12 * SECOND);
+        for i in 0..20 {
+            s.arrival(&web(), "web-2", 8080, T0 + 12 * SECOND + i * MS);
+        }
+        s.netns_counters(&web(), "web-2", c(8));
+        let st = &s.tick(T0 + 14 * SECOND)[0];
+        assert_eq!(
+            (st.stop_id.as_str(), st.netns_listen_overflows),
+            ("web-2-1", Some(1))
+        );
     }
 
     #[test]
