@@ -107,10 +107,16 @@ pub struct Attempt {
     /// 0: the first connection (to the old server); 1, 2, ...: after losing it.
     pub seq: u32,
     pub target: SocketAddrV4,
+    /// The client's own address of the connection (once connected).
+    pub local: Option<std::net::SocketAddr>,
     /// When the client meant to start (loss + jitter); `start` is when it did.
     pub scheduled: Instant,
     pub start: Instant,
     pub connected: Option<Instant>,
+    /// `connect()` failed: when, and how. `ConnectionReset` means the handshake completed and
+    /// the listener reset the connection before `connect()` reported it (a listener closing
+    /// with connections in its queue); `ConnectionRefused`, that nothing listened.
+    pub connect_failed: Option<(Instant, std::io::ErrorKind)>,
     pub greeted: Option<Instant>,
     /// From the greeting: when the server's `accept()` returned to python, and when it sent the
     /// greeting (`CLOCK_MONOTONIC` ns).
@@ -125,6 +131,17 @@ pub struct Attempt {
 
 /// First connections in flight at once while the fleet connects to the old server.
 const FILL_IN_FLIGHT: usize = 100;
+
+impl Attempt {
+    /// When the handshake had completed at the latest: `connect()` returned it, or reported
+    /// the reset that followed it. None when it never completed.
+    pub fn handshake_by(&self) -> Option<Instant> {
+        self.connected.or(match self.connect_failed {
+            Some((at, std::io::ErrorKind::ConnectionReset)) => Some(at),
+            _ => None,
+        })
+    }
+}
 
 #[derive(Default)]
 struct Counts {
@@ -303,9 +320,11 @@ async fn attempt(
         client,
         seq,
         target,
+        local: None,
         scheduled,
         start: Instant::now(),
         connected: None,
+        connect_failed: None,
         greeted: None,
         server_accepted_ns: None,
         server_sent_ns: None,
@@ -324,11 +343,13 @@ async fn attempt(
     let stream = match sock.connect(target.into()).await {
         Ok(s) => s,
         Err(e) => {
+            rec.connect_failed = Some((Instant::now(), e.kind()));
             rec.error = Some(format!("connect: {e}"));
             return (rec, None);
         }
     };
     rec.connected = Some(Instant::now());
+    rec.local = stream.local_addr().ok();
     rec.syn_retrans = total_retrans(&stream);
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
@@ -571,14 +592,15 @@ impl StormRun {
         v
     }
 
-    /// Reconnects whose handshake completed: the arrivals the listener saw.
+    /// Reconnects whose handshake completed: the arrivals the listener saw, in order of
+    /// [`Attempt::handshake_by`].
     pub fn arrivals(&self) -> Vec<&Attempt> {
         let mut v: Vec<&Attempt> = self
             .reconnects()
             .into_iter()
-            .filter(|a| a.connected.is_some())
+            .filter(|a| a.handshake_by().is_some())
             .collect();
-        v.sort_by_key(|a| a.connected);
+        v.sort_by_key(|a| a.handshake_by());
         v
     }
 
@@ -590,12 +612,23 @@ impl StormRun {
             .count()
     }
 
-    /// Reconnects refused (or otherwise failed) before connecting.
-    pub fn failed_reconnects(&self) -> usize {
+    /// Reconnects whose `connect()` failed with `kind`.
+    pub fn connects_failed(&self, kind: std::io::ErrorKind) -> usize {
         self.reconnects()
             .iter()
-            .filter(|a| a.connected.is_none())
+            .filter(|a| a.connect_failed.is_some_and(|(_, k)| k == kind))
             .count()
+    }
+
+    /// Reconnects refused: nothing listened.
+    pub fn refused(&self) -> usize {
+        self.connects_failed(std::io::ErrorKind::ConnectionRefused)
+    }
+
+    /// Reconnects whose handshake completed with a listener that then closed, resetting them
+    /// before `connect()` returned: arrivals no client counts as a connection.
+    pub fn reset_in_handshake(&self) -> usize {
+        self.connects_failed(std::io::ErrorKind::ConnectionReset)
     }
 
     /// The client's measure of the accept wait, per greeted reconnect, sorted (seconds):
@@ -665,11 +698,11 @@ impl StormRun {
             .count()
     }
 
-    /// First arrival to the arrival that completes 95% (client-side `connected`), seconds.
+    /// First arrival to the arrival that completes 95% (client-side), seconds.
     pub fn seconds_to_95(&self) -> Option<f64> {
         let a = self.arrivals();
         let i = ((a.len() as f64 * 0.95).ceil() as usize).clamp(1, a.len().max(1)) - 1;
-        Some((a.get(i)?.connected? - a.first()?.connected?).as_secs_f64())
+        Some((a.get(i)?.handshake_by()? - a.first()?.handshake_by()?).as_secs_f64())
     }
 
     /// Bounds on the listener's first-arrival-to-95% time: each handshake completed between
@@ -678,7 +711,7 @@ impl StormRun {
     pub fn seconds_to_95_bounds(&self) -> Option<(f64, f64)> {
         let a = self.arrivals();
         let mut starts: Vec<Instant> = a.iter().map(|a| a.start).collect();
-        let mut conns: Vec<Instant> = a.iter().filter_map(|a| a.connected).collect();
+        let mut conns: Vec<Instant> = a.iter().filter_map(|a| a.handshake_by()).collect();
         starts.sort_unstable();
         conns.sort_unstable();
         let i = ((a.len() as f64 * 0.95).ceil() as usize).clamp(1, a.len().max(1)) - 1;
@@ -743,16 +776,17 @@ impl StormRun {
             opt(re.iter().map(|a| a.scheduled).min()),
             opt(re.iter().map(|a| a.scheduled).max()),
             late.as_secs_f64() * 1e3,
-            opt(arrivals.first().and_then(|a| a.connected)),
-            opt(arrivals.last().and_then(|a| a.connected)),
+            opt(arrivals.first().and_then(|a| a.handshake_by())),
+            opt(arrivals.last().and_then(|a| a.handshake_by())),
             fmt_s(self.seconds_to_95()),
             opt(re.iter().filter_map(|a| a.greeted).max()),
         );
         let (max_q, max_at) = self.max_queue();
         s += &format!(
-            "clients: {} back, {} reconnects failed before connecting, {} with SYN retransmissions; old exit code {:?}\n",
+            "clients: {} back, {} reconnects refused, {} reset during the handshake, {} with SYN retransmissions; old exit code {:?}\n",
             self.clients_back(),
-            self.failed_reconnects(),
+            self.refused(),
+            self.reset_in_handshake(),
             self.syn_retransmitted(),
             self.old_exit_code
         );
@@ -780,7 +814,7 @@ impl StormRun {
             q(&self.server_waits())
         );
         // Queue depth and arrivals per 500 ms after the first arrival.
-        if let Some(first) = arrivals.first().and_then(|a| a.connected) {
+        if let Some(first) = arrivals.first().and_then(|a| a.handshake_by()) {
             s += "per 500 ms from the first arrival (arrivals/queue max):";
             let mut k = 0;
             loop {
@@ -790,7 +824,7 @@ impl StormRun {
                 );
                 let n = arrivals
                     .iter()
-                    .filter(|a| a.connected.is_some_and(|c| c >= lo && c < hi))
+                    .filter(|a| a.handshake_by().is_some_and(|c| c >= lo && c < hi))
                     .count();
                 let qmax = self
                     .queue
@@ -800,7 +834,11 @@ impl StormRun {
                     .max();
                 if n == 0
                     && qmax.unwrap_or(0) == 0
-                    && hi > arrivals.last().and_then(|a| a.connected).unwrap_or(first)
+                    && hi
+                        > arrivals
+                            .last()
+                            .and_then(|a| a.handshake_by())
+                            .unwrap_or(first)
                 {
                     break;
                 }
