@@ -39,6 +39,10 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Option<()> {
     ev.copied_seq = kread::<u32>(skaddr, cfg(&k.tcp_copied_seq)).unwrap_or(0);
     ev.lrcvtime = kread::<u32>(skaddr, cfg(&k.tcp_lrcvtime)).unwrap_or(0);
     ev.lsndtime = kread::<u32>(skaddr, cfg(&k.tcp_lsndtime)).unwrap_or(0);
+    // listen() sets the limit before the socket enters LISTEN; userspace keeps it only for
+    // that transition (state numbers come from the format, not from here).
+    ev.max_ack_backlog = kread::<u32>(skaddr, cfg(&k.sock_max_ack_backlog)).unwrap_or(0);
+    ev._pad = 0;
     entry.submit(0);
     Some(())
 }

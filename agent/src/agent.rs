@@ -21,7 +21,11 @@ use crate::{
         stops::{self, Emitted, Tracker},
         storms::Storms,
     },
-    enrich::{Enricher, attribute::Fact, host::Procfs},
+    enrich::{
+        Enricher,
+        attribute::{Fact, ListenSample},
+        host::Procfs,
+    },
     export::{api::monotonic_now, http, metrics::Metrics},
 };
 
@@ -113,7 +117,10 @@ async fn pipeline(
         containers = enricher.container_count(),
         "containers found at start-up"
     );
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    // The listen path is sampled every 100 ms while a workload is stopping or storming, and
+    // every second at rest; the rest of the periodic work runs every second.
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut ticks: u64 = 0;
     loop {
         tokio::select! {
             ev = rx.recv() => {
@@ -137,20 +144,27 @@ async fn pipeline(
                 feed(obs, at, true);
             }
             _ = tick.tick() => {
-                enricher.expire(monotonic_now(), retention);
-                let queues = enricher.accept_queues();
-                metrics.accept_queues(&queues);
-                if let Ok(mut s) = storms.lock() {
-                    for (c, port, depth, _) in &queues {
-                        s.queue_depth(&(c.namespace.clone(), c.workload.clone()), *port, *depth);
-                    }
-                    for storm in s.tick(monotonic_now()) {
-                        metrics.storm(&storm);
-                    }
+                ticks += 1;
+                let full = ticks % 10 == 1;
+                let hot = match storms.lock() {
+                    Ok(s) if !full => s.hot_workloads(),
+                    _ => Default::default(),
+                };
+                if full || !hot.is_empty() {
+                    let sample = enricher.sample_listen_path((!full).then_some(&hot));
+                    record_listen_sample(&sample, full, &metrics, &storms);
                 }
-                feed(enricher.scan(), monotonic_now(), false);
-                if let Ok(mut t) = tracker.lock() {
-                    t.tick(monotonic_now());
+                if full {
+                    enricher.expire(monotonic_now(), retention);
+                    if let Ok(mut s) = storms.lock() {
+                        for storm in s.tick(monotonic_now()) {
+                            metrics.storm(&storm);
+                        }
+                    }
+                    feed(enricher.scan(), monotonic_now(), false);
+                    if let Ok(mut t) = tracker.lock() {
+                        t.tick(monotonic_now());
+                    }
                 }
             }
         }
@@ -183,6 +197,31 @@ async fn pipeline(
                 } => metrics.retry(&container, &proxy, added_seconds),
             }
         }
+    }
+}
+
+fn record_listen_sample(
+    sample: &ListenSample,
+    complete: bool,
+    metrics: &Metrics,
+    storms: &std::sync::Mutex<Storms>,
+) {
+    for e in &sample.errors {
+        tracing::debug!(error = %e, "unreadable net/netstat");
+        metrics.procfs_error("netstat");
+    }
+    metrics.accept_queues(&sample.queues, complete);
+    metrics.netns_listen_counters(&sample.netns);
+    let Ok(mut s) = storms.lock() else { return };
+    for (c, port, depth, _) in &sample.queues {
+        s.queue_depth(&(c.namespace.clone(), c.workload.clone()), *port, *depth);
+    }
+    for (c, counters) in &sample.netns {
+        s.netns_counters(
+            &(c.namespace.clone(), c.workload.clone()),
+            &c.name,
+            *counters,
+        );
     }
 }
 

@@ -73,7 +73,7 @@ pub struct KernelOffsets {
     pub fdtable_max_fds: u32,
     pub file_private_data: u32,
     pub socket_sk: u32,
-    pub _pad: u32,
+    pub sock_max_ack_backlog: u32,
 }
 
 impl KernelOffsets {
@@ -105,7 +105,7 @@ impl KernelOffsets {
         fdtable_max_fds: NO_OFFSET,
         file_private_data: NO_OFFSET,
         socket_sk: NO_OFFSET,
-        _pad: 0,
+        sock_max_ack_backlog: NO_OFFSET,
     };
 }
 

@@ -22,6 +22,10 @@ pub struct Event {
     pub copied_seq: u32,
     pub lrcvtime: u32,
     pub lsndtime: u32,
+    /// `sk_max_ack_backlog`: for a transition to LISTEN, the accept queue's limit (the
+    /// listen() backlog capped by somaxconn), which /proc/net/tcp does not show.
+    pub max_ack_backlog: u32,
+    pub _pad: u32,
 }
 
 #[repr(C)]

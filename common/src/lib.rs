@@ -110,7 +110,7 @@ const _: () = assert!(core::mem::size_of::<Header>() == 48);
 const _: () = assert!(core::mem::size_of::<Tuple>() == 40);
 const _: () = assert!(core::mem::size_of::<tcp_send_reset::Event>() == 104);
 const _: () = assert!(core::mem::size_of::<tcp_receive_reset::Event>() == 112);
-const _: () = assert!(core::mem::size_of::<inet_sock_set_state::Event>() == 136);
+const _: () = assert!(core::mem::size_of::<inet_sock_set_state::Event>() == 144);
 const _: () = assert!(core::mem::size_of::<inet_sk_error_report::Event>() == 96);
 const _: () = assert!(core::mem::size_of::<signal_generate::Event>() == 88);
 const _: () = assert!(core::mem::size_of::<sched_process_exit::Event>() == 56);

@@ -81,6 +81,12 @@ class Server:
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.lsock.bind((args.bind, args.port))
         self.lsock.listen(256)
+        # A second listener that never accepts (--hold-port): its queue fills and overflows.
+        self.hold = None
+        if args.hold_port:
+            self.hold = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.hold.bind((args.bind, args.hold_port))
+            self.hold.listen(args.hold_backlog)
 
     # -- connection handling -------------------------------------------------------------
 
@@ -288,6 +294,8 @@ def main():
     ap.add_argument("--drain-delay", type=float, default=None)
     ap.add_argument("--crash-after", type=float, default=None)
     ap.add_argument("--crash-at-file", default=None)
+    ap.add_argument("--hold-port", type=int, default=None)
+    ap.add_argument("--hold-backlog", type=int, default=2)
     args = ap.parse_args()
     if args.mode == "crash" and args.crash_after is None and args.crash_at_file is None:
         ap.error("crash needs --crash-after or --crash-at-file")

@@ -91,4 +91,18 @@ pub fn own_netns() -> u32 {
         .parse()
         .unwrap_or_else(|_| panic!("unexpected namespace link {s}"))
 }
+
+/// The kernel's `TcpExt ListenOverflows` of `pid`'s network namespace ("self" for this one),
+/// read independently of the agent's parser.
+pub fn listen_overflows_of(pid: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/net/netstat")).expect("net/netstat");
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (lines.next().unwrap(), lines.next().unwrap());
+    let i = names
+        .split_whitespace()
+        .position(|n| n == "ListenOverflows")
+        .expect("a ListenOverflows column");
+    values.split_whitespace().nth(i).unwrap().parse().unwrap()
+}
+
 pub mod lab;

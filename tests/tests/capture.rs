@@ -9,7 +9,7 @@ use std::{
 };
 
 use drainwatch::capture::event::{Event, ExitStatus};
-use drainwatch_tests::{Harness, own_netns};
+use drainwatch_tests::{Harness, listen_overflows_of, own_netns};
 
 const RING: u32 = 1 << 22;
 
@@ -348,18 +348,6 @@ fn ipv6_resets_carry_ipv6_addresses() {
     assert!(refused, "{events:#?}");
 }
 
-/// `ListenOverflows` of this network namespace's TcpExt counters.
-fn listen_overflows() -> u64 {
-    let text = std::fs::read_to_string("/proc/net/netstat").unwrap();
-    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
-    let (names, values) = (lines.next().unwrap(), lines.next().unwrap());
-    let i = names
-        .split_whitespace()
-        .position(|n| n == "ListenOverflows")
-        .unwrap();
-    values.split_whitespace().nth(i).unwrap().parse().unwrap()
-}
-
 #[test]
 fn a_full_accept_queue_is_a_listen_overflow_on_that_listener() {
     const BACKLOG: i32 = 2;
@@ -388,7 +376,7 @@ fn a_full_accept_queue_is_a_listen_overflow_on_that_listener() {
         );
         assert_eq!(libc::listen(fd, BACKLOG), 0);
     }
-    let before = listen_overflows();
+    let before = listen_overflows_of("self");
     let connect =
         || TcpStream::connect_timeout(&listener, std::time::Duration::from_secs(2)).unwrap();
     let send = |c: &mut TcpStream| std::io::Write::write_all(c, b"x").unwrap();
@@ -400,7 +388,7 @@ fn a_full_accept_queue_is_a_listen_overflow_on_that_listener() {
     send(&mut c3); // queued: 3 = BACKLOG + 1, full
     send(&mut c4); // overflow
     let events = h.events();
-    let kernel_count = listen_overflows() - before;
+    let kernel_count = listen_overflows_of("self") - before;
     drop(listener_sock);
 
     let overflows: Vec<_> = events

@@ -138,6 +138,9 @@ const MEMBERS: &[(&str, &str, Slot)] = &[
     ("fdtable", "max_fds", |k| &mut k.fdtable_max_fds),
     ("file", "private_data", |k| &mut k.file_private_data),
     ("socket", "sk", |k| &mut k.socket_sk),
+    ("sock", "sk_max_ack_backlog", |k| {
+        &mut k.sock_max_ack_backlog
+    }),
 ];
 
 /// Resolves every member the programs read. Unresolved ones stay `NO_OFFSET` and are listed
@@ -208,6 +211,10 @@ mod tests {
         assert_eq!(k.files_fdt, bpftool_offset("files_struct", "fdt"));
         assert_eq!(k.fdtable_fd, bpftool_offset("fdtable", "fd"));
         assert_eq!(k.socket_sk, bpftool_offset("socket", "sk"));
+        assert_eq!(
+            k.sock_max_ack_backlog,
+            bpftool_offset("sock", "sk_max_ack_backlog")
+        );
         // tcp_sock starts with inet_connection_sock; lrcvtime lies inside its icsk_ack struct.
         let icsk_ack = bpftool_offset("inet_connection_sock", "icsk_ack");
         assert_eq!(bpftool_offset("tcp_sock", "inet_conn"), 0);

@@ -190,6 +190,8 @@ pub struct StateChange {
     pub old: Option<Named>,
     pub new: Option<Named>,
     pub counters: TcpCounters,
+    /// Entering LISTEN: the accept queue's limit, when BTF gave its offset.
+    pub max_ack_backlog: Option<u32>,
 }
 
 /// A connection's `tcp_sock` counters at a state change.

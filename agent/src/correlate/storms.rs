@@ -1,16 +1,21 @@
 //! Reconnect storms: after a workload's container stops (or restarts in place), its clients
 //! come back at once to the replacement(s). Per listener port, a storm is the run of arrivals
 //! that starts after the stop and ends after a quiet second; it records how many came back, how
-//! fast, how long they waited in the accept queue, the accept rate the service sustained, and
-//! the reconnect window it would have needed: clients ÷ sustained accept rate. Pure: fed
-//! listener facts and a clock.
+//! fast, how long they waited in the accept queue, the accept rate the service sustained
+//! while connections queued (its capacity), and the reconnect window it would have needed:
+//! clients ÷ that rate. Pure: fed listener facts, procfs samples and a clock.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use super::{Mono, SECOND};
+use crate::enrich::netstat::ListenCounters;
 
 /// 100 ms: the resolution of arrival rates.
 pub const BUCKET: Mono = SECOND / 10;
+
+/// An accept whose connection waited at least this long came from a backlog: the service
+/// was busy, so the pace of such accepts is its capacity.
+pub const QUEUED_SECS: f64 = 0.005;
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -35,7 +40,7 @@ impl Default for Config {
 /// A workload as storms group it: (namespace, workload).
 pub type Workload = (String, String);
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Storm {
     pub namespace: String,
     pub workload: String,
@@ -53,11 +58,17 @@ pub struct Storm {
     pub peak_arrivals_per_second: f64,
     pub max_queue_depth: u32,
     pub overflows: u64,
+    /// Growth of the namespace's `ListenOverflows` / `ListenDrops` during the storm (these
+    /// include SYNs the kernel dropped without a drop reason).
+    pub netns_listen_overflows: Option<u64>,
+    pub netns_listen_drops: Option<u64>,
     /// Accept waits seen, sorted.
     pub accept_waits: Vec<f64>,
-    /// Accepts per second between the first and the last accept.
+    /// Accepts per second while connections were queued: the service's capacity. None when
+    /// the queue never backed up (the clients came back slower than it accepts).
     pub sustained_accept_rate: Option<f64>,
     /// Clients ÷ sustained accept rate: the reconnect window that would have avoided waiting.
+    /// None when nothing waited: the window was wide enough.
     pub recommended_window_seconds: Option<f64>,
 }
 
@@ -80,6 +91,8 @@ struct Open {
     accepts: Vec<(Mono, f64)>,
     max_depth: u32,
     overflows: u64,
+    /// The namespace's counters before the first arrival, and the latest.
+    counters: Option<(ListenCounters, ListenCounters)>,
 }
 
 #[derive(Debug, Default)]
@@ -89,6 +102,8 @@ pub struct Storms {
     watching: BTreeMap<Workload, (String, Mono, String)>,
     /// Storms in progress, per workload and port.
     open: BTreeMap<(Workload, u16), Open>,
+    /// The latest namespace counters per container (name), the baseline of the next storm.
+    counters: BTreeMap<String, ListenCounters>,
     done: Vec<Storm>,
 }
 
@@ -110,6 +125,25 @@ impl Storms {
             .insert(workload, (stop_id.to_string(), at, container.to_string()));
     }
 
+    /// Workloads whose listen path deserves fast sampling: one of their containers stopped
+    /// within the watch window, so a stop or a storm is under way.
+    pub fn hot_workloads(&self) -> HashSet<Workload> {
+        self.watching.keys().cloned().collect()
+    }
+
+    /// A sample of `container`'s network namespace counters.
+    pub fn netns_counters(&mut self, workload: &Workload, container: &str, c: ListenCounters) {
+        self.counters.insert(container.to_string(), c);
+        for ((w, _), o) in self.open.iter_mut() {
+            if w == workload
+                && o.container == container
+                && let Some((_, latest)) = &mut o.counters
+            {
+                *latest = c;
+            }
+        }
+    }
+
     /// A connection completed its handshake on `container`'s listener on `port`.
     pub fn arrival(&mut self, workload: &Workload, container: &str, port: u16, at: Mono) {
         let Some((stop_id, since, _)) = self.watching.get(workload) else {
@@ -125,6 +159,7 @@ impl Storms {
             .or_insert_with(|| Open {
                 stop_id,
                 container: container.to_string(),
+                counters: self.counters.get(container).map(|c| (*c, *c)),
                 ..Default::default()
             });
         open.arrivals.push(at);
@@ -172,6 +207,10 @@ impl Storms {
         }
         self.watching
             .retain(|_, (_, since, _)| now <= *since + self.config.watch);
+        // Baselines matter only while something is watched; the next sample refills them.
+        if self.watching.is_empty() && self.open.is_empty() {
+            self.counters.clear();
+        }
         out
     }
 }
@@ -188,12 +227,7 @@ fn summarize(namespace: String, workload: String, port: u16, mut o: Open) -> Sto
     let i95 = ((clients as f64 * 0.95).ceil() as usize).clamp(1, o.arrivals.len()) - 1;
     let peak = buckets.iter().copied().max().unwrap_or(0) as f64 * (SECOND / BUCKET) as f64;
     o.accepts.sort_by_key(|(at, _)| *at);
-    let sustained = match (o.accepts.first(), o.accepts.last()) {
-        (Some((a, _)), Some((b, _))) if b > a && o.accepts.len() > 1 => {
-            Some((o.accepts.len() - 1) as f64 / ((b - a) as f64 / SECOND as f64))
-        }
-        _ => None,
-    };
+    let sustained = capacity(&o.accepts);
     let mut waits: Vec<f64> = o.accepts.iter().map(|(_, w)| *w).collect();
     waits.sort_by(f64::total_cmp);
     Storm {
@@ -210,10 +244,33 @@ fn summarize(namespace: String, workload: String, port: u16, mut o: Open) -> Sto
         peak_arrivals_per_second: peak,
         max_queue_depth: o.max_depth,
         overflows: o.overflows,
+        netns_listen_overflows: o
+            .counters
+            .map(|(a, b)| b.overflows.saturating_sub(a.overflows)),
+        netns_listen_drops: o.counters.map(|(a, b)| b.drops.saturating_sub(a.drops)),
         accept_waits: waits,
         sustained_accept_rate: sustained,
         recommended_window_seconds: sustained.map(|r| clients as f64 / r),
     }
+}
+
+/// Accepts per second while the queue was backed up: each accept of a connection that had
+/// queued ended a busy gap since the previous accept; capacity = busy gaps ÷ their total time.
+/// None unless at least a tenth of the accepts (and 10) came from a backlog: a few unlucky
+/// waits in an unhurried return say nothing about capacity.
+fn capacity(accepts: &[(Mono, f64)]) -> Option<f64> {
+    let queued = accepts.iter().filter(|(_, w)| *w >= QUEUED_SECS).count();
+    if queued < 10 || queued * 10 < accepts.len() {
+        return None;
+    }
+    let (mut gaps, mut busy) = (0u64, 0u64);
+    for pair in accepts.windows(2) {
+        if pair[1].1 >= QUEUED_SECS {
+            gaps += 1;
+            busy += pair[1].0 - pair[0].0;
+        }
+    }
+    (busy > 0).then(|| gaps as f64 / (busy as f64 / SECOND as f64))
 }
 
 #[cfg(test)]
@@ -280,11 +337,66 @@ mod tests {
     }
 
     #[test]
-    fn a_spread_out_return_barely_waits() {
+    fn a_spread_out_return_barely_waits_and_needs_no_wider_window() {
         // 100 clients over 2 s against 100 accepts/s: each finds the server free.
         let mut s = storm(100, 2 * SECOND, 100.0);
         let st = &s.tick(T0 + 5 * SECOND)[0];
         assert!(st.accept_wait_quantile(0.95).unwrap() < 0.001);
+        assert_eq!(
+            (st.sustained_accept_rate, st.recommended_window_seconds),
+            (None, None)
+        );
+    }
+
+    #[test]
+    fn capacity_counts_only_the_time_connections_queued() {
+        // An accept of an idle server, 100 accepts 2 ms apart from a backlog, then a lull
+        // and 20 more immediate accepts: capacity is 500/s, not the overall pace.
+        let mut accepts = vec![(T0, 0.0)];
+        for i in 1..=100 {
+            accepts.push((T0 + i * 2 * MS, 0.1));
+        }
+        for i in 0..20 {
+            accepts.push((T0 + 2 * SECOND + i * 20 * MS, 0.0));
+        }
+        let rate = capacity(&accepts).unwrap();
+        assert!((rate - 500.0).abs() < 1.0, "{rate}");
+        // A few unlucky waits among many are no backlog.
+        let mut calm: Vec<_> = (0..200).map(|i| (T0 + i * 10 * MS, 0.0)).collect();
+        for a in calm.iter_mut().step_by(25) {
+            a.1 = 0.01;
+        }
+        assert_eq!(capacity(&calm), None);
+    }
+
+    #[test]
+    fn a_storm_reports_the_growth_of_its_namespace_counters() {
+        let mut s = Storms::new(Config::default());
+        let base = ListenCounters {
+            overflows: 5,
+            drops: 6,
+        };
+        s.netns_counters(&web(), "web-2", base);
+        s.stopped(web(), "old-1", "web-1", T0);
+        for i in 0..20 {
+            s.arrival(&web(), "web-2", 8080, T0 + i * MS);
+        }
+        s.netns_counters(
+            &web(),
+            "web-2",
+            ListenCounters {
+                overflows: 9,
+                drops: 12,
+            },
+        );
+        let st = &s.tick(T0 + 2 * SECOND)[0];
+        assert_eq!(
+            (st.netns_listen_overflows, st.netns_listen_drops),
+            (Some(4), Some(6))
+        );
+        assert!(s.hot_workloads().contains(&web()));
+        s.tick(T0 + 120 * SECOND);
+        assert!(s.hot_workloads().is_empty(), "the watch window ended");
     }
 
     #[test]

@@ -11,10 +11,13 @@ use std::{
 use super::{
     cgroup_path::{CgroupOwner, parse_cgroup_path},
     host::{HostView, ProcInfo},
+    netstat::{ListenCounters, NetstatError, parse_listen_counters},
 };
 use crate::{
     capture::event::{Event, ExitStatus, Named},
-    correlate::{ContainerIdentity, ExitInfo, Mono, Observation, Sender, retries::Proxy},
+    correlate::{
+        ContainerIdentity, ExitInfo, Mono, Observation, Sender, retries::Proxy, storms::Workload,
+    },
 };
 
 /// A proxy's connection to a container.
@@ -39,8 +42,23 @@ const INIT_SHIMS: &[&str] = &[
 struct Container {
     identity: ContainerIdentity,
     main_pid: Option<u32>,
+    netns: Option<u32>,
+    /// Its listening sockets' inodes as of the last full listen-path sample.
+    listener_inodes: HashSet<u64>,
     /// When its cgroup was removed (kernel monotonic ns).
     gone_at: Option<u64>,
+}
+
+/// One sample of the listen path (see [`Enricher::sample_listen_path`]).
+#[derive(Debug, Default)]
+pub struct ListenSample {
+    /// (container, port, accept-queue depth, its limit) of each sampled listener. The limit is
+    /// known for listeners opened while the agent ran (procfs does not show it).
+    pub queues: Vec<(ContainerIdentity, u16, u32, Option<u32>)>,
+    /// Each sampled network namespace's counters, under the container that owns it.
+    pub netns: Vec<(ContainerIdentity, ListenCounters)>,
+    /// netstat files that could not be parsed.
+    pub errors: Vec<NetstatError>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -79,6 +97,8 @@ pub struct Enricher<H> {
     listeners: HashMap<(u32, u16), (String, SocketAddr)>,
     /// Listeners that were closed: (netns, port) → former owner.
     closed_listeners: HashMap<(u32, u16), String>,
+    /// Accept-queue limits of listeners opened while the agent ran: (netns, port) → limit.
+    backlog_limits: HashMap<(u32, u16), u32>,
     sockets: HashMap<u64, Tracked>,
     /// Inbound connections found by a scan (no kernel address yet): (netns, local, remote) → id.
     seeded: HashMap<(u32, SocketAddr, SocketAddr), u64>,
@@ -116,6 +136,7 @@ impl<H: HostView> Enricher<H> {
             by_cgroup: HashMap::new(),
             listeners: HashMap::new(),
             closed_listeners: HashMap::new(),
+            backlog_limits: HashMap::new(),
             sockets: HashMap::new(),
             seeded: HashMap::new(),
             adopted: HashMap::new(),
@@ -275,6 +296,8 @@ impl<H: HostView> Enricher<H> {
             Container {
                 identity: identity.clone(),
                 main_pid,
+                netns,
+                listener_inodes: HashSet::new(),
                 gone_at: None,
             },
         );
@@ -420,6 +443,9 @@ impl<H: HostView> Enricher<H> {
         }
         match (old, new) {
             ("TCP_CLOSE", "TCP_LISTEN") => {
+                if let Some(limit) = s.max_ack_backlog {
+                    self.backlog_limits.insert((ns, conn.local.port()), limit);
+                }
                 if let Some(key) = self.container_of_task(s.meta.tgid, s.meta.cgroup_id, out) {
                     self.listeners
                         .insert((ns, conn.local.port()), (key.clone(), conn.local));
@@ -431,6 +457,7 @@ impl<H: HostView> Enricher<H> {
                 }
             }
             ("TCP_LISTEN", "TCP_CLOSE") => {
+                self.backlog_limits.remove(&(ns, conn.local.port()));
                 if let Some((key, addr)) = self.listeners.remove(&(ns, conn.local.port())) {
                     self.closed_listeners.insert((ns, addr.port()), key.clone());
                     out.push(Observation::ListenerClosed { key, addr });
@@ -661,16 +688,68 @@ impl<H: HostView> Enricher<H> {
         })
     }
 
-    /// Accept-queue depth and limit of every running container's listeners, from procfs.
-    pub fn accept_queues(&self) -> Vec<(ContainerIdentity, u16, u32, u32)> {
-        let mut out = Vec::new();
-        for c in self.containers.values().filter(|c| c.gone_at.is_none()) {
+    /// Samples the listen path from procfs: each listener's accept queue (depth and limit) and
+    /// each network namespace's listen counters. `only` restricts the sample to some workloads'
+    /// containers and reuses the listener sockets the last full sample found, so a fast sample
+    /// reads two small files per container and never walks a process's descriptors.
+    pub fn sample_listen_path(&mut self, only: Option<&HashSet<Workload>>) -> ListenSample {
+        let mut out = ListenSample::default();
+        let mut keys: Vec<&String> = self
+            .containers
+            .iter()
+            .filter(|(_, c)| c.gone_at.is_none() && c.main_pid.is_some())
+            .filter(|(_, c)| {
+                only.is_none_or(|w| {
+                    w.contains(&(c.identity.namespace.clone(), c.identity.workload.clone()))
+                })
+            })
+            .map(|(k, _)| k)
+            .collect();
+        keys.sort_by_key(|k| &self.containers[*k].identity.name);
+        let keys: Vec<String> = keys.into_iter().cloned().collect();
+        let mut namespaces = HashSet::new();
+        let mut counters = Vec::new();
+        for key in keys {
+            let Some(c) = self.containers.get_mut(&key) else {
+                continue;
+            };
             let Some(pid) = c.main_pid else { continue };
-            let own: HashSet<u64> = self.host.socket_inodes(pid).into_iter().collect();
-            for s in self.host.sockets(pid) {
-                if s.listening && own.contains(&s.inode) {
-                    out.push((c.identity.clone(), s.local.port(), s.rx_queue, s.tx_queue));
-                }
+            let socks = self.host.sockets(pid);
+            if only.is_none() {
+                let own: HashSet<u64> = self.host.socket_inodes(pid).into_iter().collect();
+                c.listener_inodes = socks
+                    .iter()
+                    .filter(|s| s.listening && own.contains(&s.inode))
+                    .map(|s| s.inode)
+                    .collect();
+            }
+            for s in socks
+                .iter()
+                .filter(|s| c.listener_inodes.contains(&s.inode))
+            {
+                let port = s.local.port();
+                let limit = c.netns.and_then(|ns| self.backlog_limits.get(&(ns, port)));
+                out.queues
+                    .push((c.identity.clone(), port, s.rx_queue, limit.copied()));
+            }
+            // A pod's containers share one namespace: its counters go under the first
+            // container (by name) that listens in it.
+            let owns = !c.listener_inodes.is_empty();
+            if let Some(ns) = c.netns {
+                counters.push((owns, ns, pid, c.identity.clone()));
+            }
+        }
+        counters.sort_by_key(|(owns, ..)| !owns);
+        for (_, ns, pid, identity) in counters {
+            if !namespaces.insert(ns) {
+                continue;
+            }
+            let Some(text) = self.host.netstat(pid) else {
+                continue;
+            };
+            match parse_listen_counters(&text) {
+                Ok(c) => out.netns.push((identity, c)),
+                Err(e) => out.errors.push(e),
             }
         }
         out

@@ -1,11 +1,15 @@
 //! Attribution driven by synthetic events against a fake host.
 
-use std::net::{IpAddr, SocketAddr};
+use std::{
+    collections::HashSet,
+    net::{IpAddr, SocketAddr},
+};
 
 use super::{
     attribute::Enricher,
     cgroup_path::CgroupOwner,
     host::{HostView, ProcInfo, SocketEntry},
+    netstat::ListenCounters,
     runtime_meta::ContainerMeta,
 };
 use crate::{
@@ -43,7 +47,6 @@ impl HostView for FakeHost {
             listening,
             established: !listening,
             rx_queue: if listening { 3 } else { 0 },
-            tx_queue: if listening { 128 } else { 0 },
         };
         vec![
             entry(11, "0.0.0.0:8080", "0.0.0.0:0", true),
@@ -66,6 +69,9 @@ impl HostView for FakeHost {
     }
     fn cgroup_v2_id(&self, _path: &str) -> Option<u64> {
         Some(777)
+    }
+    fn netstat(&self, pid: u32) -> Option<String> {
+        (pid == 101).then(|| "TcpExt: ListenOverflows ListenDrops\nTcpExt: 7 9\n".to_string())
     }
     fn metadata(&self, _owner: &CgroupOwner) -> ContainerMeta {
         ContainerMeta {
@@ -140,6 +146,7 @@ fn state(
         old: named(old),
         new: named(new),
         counters,
+        max_ack_backlog: None,
     })
 }
 
@@ -649,12 +656,47 @@ fn listener_facts_arrivals_accept_wait_overflows_and_queues() {
         Some(("web-2".into(), 8080, Fact::Overflow))
     );
     // Queue depth and limit of its own listener only (not the sidecar's 9090).
-    let q: Vec<_> = e
-        .accept_queues()
+    let sample = e.sample_listen_path(None);
+    let q: Vec<_> = sample
+        .queues
         .into_iter()
         .map(|(c, p, d, l)| (c.name, p, d, l))
         .collect();
-    assert_eq!(q, [("web-2".to_string(), 8080, 3, 128)]);
+    // The limit is unknown for a listener opened before the agent started...
+    assert_eq!(q, [("web-2".to_string(), 8080, 3, None)]);
+    let ns: Vec<_> = sample.netns.into_iter().map(|(c, n)| (c.name, n)).collect();
+    assert_eq!(
+        ns,
+        [(
+            "web-2".to_string(),
+            ListenCounters {
+                overflows: 7,
+                drops: 9
+            }
+        )]
+    );
+    // ...and known from the kernel for one opened since.
+    let mut listen = state(
+        5,
+        NS,
+        "TCP_CLOSE",
+        "TCP_LISTEN",
+        conn("0.0.0.0:8080", "0.0.0.0:0"),
+        TcpCounters::default(),
+    );
+    if let Event::StateChange(s) = &mut listen {
+        s.meta = meta(101, NS, 777);
+        s.max_ack_backlog = Some(128);
+    }
+    e.on_event(&listen);
+    // A fast sample of the workload reuses the listener found by the full one.
+    let web: HashSet<_> = [(String::new(), "web".to_string())].into();
+    let fast = e.sample_listen_path(Some(&web));
+    assert_eq!(fast.queues.len(), 1);
+    assert_eq!(fast.queues[0].3, Some(128));
+    let other: HashSet<_> = [(String::new(), "api".to_string())].into();
+    let none = e.sample_listen_path(Some(&other));
+    assert!(none.queues.is_empty() && none.netns.is_empty());
 }
 
 #[test]

@@ -31,10 +31,9 @@ pub struct SocketEntry {
     pub remote: SocketAddr,
     pub listening: bool,
     pub established: bool,
-    /// For a listener: connections waiting in its accept queue, and the queue's limit
-    /// (the receive and send queue columns of /proc/net/tcp).
+    /// For a listener: connections waiting in its accept queue (the receive queue column of
+    /// /proc/net/tcp; its send queue column is 0 for listeners, not the limit).
     pub rx_queue: u32,
-    pub tx_queue: u32,
 }
 
 pub trait HostView {
@@ -49,6 +48,8 @@ pub trait HostView {
     /// The cgroup v2 id (the directory's inode) of a container cgroup path.
     fn cgroup_v2_id(&self, path: &str) -> Option<u64>;
     fn metadata(&self, owner: &CgroupOwner) -> ContainerMeta;
+    /// The text of `pid`'s network namespace's `net/netstat`.
+    fn netstat(&self, pid: u32) -> Option<String>;
 }
 
 /// Local IPv4 addresses from a `/proc/<pid>/net/fib_trie` text: the `/32 host LOCAL` leaves.
@@ -136,7 +137,6 @@ impl HostView for Procfs {
                 listening: e.state == procfs::net::TcpState::Listen,
                 established: e.state == procfs::net::TcpState::Established,
                 rx_queue: e.rx_queue,
-                tx_queue: e.tx_queue,
             })
             .collect()
     }
@@ -197,6 +197,10 @@ impl HostView for Procfs {
         .find(|p| p.join("cgroup.procs").exists() && is_v2(p))
         .and_then(|p| std::fs::metadata(p).ok())
         .map(|m| m.ino())
+    }
+
+    fn netstat(&self, pid: u32) -> Option<String> {
+        std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("net/netstat")).ok()
     }
 
     fn metadata(&self, owner: &CgroupOwner) -> ContainerMeta {

@@ -5,6 +5,7 @@
 pub mod attribute;
 pub mod cgroup_path;
 pub mod host;
+pub mod netstat;
 pub mod runtime_meta;
 
 pub use attribute::Enricher;

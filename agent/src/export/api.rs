@@ -112,8 +112,10 @@ pub fn deploy_json(d: &Deploy, clock: &Clock) -> Value {
     })
 }
 
-pub fn storm_json(s: &Storm, clock: &Clock) -> Value {
+/// A storm; `deploy_id` is the deploy its stop belongs to.
+pub fn storm_json(s: &Storm, deploy_id: Option<&str>, clock: &Clock) -> Value {
     json!({
+        "deploy_id": deploy_id,
         "namespace": s.namespace,
         "workload": s.workload,
         "container": s.container,
@@ -127,6 +129,8 @@ pub fn storm_json(s: &Storm, clock: &Clock) -> Value {
         "arrivals_per_100ms": s.arrivals_per_bucket,
         "max_queue_depth": s.max_queue_depth,
         "overflows": s.overflows,
+        "netns_listen_overflows": s.netns_listen_overflows,
+        "netns_listen_drops": s.netns_listen_drops,
         "accept_wait_p50_seconds": round3(s.accept_wait_quantile(0.5)),
         "accept_wait_p95_seconds": round3(s.accept_wait_quantile(0.95)),
         "accept_wait_max_seconds": round3(s.accept_waits.last().copied()),
@@ -135,9 +139,21 @@ pub fn storm_json(s: &Storm, clock: &Clock) -> Value {
     })
 }
 
-/// Newest first.
-pub fn storms_json(storms: &[Storm], clock: &Clock) -> Value {
-    Value::Array(storms.iter().rev().map(|s| storm_json(s, clock)).collect())
+/// Newest first, each linked to the deploy of its stop.
+pub fn storms_json(storms: &[Storm], deploys: &[Deploy], clock: &Clock) -> Value {
+    let deploy_of = |stop: &str| {
+        deploys
+            .iter()
+            .find(|d| d.stops.iter().any(|s| s == stop))
+            .map(|d| d.id.as_str())
+    };
+    Value::Array(
+        storms
+            .iter()
+            .rev()
+            .map(|s| storm_json(s, deploy_of(&s.stop_id), clock))
+            .collect(),
+    )
 }
 
 /// Newest first.
@@ -244,5 +260,45 @@ mod tests {
         for k in ["id", "runtime", "name", "namespace", "pod", "workload"] {
             assert!(v["container"].get(k).is_some(), "container.{k}");
         }
+    }
+
+    #[test]
+    fn a_storm_names_the_deploy_of_its_stop() {
+        let clock = Clock { offset_ns: 0 };
+        let deploy = |id: &str, stop: &str| Deploy {
+            id: id.into(),
+            namespace: String::new(),
+            workload: "ws".into(),
+            started_at: 0,
+            last_stop_at: 0,
+            stops: vec![stop.into()],
+            outcomes: Default::default(),
+            in_progress: 0,
+            loss: Loss::default(),
+        };
+        let storm = |stop: &str| Storm {
+            stop_id: stop.into(),
+            clients: 20,
+            netns_listen_overflows: Some(3),
+            ..Default::default()
+        };
+        let v = storms_json(
+            &[storm("a-1"), storm("b-1"), storm("gone-1")],
+            &[deploy("ws-1", "a-1"), deploy("ws-2", "b-1")],
+            &clock,
+        );
+        let ids: Vec<&Value> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| &s["deploy_id"])
+            .collect();
+        assert_eq!(
+            ids,
+            [&Value::Null, &json!("ws-2"), &json!("ws-1")],
+            "newest first"
+        );
+        assert_eq!(v[0]["netns_listen_overflows"], 3);
+        assert_eq!(v[0]["recommended_window_seconds"], Value::Null);
     }
 }

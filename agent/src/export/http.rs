@@ -59,29 +59,29 @@ impl State {
 
     /// The deploy page from the same JSON the report API serves.
     fn page(&self) -> Response<Full<Bytes>> {
-        let (deploys, stops) = match self.tracker.lock() {
-            Ok(t) => (
-                api::deploys_json(&deploys::group(t.stops(), self.deploy_window), &self.clock),
-                api::stops_json(t.stops(), &self.clock),
-            ),
-            Err(_) => {
-                return respond(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "text/plain",
-                    "state unavailable\n",
-                );
-            }
+        // Tracker, then storms: the order `/api/v1/storms` takes them in.
+        let Ok(t) = self.tracker.lock() else {
+            return respond(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                "state unavailable\n",
+            );
         };
-        let storms = match self.storms.lock() {
-            Ok(s) => api::storms_json(s.storms(), &self.clock),
-            Err(_) => {
-                return respond(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "text/plain",
-                    "state unavailable\n",
-                );
-            }
+        let grouped = deploys::group(t.stops(), self.deploy_window);
+        let deploys = api::deploys_json(&grouped, &self.clock);
+        let stops = api::stops_json(t.stops(), &self.clock);
+        let Ok(storms) = self
+            .storms
+            .lock()
+            .map(|s| api::storms_json(s.storms(), &grouped, &self.clock))
+        else {
+            return respond(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                "state unavailable\n",
+            );
         };
+        drop(t);
         let info = page::PageInfo {
             host: self.host.clone(),
             version: env!("CARGO_PKG_VERSION").into(),
@@ -211,20 +211,12 @@ pub fn route(
                 &state.clock,
             )
         }),
-        "/api/v1/storms" => {
-            let storms = state
-                .storms
-                .lock()
-                .map(|s| api::storms_json(s.storms(), &state.clock));
-            match storms.map(|v| serde_json::to_vec_pretty(&v)) {
-                Ok(Ok(b)) => respond(StatusCode::OK, "application/json", b),
-                _ => respond(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "text/plain",
-                    "state unavailable\n",
-                ),
-            }
-        }
+        "/api/v1/storms" => state.json(|t| {
+            let deploys = deploys::group(t.stops(), state.deploy_window);
+            state.storms.lock().map_or(serde_json::Value::Null, |s| {
+                api::storms_json(s.storms(), &deploys, &state.clock)
+            })
+        }),
         "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
         "/readyz" if state.ready.load(Ordering::Relaxed) => {
             respond(StatusCode::OK, "text/plain", "ready\n")

@@ -15,7 +15,10 @@ use drainwatch_common::EventKind;
 use crate::{
     capture::{event::kind_name, plan::SignalStatus},
     correlate::{ContainerIdentity, stops::Stop, storms::Storm},
-    enrich::attribute::{Fact, ListenerFact},
+    enrich::{
+        attribute::{Fact, ListenerFact},
+        netstat::ListenCounters,
+    },
 };
 
 /// Most distinct containers (namespace, workload, container) the per-container families
@@ -108,6 +111,11 @@ struct StopFamilies {
     storms: Family<PortLabels, Counter>,
     storm_peak_rate: Family<PortLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     storm_window: Family<PortLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    storm_observed_window: Family<PortLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    netns_listen_overflows: Family<ContainerLabels, Counter>,
+    netns_listen_drops: Family<ContainerLabels, Counter>,
+    /// The kernel's absolute counters as last seen, to add only their growth.
+    netns_seen: Mutex<std::collections::HashMap<ContainerLabels, ListenCounters>>,
     /// Listeners whose queue gauges were set last time, to remove the ones that went away.
     queues_seen: Mutex<HashSet<PortLabels>>,
     series_dropped: Family<MetricLabels, Counter>,
@@ -160,6 +168,11 @@ struct SignalLabels {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct FileLabels {
+    file: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
     kernel: String,
@@ -171,6 +184,7 @@ pub struct Metrics {
     lost: Family<StageLabels, Counter>,
     probe_attached: Family<ProbeLabels, Gauge>,
     probe_degraded: Family<SignalLabels, Gauge>,
+    procfs_errors: Family<FileLabels, Counter>,
     stop: StopFamilies,
 }
 
@@ -181,6 +195,7 @@ impl Metrics {
         let lost = Family::<StageLabels, Counter>::default();
         let probe_attached = Family::<ProbeLabels, Gauge>::default();
         let probe_degraded = Family::<SignalLabels, Gauge>::default();
+        let procfs_errors = Family::<FileLabels, Counter>::default();
         registry.register(
             "drainwatch_events",
             "Events received from the kernel, by hook",
@@ -236,6 +251,10 @@ impl Metrics {
             storms: Family::default(),
             storm_peak_rate: Family::default(),
             storm_window: Family::default(),
+            storm_observed_window: Family::default(),
+            netns_listen_overflows: Family::default(),
+            netns_listen_drops: Family::default(),
+            netns_seen: Mutex::default(),
             series_dropped: Family::default(),
             seen: Mutex::new(HashSet::new()),
         };
@@ -326,7 +345,7 @@ impl Metrics {
         );
         registry.register(
             "drainwatch_accept_queue_limit",
-            "A container listener's accept queue limit (its listen() backlog)",
+            "A container listener's accept queue limit (its listen() backlog capped by somaxconn), for listeners opened while the agent ran",
             stop.accept_queue_limit.clone(),
         );
         registry.register(
@@ -345,6 +364,26 @@ impl Metrics {
             stop.storm_window.clone(),
         );
         registry.register(
+            "drainwatch_reconnect_storm_window_seconds",
+            "How long the last storm's clients took to come back (first arrival to 95%): compare with the recommended window",
+            stop.storm_observed_window.clone(),
+        );
+        registry.register(
+            "drainwatch_netns_listen_overflows",
+            "The kernel's TcpExt ListenOverflows of a container's network namespace: connections dropped because an accept queue was full, including those no drop event reports",
+            stop.netns_listen_overflows.clone(),
+        );
+        registry.register(
+            "drainwatch_netns_listen_drops",
+            "The kernel's TcpExt ListenDrops of a container's network namespace: every drop on its listen path",
+            stop.netns_listen_drops.clone(),
+        );
+        registry.register(
+            "drainwatch_procfs_errors",
+            "procfs files that could not be parsed, by file",
+            procfs_errors.clone(),
+        );
+        registry.register(
             "drainwatch_series_dropped",
             "Series not created because the per-container cardinality cap was reached",
             stop.series_dropped.clone(),
@@ -360,12 +399,16 @@ impl Metrics {
                 stage: s.as_str().into(),
             });
         }
+        let _ = procfs_errors.get_or_create(&FileLabels {
+            file: "netstat".into(),
+        });
         Self {
             registry,
             events,
             lost,
             probe_attached,
             probe_degraded,
+            procfs_errors,
             stop,
         }
     }
@@ -545,13 +588,54 @@ impl Metrics {
             .storm_peak_rate
             .get_or_create(&l)
             .set(s.peak_arrivals_per_second);
-        if let Some(w) = s.recommended_window_seconds {
-            self.stop.storm_window.get_or_create(&l).set(w);
+        // 0 when nothing queued: no wider window was needed.
+        self.stop
+            .storm_window
+            .get_or_create(&l)
+            .set(s.recommended_window_seconds.unwrap_or(0.0));
+        self.stop
+            .storm_observed_window
+            .get_or_create(&l)
+            .set(s.seconds_to_95_percent);
+    }
+
+    /// Adds the growth of each namespace's listen counters since the last sample.
+    pub fn netns_listen_counters(&self, sample: &[(ContainerIdentity, ListenCounters)]) {
+        let Ok(mut seen) = self.stop.netns_seen.lock() else {
+            return;
+        };
+        for (c, now) in sample {
+            let l = ContainerLabels::from(c);
+            if !self.admit(&l, "drainwatch_netns_listen_overflows") {
+                continue;
+            }
+            let before = seen.insert(l.clone(), *now).unwrap_or_default();
+            // A counter that went down belongs to a new namespace under the same names.
+            let grew = |b: u64, n: u64| if n >= b { n - b } else { n };
+            self.stop
+                .netns_listen_overflows
+                .get_or_create(&l)
+                .inc_by(grew(before.overflows, now.overflows));
+            self.stop
+                .netns_listen_drops
+                .get_or_create(&l)
+                .inc_by(grew(before.drops, now.drops));
         }
     }
 
-    /// Sets the accept-queue gauges to this sample, removing listeners that are gone.
-    pub fn accept_queues(&self, sample: &[(ContainerIdentity, u16, u32, u32)]) {
+    pub fn procfs_error(&self, file: &str) {
+        self.procfs_errors
+            .get_or_create(&FileLabels { file: file.into() })
+            .inc();
+    }
+
+    /// Sets the accept-queue gauges to this sample; a `complete` sample (every container's
+    /// listeners, not a fast one of a few workloads) also removes listeners that are gone.
+    pub fn accept_queues(
+        &self,
+        sample: &[(ContainerIdentity, u16, u32, Option<u32>)],
+        complete: bool,
+    ) {
         let Ok(mut seen) = self.stop.queues_seen.lock() else {
             return;
         };
@@ -564,11 +648,17 @@ impl Metrics {
                 .accept_queue_depth
                 .get_or_create(&l)
                 .set(i64::from(*depth));
-            self.stop
-                .accept_queue_limit
-                .get_or_create(&l)
-                .set(i64::from(*limit));
+            if let Some(limit) = limit {
+                self.stop
+                    .accept_queue_limit
+                    .get_or_create(&l)
+                    .set(i64::from(*limit));
+            }
             now.insert(l);
+        }
+        if !complete {
+            seen.extend(now);
+            return;
         }
         for gone in seen.difference(&now) {
             self.stop.accept_queue_depth.remove(gone);
@@ -714,7 +804,7 @@ mod tests {
             workload: "web".into(),
             ..Default::default()
         };
-        m.accept_queues(&[(c.clone(), 8080, 7, 128)]);
+        m.accept_queues(&[(c.clone(), 8080, 7, Some(128))], true);
         let text = m.encode_prometheus().unwrap();
         let labels = "{namespace=\"\",workload=\"web\",container=\"web-2\",port=\"8080\"}";
         assert!(
@@ -725,9 +815,43 @@ mod tests {
             text.contains(&format!("drainwatch_accept_queue_limit{labels} 128")),
             "{text}"
         );
-        m.accept_queues(&[]);
+        m.accept_queues(&[], false);
+        let text = m.encode_prometheus().unwrap();
+        assert!(
+            text.contains(&format!("drainwatch_accept_queue_depth{labels} 7")),
+            "a fast sample of other workloads removes nothing"
+        );
+        m.accept_queues(&[], true);
         let text = m.encode_prometheus().unwrap();
         assert!(!text.contains("drainwatch_accept_queue_depth{"), "{text}");
+    }
+
+    #[test]
+    fn namespace_listen_counters_add_the_kernels_growth() {
+        let m = Metrics::new("k");
+        let c = ContainerIdentity {
+            name: "web-2".into(),
+            workload: "web".into(),
+            ..Default::default()
+        };
+        let at = |overflows, drops| [(c.clone(), ListenCounters { overflows, drops })];
+        m.netns_listen_counters(&at(3, 4));
+        m.netns_listen_counters(&at(10, 12));
+        let labels = "{namespace=\"\",workload=\"web\",container=\"web-2\"}";
+        let text = m.encode_prometheus().unwrap();
+        assert!(
+            text.contains(&format!(
+                "drainwatch_netns_listen_overflows_total{labels} 10"
+            )),
+            "{text}"
+        );
+        assert!(text.contains(&format!("drainwatch_netns_listen_drops_total{labels} 12")));
+        // A new namespace under the same names starts from 0 again: its value is growth.
+        m.netns_listen_counters(&at(2, 2));
+        let text = m.encode_prometheus().unwrap();
+        assert!(text.contains(&format!(
+            "drainwatch_netns_listen_overflows_total{labels} 12"
+        )));
     }
 
     #[test]

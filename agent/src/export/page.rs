@@ -242,14 +242,13 @@ pub fn render(deploys: &Value, stops: &Value, storms: &Value, info: &PageInfo) -
 "#,
         host = esc(&info.host),
         state = fnv(&main),
-        updated = esc(hms(&info.rendered_at)),
+        updated = esc(hms(&info.rendered_at).split('.').next().unwrap_or("")),
         version = esc(&info.version),
     )
 }
 
+/// What the glyphs mean: each drawn by the same code as on the timelines.
 fn legend() -> String {
-    let mut svg =
-        String::from(r#"<svg class="legend" viewBox="0 0 900 22" role="img" aria-label="legend">"#);
     let items: [(&str, &str); 8] = [
         ("sigterm", "stop signal"),
         ("late", "accepted after it"),
@@ -258,15 +257,17 @@ fn legend() -> String {
         ("cut", "in-flight cut"),
         ("retried", "retried: done twice"),
         ("abort", "502 via proxy"),
-        ("grace", "grace period / drain"),
+        ("grace", "grace period, drain"),
     ];
-    let mut x = 4.0;
+    let mut out = String::from(r#"<div class="legend">"#);
     for (kind, label) in items {
-        svg += &glyph(kind, x + 5.0, 11.0);
-        svg += &format!(r#"<text x="{:.1}" y="15">{label}</text>"#, x + 14.0);
-        x += 16.0 + label.len() as f64 * 6.4 + 14.0;
+        let w = if kind == "grace" { 24 } else { 16 };
+        out += &format!(
+            r#"<span><svg viewBox="0 0 {w} 16" width="{w}" height="16" aria-hidden="true">{}</svg>{label}</span>"#,
+            glyph(kind, if kind == "grace" { 9.0 } else { 8.0 }, 8.0)
+        );
     }
-    svg + "</svg>"
+    out + "</div>"
 }
 
 /// One loss glyph centred at (x, y).
@@ -939,8 +940,8 @@ fn count_lost(events: &[(f64, String)]) -> String {
     )
 }
 
-/// A reconnect storm: arrivals per 100 ms against the accept rate the listener sustained, the
-/// observed window (95% back) beside the recommended one, and the accept-path numbers.
+/// A reconnect storm: arrivals per 100 ms against the accept capacity measured while connections
+/// queued, the observed window (95% back) beside the recommended one, the accept-path numbers.
 fn render_storm(st: &Value) -> String {
     let v = verdict::storm(st);
     let buckets: Vec<u64> = st["arrivals_per_100ms"]
@@ -967,15 +968,16 @@ fn render_storm(st: &Value) -> String {
         r#"<svg class="storm-chart" viewBox="0 0 {W} {height:.0}" role="img" aria-label="reconnect storm">"#
     );
     svg += &format!(
-        r#"<rect class="lane" x="{left}" y="{top}" width="{:.1}" height="{plot_h}" rx="3"/><text class="lane-label" x="{:.1}" y="{:.1}">arrivals</text><text class="lane-sub" x="{:.1}" y="{:.1}">per 100 ms</text><text class="tick-label" x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
+        r#"<rect class="lane" x="{left}" y="{top}" width="{:.1}" height="{plot_h}" rx="3"/><text class="lane-label" x="{:.1}" y="{:.1}">arrivals</text><text class="lane-sub" x="{:.1}" y="{:.1}">per 100 ms</text><line class="tick" x1="{left}" y1="{ytop:.1}" x2="{right:.1}" y2="{ytop:.1}"/><text class="tick-label" x="{:.1}" y="{:.1}" text-anchor="start">{}</text>"#,
         right - left,
         left - 8.0,
         top + 14.0,
         left - 8.0,
         top + 27.0,
-        left - 8.0,
-        top + 8.0 + 0.0 * plot_h,
-        (ymax / 1.15).round()
+        left + 4.0,
+        y(ymax / 1.15) - 3.0,
+        (ymax / 1.15).round(),
+        ytop = y(ymax / 1.15),
     );
     let bw = (x(0.1) - x(0.0)).max(1.0);
     for (i, c) in buckets.iter().enumerate() {
@@ -995,29 +997,46 @@ fn render_storm(st: &Value) -> String {
     if let (Some(r), Some(rate)) = (per_bucket_rate, rate) {
         let yr = y(r);
         svg += &format!(
-            r#"<line class="rate" x1="{left}" y1="{yr:.1}" x2="{right:.1}" y2="{yr:.1}"/><text class="band-label rate-label" x="{:.1}" y="{:.1}" text-anchor="end">sustained {} accepts/s</text>"#,
+            r#"<line class="rate" x1="{left}" y1="{yr:.1}" x2="{right:.1}" y2="{yr:.1}"/><text class="band-label rate-label" x="{:.1}" y="{:.1}" text-anchor="end">capacity {} accepts/s</text>"#,
             right - 4.0,
             yr - 4.0,
             thousands(rate.round() as u64)
         );
     }
-    // Windows under the chart: observed, then recommended.
-    let mut wy = top + plot_h + 14.0;
-    svg += &format!(
-        r#"<rect class="win observed" x="{left}" y="{wy:.1}" width="{:.1}" height="10" rx="2"/><text class="band-label" x="{:.1}" y="{:.1}">95% back in {} s</text>"#,
-        (x(observed) - left).max(2.0),
-        x(observed) + 6.0,
-        wy + 9.0,
-        secs(observed)
+    // Windows under the chart: observed, then recommended; each label beside its bar, or
+    // inside it when the bar reaches the right edge.
+    let window = |svg: &mut String, class: &str, wy: f64, until: f64, label: String| {
+        let xe = x(until);
+        let width = label.chars().count() as f64 * 6.4;
+        let (lx, anchor, on) = if xe + 6.0 + width < right {
+            (xe + 6.0, "start", "")
+        } else {
+            (xe - 6.0, "end", " on-drain")
+        };
+        *svg += &format!(
+            r#"<rect class="win {class}" x="{left}" y="{wy:.1}" width="{:.1}" height="13" rx="2"/><text class="band-label{on}" x="{lx:.1}" y="{:.1}" text-anchor="{anchor}">{label}</text>"#,
+            (xe - left).max(2.0),
+            wy + 10.5,
+        );
+    };
+    let wy = top + plot_h + 10.0;
+    window(
+        &mut svg,
+        "observed",
+        wy,
+        observed,
+        format!("95% back in {} s", secs(observed)),
     );
-    wy += 16.0;
     if let Some(r) = recommended {
-        svg += &format!(
-            r#"<rect class="win recommended" x="{left}" y="{wy:.1}" width="{:.1}" height="10" rx="2"/><text class="band-label" x="{:.1}" y="{:.1}">recommended window ≥ {} s</text>"#,
-            (x(r) - left).max(2.0),
-            x(r) + 6.0,
-            wy + 9.0,
-            secs((r * 10.0 - 1e-6).ceil() / 10.0)
+        window(
+            &mut svg,
+            "recommended",
+            wy + 18.0,
+            r,
+            format!(
+                "recommended window ≥ {} s",
+                secs((r * 10.0 - 1e-6).ceil() / 10.0)
+            ),
         );
     }
     let (step, _) = Axis {
@@ -1074,7 +1093,7 @@ header{background:#151b26;color:#e9edf3;padding:14px 28px 12px;display:grid;grid
 nav{font-size:12.5px;color:#98a4b8}nav a{color:#c5d3ea;text-decoration:none}nav a:hover{text-decoration:underline}
 main{max-width:1180px;margin:0 auto;padding:18px 24px 40px}
 .overview{display:flex;flex-wrap:wrap;align-items:center;justify-content:space-between;gap:8px;color:var(--muted);font-size:13px;margin:0 2px 12px}
-.legend{width:640px;max-width:100%;height:22px}.legend text{font-size:11.5px;fill:var(--muted)}
+.legend{display:flex;flex-wrap:wrap;gap:4px 14px;font-size:12px;color:var(--muted)}.legend span{display:inline-flex;align-items:center;gap:5px}
 .empty{background:var(--card);border:1px solid var(--line);border-radius:10px;padding:28px 32px;text-align:center;color:var(--muted)}.empty h2{color:var(--ink);margin:0 0 6px;font-size:18px}
 details.deploy{background:var(--card);border:1px solid var(--line);border-left:4px solid var(--line);border-radius:10px;margin:0 0 14px;box-shadow:0 1px 2px rgba(16,24,40,.04)}
 details.deploy.bad{border-left-color:var(--bad)}details.deploy.good{border-left-color:var(--good)}details.deploy.warning{border-left-color:var(--warn)}details.deploy.pending{border-left-color:var(--pending)}
@@ -1291,7 +1310,7 @@ mod tests {
             "storm inside its deploy"
         );
         assert!(html.contains(&esc(&verdict::storm(&storm).text)));
-        assert!(html.contains("sustained 480 accepts/s"));
+        assert!(html.contains("capacity 480 accepts/s"));
         assert!(html.contains("recommended window ≥ 4.2 s"));
         assert!(html.contains("95% back in 1.1 s"));
         assert_eq!(html.matches(r#"class="bar"#).count(), 11);

@@ -147,8 +147,9 @@ pub fn render_storms(storms: &Value) -> String {
     let mut out = String::new();
     for s in storms.as_array().into_iter().flatten() {
         let f = |k: &str| s[k].as_f64().map_or("-".to_string(), |v| format!("{v:.3}"));
+        let verdict = verdict::storm(s).text;
         out.push_str(&format!(
-            "STORM {} port {} after stop {}: {} clients back in {} s (95%), peak {} arrivals/s, max queue {}, {} overflows\n  accept wait p50 {} s, p95 {} s, max {} s; sustained {} accepts/s\n  verdict: {}\n\n",
+            "STORM {} port {} after stop {}: {} clients back in {} s (95%), peak {} arrivals/s, max queue {}, {} overflows\n  accept wait p50 {} s, p95 {} s, max {} s; capacity {} accepts/s while queued\n  verdict: {verdict}\n\n",
             s["container"].as_str().unwrap_or(""),
             s["port"],
             s["stop_id"].as_str().unwrap_or(""),
@@ -161,7 +162,6 @@ pub fn render_storms(storms: &Value) -> String {
             f("accept_wait_p95_seconds"),
             f("accept_wait_max_seconds"),
             f("sustained_accept_rate"),
-            verdict::storm(s).text,
         ));
     }
     out
@@ -321,6 +321,10 @@ mod tests {
         assert!(
             text.contains("verdict: 2,000 clients reconnected within 1.1 s against 480 accepts/s: spread reconnects over ≥ 4.2 s"),
             "{text}"
+        );
+        let calm = json!([{"clients": 2000, "recommended_window_seconds": null}]);
+        assert!(
+            render_storms(&calm).contains("the accept queue never backed up: no change needed")
         );
         assert!(render_storms(&json!([])).is_empty());
     }

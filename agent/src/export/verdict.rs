@@ -309,10 +309,11 @@ pub fn storm(storm: &Value) -> Verdict {
                 secs(ceil_tenth(w))
             ),
         },
-        (Some(_), Some(r)) => Verdict {
+        (Some(w), Some(r)) => Verdict {
             level: Level::Good,
             text: format!(
-                "{came}, no faster than the {} accepts/s it sustained: no change needed",
+                "{came}, wider than the {} s its {} accepts/s need: no change needed",
+                secs(ceil_tenth(w)),
                 rate(r)
             ),
         },
@@ -536,7 +537,7 @@ mod tests {
         });
         assert_eq!(
             storm(&spread).text,
-            "100 clients reconnected within 3 s, no faster than the 50 accepts/s it sustained: no change needed"
+            "100 clients reconnected within 3 s, wider than the 2 s its 50 accepts/s need: no change needed"
         );
     }
 

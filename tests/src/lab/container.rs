@@ -216,6 +216,8 @@ pub struct BackendOpts {
     pub crash_after: Option<Duration>,
     /// Bound on waiting for the server to listen and answer /health.
     pub ready_timeout: Duration,
+    /// A second listener on this port with this backlog that never accepts.
+    pub hold: Option<(u16, u32)>,
 }
 
 impl Default for BackendOpts {
@@ -227,6 +229,7 @@ impl Default for BackendOpts {
             drain_delay: None,
             crash_after: None,
             ready_timeout: Duration::from_secs(10),
+            hold: None,
         }
     }
 }
@@ -351,6 +354,7 @@ impl Backend {
         let port = opts.port.to_string();
         let drain = opts.drain_delay.map(|d| d.as_secs_f64().to_string());
         let crash_after = opts.crash_after.map(|d| d.as_secs_f64().to_string());
+        let hold = opts.hold.map(|(p, b)| (p.to_string(), b.to_string()));
         let mut args: Vec<&str> = vec!["run", "-d", "--name", &container, "--label", &label];
         args.extend(ULIMITS);
         if opts.init {
@@ -367,6 +371,9 @@ impl Backend {
         args.extend(["--log-dir", "/lab/log"]);
         if let Some(d) = &drain {
             args.extend(["--drain-delay", d]);
+        }
+        if let Some((port, backlog)) = &hold {
+            args.extend(["--hold-port", port, "--hold-backlog", backlog]);
         }
         if mode == Mode::Crash {
             args.extend(["--crash-at-file", "/lab/log/crash-at"]);

@@ -30,6 +30,10 @@ pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<StateChange, DecodeEr
             last_received: e.lrcvtime,
             last_sent: e.lsndtime,
         },
+        max_ack_backlog: names
+            .tcp_state(e.newstate)
+            .is_some_and(|n| n.name.as_deref() == Some("TCP_LISTEN"))
+            .then_some(e.max_ack_backlog),
     })
 }
 
@@ -85,6 +89,8 @@ mod tests {
             copied_seq: u32::MAX - 4,
             lrcvtime: 1000,
             lsndtime: 900,
+            max_ack_backlog: 0,
+            _pad: 0,
         };
         let d = decode(&bytes_of(&e), &names).unwrap();
         assert_eq!(d.old.unwrap().name.as_deref(), Some("TCP_LISTEN"));
