@@ -130,7 +130,7 @@ fn signal_name(sig: i64) -> String {
 const LOSS_KINDS: [(&str, &str, &str); 7] = [
     ("inflight_cut", "in-flight cut", "cut"),
     ("retry_duplicates", "retried (done twice)", "retried"),
-    ("upstream_aborts", "502 via proxy", "abort"),
+    ("upstream_aborts", "seen as 502", "abort"),
     ("refused", "refused", "refused"),
     ("unreachable", "unreachable", "unreachable"),
     ("accepted_after_sigterm", "accepted after SIGTERM", "late"),
@@ -256,7 +256,7 @@ fn legend() -> String {
         ("unreachable", "unreachable"),
         ("cut", "in-flight cut"),
         ("retried", "retried: done twice"),
-        ("abort", "502 via proxy"),
+        ("abort", "cut, seen as 502"),
         ("grace", "grace period, drain"),
     ];
     let mut out = String::from(r#"<div class="legend">"#);
@@ -692,9 +692,11 @@ fn timeline(stop: &Value) -> String {
 
     let top = LABEL_ROWS as f64 * LABEL_ROW + 6.0;
     let lane_h = 30.0;
+    // The routed lane is taller: its band's label sits under the glyphs.
+    let traffic_h = 40.0;
     let gap = 8.0;
     let traffic_y = top;
-    let process_y = traffic_y + lane_h + gap;
+    let process_y = traffic_y + traffic_h + gap;
     let loss_y = process_y + lane_h + gap;
     let bottom = loss_y + lane_h;
     let height = bottom + 24.0;
@@ -702,22 +704,23 @@ fn timeline(stop: &Value) -> String {
         r#"<svg class="timeline" viewBox="0 0 {W} {height:.0}" role="img" aria-label="stop timeline">"#
     );
     // Lanes.
-    for (y, label, sub) in [
-        (traffic_y, "routed to it", count_routed(&events)),
-        (process_y, "process", String::new()),
-        (loss_y, "lost", count_lost(&events)),
+    for (y, h, label, sub) in [
+        (traffic_y, traffic_h, "routed to it", count_routed(&events)),
+        (process_y, lane_h, "process", String::new()),
+        (loss_y, lane_h, "lost", count_lost(&events)),
     ] {
+        let mid = y + h / 2.0;
         svg += &format!(
-            r#"<rect class="lane" x="{GUTTER}" y="{y:.1}" width="{:.1}" height="{lane_h}" rx="3"/><text class="lane-label" x="{:.1}" y="{:.1}">{label}</text>"#,
+            r#"<rect class="lane" x="{GUTTER}" y="{y:.1}" width="{:.1}" height="{h}" rx="3"/><text class="lane-label" x="{:.1}" y="{:.1}">{label}</text>"#,
             W - PAD_RIGHT - GUTTER,
             GUTTER - 8.0,
-            y + if sub.is_empty() { 19.0 } else { 13.0 },
+            mid + if sub.is_empty() { 4.0 } else { -2.0 },
         );
         if !sub.is_empty() {
             svg += &format!(
                 r#"<text class="lane-sub" x="{:.1}" y="{:.1}">{sub}</text>"#,
                 GUTTER - 8.0,
-                y + 25.0
+                mid + 10.0
             );
         }
     }
@@ -790,35 +793,61 @@ fn timeline(stop: &Value) -> String {
             );
         }
     }
-    // Routed lane: the routing lag band, then every connection routed to it.
+    // Routed lane: the routing lag band, then every connection routed to it (glyphs in its
+    // upper part, the band's label under them).
+    let glyph_y = traffic_y + 13.0;
     if let Some(l) = lag.filter(|l| *l > 0.0) {
         let xl = axis.x(l);
         svg += &format!(
             r#"<rect class="lag" x="{x0:.1}" y="{:.1}" width="{:.1}" height="{:.1}" rx="3"/>"#,
             traffic_y + 3.0,
             (xl - x0).max(1.0),
-            lane_h - 6.0
+            traffic_h - 6.0
         );
         let label = format!("routing continued {} s", secs(l));
-        let width = label.len() as f64 * 6.4;
-        let (x, anchor) = if xl + 6.0 + width < W - PAD_RIGHT {
+        let width = label.chars().count() as f64 * 6.4;
+        let (x, anchor) = if xl - x0 > width + 12.0 {
+            (x0 + 6.0, "start")
+        } else if xl + 6.0 + width < W - PAD_RIGHT {
             (xl + 6.0, "start")
         } else {
             (xl - 6.0, "end")
         };
         svg += &format!(
             r#"<text class="band-label" x="{x:.1}" y="{:.1}" text-anchor="{anchor}">{label}</text>"#,
-            traffic_y + 19.0
+            traffic_y + traffic_h - 7.0
         );
     }
     if let Some(a) = accept_shown {
-        svg += &glyph("late", axis.x(a), traffic_y + lane_h / 2.0).replace("g-late", "g-accept");
+        svg += &glyph("late", axis.x(a), glyph_y).replace("g-late", "g-accept");
     }
+    // Loss glyphs at (nearly) the same moment stack vertically instead of hiding each other;
+    // what a proxy made of a cut sits just after the cut.
+    let mut stacked: Vec<(f64, f64, usize)> = Vec::new();
     for (t, kind) in &events {
-        let x = axis.x(*t);
+        let proxy_outcome = matches!(kind.as_str(), "retry_duplicates" | "upstream_aborts");
+        let mut x = axis.x(*t) + if proxy_outcome { 11.0 } else { 0.0 };
         let y = match kind.as_str() {
-            "accepted_after_sigterm" | "refused" | "unreachable" => traffic_y + lane_h / 2.0,
-            _ => loss_y + lane_h / 2.0,
+            "accepted_after_sigterm" | "refused" | "unreachable" => glyph_y,
+            _ => {
+                let lane = loss_y + lane_h / 2.0;
+                let k = stacked
+                    .iter()
+                    .position(|(sx, sy, _)| (sx - x).abs() < 3.0 && *sy == lane);
+                let nth = match k {
+                    Some(i) => {
+                        stacked[i].2 += 1;
+                        x = stacked[i].0;
+                        stacked[i].2
+                    }
+                    None => {
+                        stacked.push((x, lane, 0));
+                        0
+                    }
+                };
+                // 0, above, below, then on top of each other (the lane's count says how many).
+                lane + [0.0, -8.0, 8.0][nth.min(2)]
+            }
         };
         svg += &format!(
             "<g><title>{} {}</title>{}</g>",
@@ -879,10 +908,28 @@ fn timeline(stop: &Value) -> String {
         });
     }
     markers.sort_by(|a, b| a.at.total_cmp(&b.at));
-    let mut row_end = [f64::MIN; LABEL_ROWS];
     for m in &markers {
         let x = axis.x(m.at);
-        let width = m.label.len() as f64 * 6.6 + 6.0;
+        svg += &format!(
+            r#"<line class="marker {cls}" x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{bottom:.1}"/>"#,
+            top - 3.0,
+            cls = m.class,
+        );
+    }
+    // Markers a few pixels apart share one label ("SIGTERM · exit · listener closed"), each
+    // part in its marker's colour; labels go in rows so that none overlaps another.
+    let mut groups: Vec<Vec<&Marker>> = Vec::new();
+    for m in &markers {
+        match groups.last_mut() {
+            Some(g) if axis.x(m.at) - axis.x(g[0].at) < 8.0 => g.push(m),
+            _ => groups.push(vec![m]),
+        }
+    }
+    let mut row_end = [f64::MIN; LABEL_ROWS];
+    for g in &groups {
+        let x = axis.x(g[0].at);
+        let text: usize = g.iter().map(|m| m.label.chars().count() + 3).sum();
+        let width = text as f64 * 6.6 + 6.0;
         let right_side = x + width < W - 4.0;
         let (start, end) = if right_side {
             (x, x + width)
@@ -894,13 +941,17 @@ fn timeline(stop: &Value) -> String {
             .unwrap_or(LABEL_ROWS - 1);
         row_end[row] = end;
         let y = (row + 1) as f64 * LABEL_ROW;
+        let parts: Vec<String> = g
+            .iter()
+            .map(|m| format!(r#"<tspan class="{}">{}</tspan>"#, m.class, esc(&m.label)))
+            .collect();
         svg += &format!(
-            r#"<line class="marker {cls}" x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{bottom:.1}"/><text class="marker-label {cls}" x="{:.1}" y="{y:.1}" text-anchor="{}">{}</text>"#,
+            r#"<line class="marker-stem" x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}"/><text class="marker-label" x="{:.1}" y="{y:.1}" text-anchor="{}">{}</text>"#,
             y + 3.0,
+            top - 3.0,
             if right_side { x + 3.0 } else { x - 3.0 },
             if right_side { "start" } else { "end" },
-            esc(&m.label),
-            cls = m.class,
+            parts.join(r#"<tspan class="sep"> · </tspan>"#),
         );
     }
     svg += "</svg>\n";
@@ -935,7 +986,7 @@ fn count_lost(events: &[(f64, String)]) -> String {
         &[
             ("inflight_cut", "cut"),
             ("retry_duplicates", "retried"),
-            ("upstream_aborts", "502"),
+            ("upstream_aborts", "seen as 502"),
         ],
     )
 }
@@ -1120,11 +1171,12 @@ svg text{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Arial,sans-serif}
 .lag{fill:var(--lag);opacity:.28}
 .band-label{font-size:11px;fill:#3d4757}.on-drain{fill:#fff;font-weight:600}
 .marker{stroke-width:1.5}.marker-label{font-size:11px;font-weight:600}
-.m-term{stroke:#1d2430}.marker-label.m-term{fill:#1d2430;stroke:none}
-.m-listener{stroke:#7a4fd6;stroke-dasharray:4 3}.marker-label.m-listener{fill:#7a4fd6;stroke:none}
-.m-exit{stroke:#1d2430;stroke-dasharray:2 2}.marker-label.m-exit{fill:#1d2430;stroke:none}
-.m-kill{stroke:var(--bad);stroke-width:2}.marker-label.m-kill{fill:var(--bad);stroke:none}
-.m-cgroup{stroke:#98a2b3;stroke-dasharray:1 3}.marker-label.m-cgroup{fill:#667085;stroke:none}
+line.m-term{stroke:#1d2430}tspan.m-term{fill:#1d2430}
+line.m-listener{stroke:#7a4fd6;stroke-dasharray:4 3}tspan.m-listener{fill:#7a4fd6}
+line.m-exit{stroke:#1d2430;stroke-dasharray:2 2}tspan.m-exit{fill:#1d2430}
+line.m-kill{stroke:var(--bad);stroke-width:2}tspan.m-kill{fill:var(--bad)}
+line.m-cgroup{stroke:#98a2b3;stroke-dasharray:1 3}tspan.m-cgroup{fill:#667085}
+.marker-stem{stroke:#c4cad4;stroke-width:1}tspan.sep{fill:#98a2b3;font-weight:400}
 .g-cut{stroke:var(--bad);stroke-width:2.6;stroke-linecap:round;fill:none}
 .g-retried{stroke:#6b3fc7;stroke-width:2;fill:none}path.g-retried{fill:#6b3fc7;stroke:none}
 .g-abort{fill:#8a1c30}
@@ -1218,10 +1270,10 @@ mod tests {
         }
         // The timeline: markers, bands, one glyph per loss event, in the right lanes.
         for needle in [
-            ">SIGTERM</text>",
-            ">listener closed</text>",
-            ">exit (SIGTERM)</text>",
-            ">cgroup removed</text>",
+            ">SIGTERM</tspan>",
+            ">listener closed</tspan>",
+            ">exit (SIGTERM)</tspan>",
+            ">cgroup removed</tspan>",
             ">routing continued 3.5 s</text>",
             "2 cut, 1 retried",
             "3 refused",
