@@ -68,14 +68,18 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(extra: &[&str]) -> Self {
+        Self::start_on(free_port(), extra, Stdio::piped())
+    }
+
+    /// On 127.0.0.1:`port`, its log (stderr) going to `stderr`.
+    pub fn start_on(port: u16, extra: &[&str], stderr: Stdio) -> Self {
         require_root();
-        let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         let child = Command::new(binary())
             .args(["--listen", &listen])
             .args(extra)
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stderr(stderr)
             .spawn()
             .expect("spawn drainwatch");
         let mut agent = Self { child, port };

@@ -93,7 +93,12 @@ fn chips(el: &str) -> Vec<(String, u64)> {
         .into_iter()
         .filter_map(|(_, chip)| {
             let kind = chip["data-loss=\"".len()..].split('"').next()?.to_string();
-            let count = chip.split("<b>").nth(1)?.split("</b>").next()?.replace(',', "");
+            let count = chip
+                .split("<b>")
+                .nth(1)?
+                .split("</b>")
+                .next()?
+                .replace(',', "");
             Some((kind, count.parse().ok()?))
         })
         .collect()
@@ -181,7 +186,10 @@ fn check_page_matches_api(d: &Data, html: &str) {
                 .filter_map(|l| l["closed_at"].as_str())
                 .min()
                 .unwrap_or("");
-            assert_eq!(attr(tag, "data-listener-closed-at").as_deref(), Some(closed));
+            assert_eq!(
+                attr(tag, "data-listener-closed-at").as_deref(),
+                Some(closed)
+            );
             for (a, k) in [
                 ("data-drain-seconds", "drain_seconds"),
                 ("data-routing-lag-seconds", "routing_lag_seconds"),
@@ -189,7 +197,10 @@ fn check_page_matches_api(d: &Data, html: &str) {
                 assert_eq!(attr(tag, a), Some(num_or_empty(&stop[k])), "{a}");
             }
             let events = stop["loss_events"].as_array().unwrap();
-            assert_eq!(attr(tag, "data-loss-events"), Some(events.len().to_string()));
+            assert_eq!(
+                attr(tag, "data-loss-events"),
+                Some(events.len().to_string())
+            );
             assert_eq!(chips(art), nonzero(&stop["loss"]), "stop loss");
             // The page's verdict is the report's: one function.
             let v = verdict::stop(stop);
@@ -275,7 +286,10 @@ fn the_page_shows_a_stop_as_the_api_does_and_chromium_finds_it() {
     let url = format!("http://127.0.0.1:{}/", agent.port);
     let dom = browser::dump_dom(&url).expect("chromium --dump-dom");
     assert!(
-        dom.contains(&format!("data-stop-id=\"{}\"", esc(stop["id"].as_str().unwrap()))),
+        dom.contains(&format!(
+            "data-stop-id=\"{}\"",
+            esc(stop["id"].as_str().unwrap())
+        )),
         "the stop is in the DOM"
     );
     assert!(dom.contains(&browser::dom_text(&lab.s1.container)));

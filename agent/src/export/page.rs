@@ -986,7 +986,7 @@ fn count_lost(events: &[(f64, String)]) -> String {
         &[
             ("inflight_cut", "cut"),
             ("retry_duplicates", "retried"),
-            ("upstream_aborts", "seen as 502"),
+            ("upstream_aborts", "as 502"),
         ],
     )
 }

@@ -199,6 +199,20 @@ pub fn stop(stop: &Value) -> Verdict {
                 parts.push(format!("{r}: {}", wait_fix(lag)));
             }
         }
+        Some("exit_at_once") if stop["sigterm_at"].is_null() && !stop["sigkill_at"].is_null() => {
+            // SIGKILL with no stop signal before it: `kill -9`, `podman rm -f`, the OOM killer.
+            let mut text =
+                "killed by SIGKILL with no stop signal first: nothing could drain".to_string();
+            if cut > 0 {
+                text += &format!(
+                    ", {} cut",
+                    count(cut, "in-flight request", "in-flight requests")
+                );
+            }
+            parts.push(format!(
+                "{text}: stop containers with SIGTERM and a grace period (a pod deletion, `podman stop`), not a kill; if the kernel killed it, raise its memory limit"
+            ));
+        }
         Some("exit_at_once") => {
             let on_signal = stop["exit_signal"].as_i64().is_some();
             let what = if on_signal {
@@ -424,6 +438,19 @@ mod tests {
         assert_eq!(
             stop(&quiet).text,
             "exited at once on the stop signal (exit signal 15, code 143), cutting 1 in-flight request: handle SIGTERM: stop accepting, finish in-flight work, then exit"
+        );
+    }
+
+    #[test]
+    fn a_kill_without_a_stop_signal_says_to_stop_with_sigterm() {
+        let s = stop_with(
+            "exit_at_once",
+            json!({"inflight_cut": 1}),
+            json!({"sigterm_at": null, "sigkill_at": "2026-01-01T00:00:00Z", "exit_code": 137, "exit_signal": 9}),
+        );
+        assert_eq!(
+            stop(&s).text,
+            "killed by SIGKILL with no stop signal first: nothing could drain, 1 in-flight request cut: stop containers with SIGTERM and a grace period (a pod deletion, `podman stop`), not a kill; if the kernel killed it, raise its memory limit"
         );
     }
 
