@@ -36,10 +36,10 @@ pub fn cfg<T: Copy>(p: *const T) -> T {
 #[inline(always)]
 pub fn reserve<T: 'static>(kind: EventKind) -> Option<RingBufEntry<T>> {
     let entry = EVENTS.reserve::<T>(0);
-    if entry.is_none() {
-        if let Some(n) = LOST.get_ptr_mut(kind.index() as u32) {
-            unsafe { *n += 1 };
-        }
+    if entry.is_none()
+        && let Some(n) = LOST.get_ptr_mut(kind.index() as u32)
+    {
+        unsafe { *n += 1 };
     }
     entry
 }

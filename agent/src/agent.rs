@@ -17,16 +17,13 @@ use crate::{
     capture::{self, Capture, event::Event, reader::Reader},
     cli::Cli,
     correlate::{
-        Observation, SECOND,
-        stops::{self, Emitted, Tracker},
+        SECOND,
+        stops::{self, Tracker},
         storms::Storms,
     },
-    enrich::{
-        Enricher,
-        attribute::{Fact, ListenSample},
-        host::Procfs,
-    },
+    enrich::{Enricher, host::Procfs},
     export::{api::monotonic_now, http, metrics::Metrics},
+    pipeline::Pipeline,
 };
 
 /// Start-up failures: each renders as one sentence, and the binary exits 2.
@@ -85,143 +82,22 @@ fn kernel_release(procfs_root: &Path) -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-/// Enrich → correlate → metrics: attributes each event to a container, feeds the stop
-/// tracker, and turns what it reports into metrics. Rescans for new containers and advances
-/// the tracker's clock once a second.
-async fn pipeline(
-    mut rx: mpsc::Receiver<Event>,
-    mut enricher: Enricher<Procfs>,
-    tracker: Arc<std::sync::Mutex<Tracker>>,
-    storms: Arc<std::sync::Mutex<Storms>>,
-    metrics: Arc<Metrics>,
-    retention: u64,
-) {
-    // Feeds observations to the tracker; refused connections are also counted outside stops.
-    // `event` marks observations of a kernel event, whose time says how far processing got.
-    let feed = |obs: Vec<Observation>, at: u64, event: bool| {
-        let Ok(mut t) = tracker.lock() else { return };
-        for o in obs {
-            if let Observation::Refused { key } = &o
-                && let Some(id) = t.identity(key)
-            {
-                metrics.refused_connection(id);
-            }
-            t.observe(at, o);
-        }
-        if event {
-            t.processed(at);
-        }
-    };
-    feed(enricher.scan(), monotonic_now(), false);
+/// Runs the pipeline on the reader's events, and its periodic work every 100 ms.
+async fn consume(mut rx: mpsc::Receiver<Event>, mut pipeline: Pipeline<Procfs>) {
+    pipeline.start();
     tracing::info!(
-        containers = enricher.container_count(),
+        containers = pipeline.container_count(),
         "containers found at start-up"
     );
-    // The listen path is sampled every 100 ms while a workload is stopping or storming, and
-    // every second at rest; the rest of the periodic work runs every second.
     let mut tick = tokio::time::interval(Duration::from_millis(100));
-    let mut ticks: u64 = 0;
     loop {
         tokio::select! {
             ev = rx.recv() => {
                 let Some(ev) = ev else { break };
-                let at = ev.meta().ts_ns;
-                let obs = enricher.on_event(&ev);
-                for (id, direction, reason) in enricher.resets(&ev) {
-                    metrics.connection_reset(&id, direction, &reason);
-                }
-                if let Some(fact) = enricher.listener_fact(&ev) {
-                    metrics.listener_fact(&fact);
-                    if let Ok(mut s) = storms.lock() {
-                        let w = (fact.container.namespace.clone(), fact.container.workload.clone());
-                        match fact.fact {
-                            Fact::Arrival => s.arrival(&w, &fact.container.name, fact.port, at),
-                            Fact::AcceptWait(secs) => s.accept_wait(&w, fact.port, secs, at),
-                            Fact::Overflow => s.overflow(&w, fact.port),
-                        }
-                    }
-                }
-                feed(obs, at, true);
+                pipeline.event(&ev);
             }
-            _ = tick.tick() => {
-                ticks += 1;
-                let full = ticks % 10 == 1;
-                let hot = match storms.lock() {
-                    Ok(s) if !full => s.hot_workloads(),
-                    _ => Default::default(),
-                };
-                if full || !hot.is_empty() {
-                    let sample = enricher.sample_listen_path((!full).then_some(&hot));
-                    record_listen_sample(&sample, full, &metrics, &storms);
-                }
-                if full {
-                    enricher.expire(monotonic_now(), retention);
-                    if let Ok(mut s) = storms.lock() {
-                        for storm in s.tick(monotonic_now()) {
-                            metrics.storm(&storm);
-                        }
-                    }
-                    feed(enricher.scan(), monotonic_now(), false);
-                    if let Ok(mut t) = tracker.lock() {
-                        t.tick(monotonic_now());
-                    }
-                }
-            }
+            _ = tick.tick() => pipeline.tick(monotonic_now()),
         }
-        let emitted = tracker
-            .lock()
-            .map(|mut t| t.take_emitted())
-            .unwrap_or_default();
-        for e in emitted {
-            match e {
-                Emitted::Loss {
-                    container,
-                    kind,
-                    reason,
-                } => metrics.stop_loss(&container, kind, reason.as_deref()),
-                Emitted::Settled { stop } => metrics.stop_settled(&stop),
-                Emitted::StopBegan {
-                    container,
-                    stop_id,
-                    at,
-                } => {
-                    if let Ok(mut s) = storms.lock() {
-                        let w = (container.namespace.clone(), container.workload.clone());
-                        s.stopped(w, &stop_id, &container.name, at);
-                    }
-                }
-                Emitted::Retry {
-                    container,
-                    proxy,
-                    added_seconds,
-                } => metrics.retry(&container, &proxy, added_seconds),
-            }
-        }
-    }
-}
-
-fn record_listen_sample(
-    sample: &ListenSample,
-    complete: bool,
-    metrics: &Metrics,
-    storms: &std::sync::Mutex<Storms>,
-) {
-    for e in &sample.errors {
-        tracing::debug!(error = %e, "unreadable net/netstat");
-        metrics.procfs_error("netstat");
-    }
-    metrics.accept_queues(&sample.queues, complete);
-    metrics.netns_listen_counters(&sample.netns);
-    let Ok(mut s) = storms.lock() else { return };
-    for (c, port, depth, _) in &sample.queues {
-        s.queue_depth(&(c.namespace.clone(), c.workload.clone()), *port, *depth);
-    }
-    for (c, counters) in &sample.netns {
-        s.netns_counters(
-            &(c.namespace.clone(), c.workload.clone()),
-            &c.name,
-            *counters,
-        );
     }
 }
 
@@ -283,13 +159,15 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         cgroup_root: cli.cgroupfs_root.clone(),
         host_root: cli.host_root.clone(),
     });
-    let consumer = tokio::spawn(pipeline(
+    let consumer = tokio::spawn(consume(
         rx,
-        enricher,
-        tracker,
-        storms,
-        metrics.clone(),
-        cli.retention_seconds * SECOND,
+        Pipeline::new(
+            enricher,
+            tracker,
+            storms,
+            metrics.clone(),
+            cli.retention_seconds * SECOND,
+        ),
     ));
     state.ready.store(true, Ordering::Relaxed);
     tracing::info!("ready");

@@ -7,3 +7,4 @@ pub mod cli;
 pub mod correlate;
 pub mod enrich;
 pub mod export;
+pub mod pipeline;
