@@ -1189,6 +1189,7 @@ line.m-cgroup{stroke:#98a2b3;stroke-dasharray:1 3}tspan.m-cgroup{fill:#667085}
 .facts .loss{display:flex;flex-wrap:wrap;gap:5px;min-width:220px}
 .facts dl{margin:0;display:grid;grid-template-columns:repeat(auto-fill,minmax(250px,1fr));gap:2px 18px;flex:1}
 .facts dl div{display:flex;gap:8px}.facts dt{color:var(--muted);min-width:96px}.facts dd{margin:0}
+@media (max-width:1060px){header{grid-template-columns:1fr auto}.tagline{display:none}}
 @media (max-width:760px){header{grid-template-columns:1fr}main{padding:12px}.chips{margin-left:0}}
 "#;
 
