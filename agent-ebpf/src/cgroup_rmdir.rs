@@ -7,7 +7,7 @@ use drainwatch_common::{
     cgroup_rmdir::{Event, Fields},
 };
 
-use crate::util::{CONFIG, cfg, field, fill_header, reserve, task_netns};
+use crate::util::{CONFIG, cfg, field, fill_header, reserve, submit, task_netns};
 
 #[tracepoint]
 pub fn cgroup_rmdir(ctx: TracePointContext) -> u32 {
@@ -32,6 +32,6 @@ fn try_cgroup_rmdir(ctx: &TracePointContext) -> Option<()> {
             ev.path_len = s.len() as u32;
         }
     }
-    entry.submit(0);
+    submit(entry);
     Some(())
 }

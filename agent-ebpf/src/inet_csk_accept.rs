@@ -1,7 +1,7 @@
 use aya_ebpf::{macros::kretprobe, programs::RetProbeContext};
 use drainwatch_common::{EventKind, Tuple, inet_csk_accept::Event};
 
-use crate::util::{fill_header, reserve, sock_netns, sock_tuple};
+use crate::util::{fill_header, reserve, sock_netns, sock_tuple, submit};
 
 /// Needs kprobes: where they are missing the plan falls back to the accept syscall tracepoints.
 #[kretprobe]
@@ -22,6 +22,6 @@ pub fn emit_accepted(sk: u64) -> Option<()> {
     ev.skaddr = sk;
     ev.tuple = Tuple::default();
     sock_tuple(sk, &mut ev.tuple);
-    entry.submit(0);
+    submit(entry);
     Some(())
 }

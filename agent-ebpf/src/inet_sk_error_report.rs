@@ -4,7 +4,9 @@ use drainwatch_common::{
     inet_sk_error_report::{Event, Fields},
 };
 
-use crate::util::{CONFIG, IPPROTO_TCP, cfg, field, fill_header, reserve, task_netns, tp_tuple};
+use crate::util::{
+    CONFIG, IPPROTO_TCP, cfg, field, fill_header, reserve, submit, task_netns, tp_tuple,
+};
 
 #[tracepoint]
 pub fn inet_sk_error_report(ctx: TracePointContext) -> u32 {
@@ -26,6 +28,6 @@ fn try_inet_sk_error_report(ctx: &TracePointContext) -> Option<()> {
     tp_tuple(ctx, &f.addr, &mut ev.tuple);
     ev.error = field::<i32>(ctx, f.error).unwrap_or(0);
     ev._pad = 0;
-    entry.submit(0);
+    submit(entry);
     Some(())
 }

@@ -5,8 +5,14 @@ use drainwatch_common::{
 };
 
 use crate::util::{
-    CONFIG, IPPROTO_TCP, cfg, field, fill_header, kread, reserve, sock_netns, tp_tuple,
+    CONFIG, IPPROTO_TCP, cfg, field, fill_header, kread, reserve, sock_netns, submit, tp_tuple,
 };
+
+/// Whether `state` has its bit in `mask` (states outside 0..32 pass: no filter can name them).
+#[inline(always)]
+fn in_mask(mask: u32, state: i32) -> bool {
+    !(0..32).contains(&state) || mask & (1 << state) != 0
+}
 
 #[tracepoint]
 pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
@@ -17,6 +23,11 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
 fn try_inet_sock_set_state(ctx: &TracePointContext) -> Option<()> {
     let f: Fields = cfg(&CONFIG.inet_sock_set_state);
     if field::<u16>(ctx, f.protocol)? != IPPROTO_TCP {
+        return None;
+    }
+    let oldstate = field::<i32>(ctx, f.oldstate).unwrap_or(-1);
+    let newstate = field::<i32>(ctx, f.newstate).unwrap_or(-1);
+    if !in_mask(f.emit_old, oldstate) {
         return None;
     }
     let skaddr = field::<u64>(ctx, f.skaddr).unwrap_or(0);
@@ -30,19 +41,33 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Option<()> {
     ev.skaddr = skaddr;
     ev.tuple = Tuple::default();
     tp_tuple(ctx, &f.addr, &mut ev.tuple);
-    ev.oldstate = field::<i32>(ctx, f.oldstate).unwrap_or(-1);
-    ev.newstate = field::<i32>(ctx, f.newstate).unwrap_or(-1);
+    ev.oldstate = oldstate;
+    ev.newstate = newstate;
     let k = &CONFIG.kernel;
-    ev.bytes_received = kread::<u64>(skaddr, cfg(&k.tcp_bytes_received)).unwrap_or(0);
-    ev.bytes_sent = kread::<u64>(skaddr, cfg(&k.tcp_bytes_sent)).unwrap_or(0);
-    ev.rcv_nxt = kread::<u32>(skaddr, cfg(&k.tcp_rcv_nxt)).unwrap_or(0);
-    ev.copied_seq = kread::<u32>(skaddr, cfg(&k.tcp_copied_seq)).unwrap_or(0);
-    ev.lrcvtime = kread::<u32>(skaddr, cfg(&k.tcp_lrcvtime)).unwrap_or(0);
-    ev.lsndtime = kread::<u32>(skaddr, cfg(&k.tcp_lsndtime)).unwrap_or(0);
-    // listen() sets the limit before the socket enters LISTEN; userspace keeps it only for
-    // that transition (state numbers come from the format, not from here).
-    ev.max_ack_backlog = kread::<u32>(skaddr, cfg(&k.sock_max_ack_backlog)).unwrap_or(0);
+    // Helper calls are most of a program's cost: only the transitions that need the
+    // counters (a connection leaving ESTABLISHED or CLOSE_WAIT) read them.
+    if in_mask(f.counters_old, oldstate) {
+        ev.bytes_received = kread::<u64>(skaddr, cfg(&k.tcp_bytes_received)).unwrap_or(0);
+        ev.bytes_sent = kread::<u64>(skaddr, cfg(&k.tcp_bytes_sent)).unwrap_or(0);
+        ev.rcv_nxt = kread::<u32>(skaddr, cfg(&k.tcp_rcv_nxt)).unwrap_or(0);
+        ev.copied_seq = kread::<u32>(skaddr, cfg(&k.tcp_copied_seq)).unwrap_or(0);
+        ev.lrcvtime = kread::<u32>(skaddr, cfg(&k.tcp_lrcvtime)).unwrap_or(0);
+        ev.lsndtime = kread::<u32>(skaddr, cfg(&k.tcp_lsndtime)).unwrap_or(0);
+    } else {
+        ev.bytes_received = 0;
+        ev.bytes_sent = 0;
+        ev.rcv_nxt = 0;
+        ev.copied_seq = 0;
+        ev.lrcvtime = 0;
+        ev.lsndtime = 0;
+    }
+    // listen() sets the limit before the socket enters LISTEN.
+    ev.max_ack_backlog = if in_mask(f.backlog_new, newstate) {
+        kread::<u32>(skaddr, cfg(&k.sock_max_ack_backlog)).unwrap_or(0)
+    } else {
+        0
+    };
     ev._pad = 0;
-    entry.submit(0);
+    submit(entry);
     Some(())
 }

@@ -4,7 +4,9 @@ use drainwatch_common::{
     kfree_skb::{Event, Fields},
 };
 
-use crate::util::{CONFIG, cfg, field, fill_header, reserve, skb_netns, sock_netns, sock_tuple};
+use crate::util::{
+    CONFIG, cfg, field, fill_header, reserve, skb_netns, sock_netns, sock_tuple, submit,
+};
 
 #[tracepoint]
 pub fn kfree_skb(ctx: TracePointContext) -> u32 {
@@ -35,6 +37,6 @@ fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
     sock_tuple(rx_sk, &mut ev.tuple);
     ev.reason = reason;
     ev.protocol = field::<u16>(ctx, f.protocol).map_or(0, u32::from);
-    entry.submit(0);
+    submit(entry);
     Some(())
 }

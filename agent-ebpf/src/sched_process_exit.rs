@@ -5,7 +5,7 @@ use drainwatch_common::{
     sched_process_exit::{Event, Fields},
 };
 
-use crate::util::{CONFIG, cfg, field, fill_header, kread, reserve, task_netns};
+use crate::util::{CONFIG, cfg, field, fill_header, kread, reserve, submit, task_netns};
 
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
@@ -34,6 +34,6 @@ fn try_sched_process_exit(ctx: &TracePointContext) -> Option<()> {
     fill_header(&mut ev.header, EventKind::SchedProcessExit, task_netns());
     ev.exit_code = exit_code;
     ev.group_dead = 1;
-    entry.submit(0);
+    submit(entry);
     Some(())
 }

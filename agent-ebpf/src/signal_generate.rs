@@ -4,7 +4,7 @@ use drainwatch_common::{
     signal_generate::{Event, Fields, SIGNALS},
 };
 
-use crate::util::{CONFIG, cfg, field, fill_header, reserve, task_netns};
+use crate::util::{CONFIG, cfg, field, fill_header, reserve, submit, task_netns};
 
 #[tracepoint]
 pub fn signal_generate(ctx: TracePointContext) -> u32 {
@@ -28,6 +28,6 @@ fn try_signal_generate(ctx: &TracePointContext) -> Option<()> {
     ev.code = field::<i32>(ctx, f.code).unwrap_or(0);
     ev._pad = 0;
     ev.target_comm = field::<[u8; 16]>(ctx, f.comm).unwrap_or([0; 16]);
-    entry.submit(0);
+    submit(entry);
     Some(())
 }

@@ -4,7 +4,9 @@ use drainwatch_common::{
     tcp_receive_reset::{Event, Fields},
 };
 
-use crate::util::{CONFIG, cfg, field, fill_header, reserve, sock_netns, sock_state, tp_tuple};
+use crate::util::{
+    CONFIG, cfg, field, fill_header, reserve, sock_netns, sock_state, submit, tp_tuple,
+};
 
 #[tracepoint]
 pub fn tcp_receive_reset(ctx: TracePointContext) -> u32 {
@@ -28,6 +30,6 @@ fn try_tcp_receive_reset(ctx: &TracePointContext) -> Option<()> {
     tp_tuple(ctx, &f.addr, &mut ev.tuple);
     ev.state = sock_state(skaddr);
     ev._pad = 0;
-    entry.submit(0);
+    submit(entry);
     Some(())
 }

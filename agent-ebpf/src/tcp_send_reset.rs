@@ -10,7 +10,7 @@ use drainwatch_common::{
 
 use crate::util::{
     CONFIG, cfg, field, fill_header, reserve, skb_netns, sock_netns, sock_state, sock_tuple,
-    tp_tuple,
+    submit, tp_tuple,
 };
 
 #[tracepoint]
@@ -63,7 +63,7 @@ fn try_tcp_send_reset(ctx: &TracePointContext) -> Option<()> {
         field::<i32>(ctx, f.state).unwrap_or(-1)
     };
     ev.reason = field::<u32>(ctx, f.reason).unwrap_or(ABSENT_U32);
-    entry.submit(0);
+    submit(entry);
     Some(())
 }
 
@@ -88,7 +88,7 @@ fn probe_send_reset(ctx: &ProbeContext, has_skb: bool) -> Option<()> {
     sock_tuple(sk, &mut ev.tuple);
     ev.state = if sk == 0 { -1 } else { sock_state(sk) };
     ev.reason = ABSENT_U32;
-    entry.submit(0);
+    submit(entry);
     Some(())
 }
 

@@ -143,9 +143,7 @@ impl<H: HostView> Pipeline<H> {
                     container,
                     kind,
                     reason,
-                } => self
-                    .metrics
-                    .stop_loss(&container, kind, reason.as_deref()),
+                } => self.metrics.stop_loss(&container, kind, reason.as_deref()),
                 Emitted::Settled { stop } => self.metrics.stop_settled(&stop),
                 Emitted::StopBegan {
                     container,
@@ -180,7 +178,11 @@ impl<H: HostView> Pipeline<H> {
             s.queue_depth(&(c.namespace.clone(), c.workload.clone()), *port, *depth);
         }
         for (c, counters) in &sample.netns {
-            s.netns_counters(&(c.namespace.clone(), c.workload.clone()), &c.name, *counters);
+            s.netns_counters(
+                &(c.namespace.clone(), c.workload.clone()),
+                &c.name,
+                *counters,
+            );
         }
     }
 }

@@ -143,4 +143,4 @@ impl Config {
 pod!(Config, KernelOffsets, AddrFields);
 
 // No implicit padding: the agent writes these bytes verbatim into the program's global.
-const _: () = assert!(core::mem::size_of::<Config>() == 244);
+const _: () = assert!(core::mem::size_of::<Config>() == 260);

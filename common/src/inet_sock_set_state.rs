@@ -36,6 +36,15 @@ pub struct Fields {
     pub newstate: u16,
     pub protocol: u16,
     pub addr: AddrFields,
+    /// Bit `1 << state` set for the old states whose transitions the agent uses (a closing
+    /// connection's later steps, FIN_WAIT1 onwards, are not): others are dropped in the kernel.
+    pub emit_old: u32,
+    /// Old states whose transitions need the `tcp_sock` counters (leaving ESTABLISHED or
+    /// CLOSE_WAIT: was a request pending?).
+    pub counters_old: u32,
+    /// New states that need `sk_max_ack_backlog` (entering LISTEN).
+    pub backlog_new: u32,
+    pub _pad: u32,
 }
 
 impl Fields {
@@ -45,6 +54,10 @@ impl Fields {
         newstate: NO_FIELD,
         protocol: NO_FIELD,
         addr: AddrFields::ABSENT,
+        emit_old: u32::MAX,
+        counters_old: u32::MAX,
+        backlog_new: u32::MAX,
+        _pad: 0,
     };
 }
 

@@ -135,6 +135,15 @@ fn resolve_tracepoints(
     (infos, res)
 }
 
+/// The kernel's names for the numbers events carry (reset and drop reasons, TCP states), from
+/// this machine's tracefs formats: what the reader decodes with.
+pub fn kernel_names() -> Result<KernelNames, CaptureError> {
+    let mut names = KernelNames::default();
+    let mut config = Config::UNSET;
+    resolve_tracepoints(&tracefs_events_dir()?, &mut config, &mut names);
+    Ok(names)
+}
+
 /// BTF members whose absence degrades a hook, and what is lost.
 fn btf_degradations(k: &KernelOffsets, hook: &str) -> Vec<String> {
     let mut out = Vec::new();

@@ -42,6 +42,9 @@ impl Maps {
     }
 }
 
+/// How long a record may wait in the ring buffer when the host is quiet.
+pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
+
 pub struct Reader {
     ring: AsyncFd<RingBuf<MapData>>,
     lost: PerCpuArray<MapData, u64>,
@@ -110,6 +113,10 @@ impl Reader {
     /// Runs until `shutdown` turns true, then drains what is left.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        // The programs wake the reader only when the buffer fills up (see `submit` in the
+        // eBPF crate): below that, records wait at most this long, in batches.
+        let mut drain = tokio::time::interval(DRAIN_INTERVAL);
+        drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 guard = self.ring.readable_mut() => {
@@ -122,6 +129,9 @@ impl Reader {
                             break;
                         }
                     }
+                    self.drain();
+                }
+                _ = drain.tick() => {
                     self.drain();
                 }
                 _ = tick.tick() => self.poll_lost(),

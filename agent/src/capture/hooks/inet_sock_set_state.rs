@@ -12,8 +12,30 @@ pub fn fields(r: &mut Resolver) -> Fields {
     f.newstate = r.required("newstate", 4);
     f.protocol = r.required("protocol", 2);
     f.addr = r.addr();
+    // In-kernel filters by state, from the format's state names; no filter if one is missing.
+    let mask = |names: &[&str]| -> Option<u32> {
+        names.iter().try_fold(0u32, |m, n| {
+            let v = r.format().symbol_value("oldstate", n)?;
+            (v < 32).then(|| m | 1 << v)
+        })
+    };
+    f.emit_old = mask(EMIT_OLD).unwrap_or(u32::MAX);
+    f.counters_old = mask(&["TCP_ESTABLISHED", "TCP_CLOSE_WAIT"]).unwrap_or(u32::MAX);
+    f.backlog_new = mask(&["TCP_LISTEN"]).unwrap_or(u32::MAX);
     f
 }
+
+/// The old states of every transition the enricher acts on (`enrich/attribute.rs`): a
+/// connection's steps after it started closing (FIN_WAIT1, FIN_WAIT2, CLOSING, LAST_ACK,
+/// TIME_WAIT onwards) say nothing it needs, and are a third of a connection's transitions.
+pub const EMIT_OLD: &[&str] = &[
+    "TCP_CLOSE",
+    "TCP_LISTEN",
+    "TCP_SYN_SENT",
+    "TCP_SYN_RECV",
+    "TCP_ESTABLISHED",
+    "TCP_CLOSE_WAIT",
+];
 
 pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<StateChange, DecodeError> {
     let e: Event = read_record("inet_sock_set_state", bytes)?;
@@ -69,6 +91,14 @@ mod tests {
             (8, 16, 20, 24, 26, 28, 30, 32, 36, 40, 56)
         );
         assert!(r.missing_required.is_empty());
+        // Numbering of include/net/tcp_states.h, as this format prints it.
+        let bit = |s: u32| 1u32 << s;
+        assert_eq!(
+            f.emit_old,
+            bit(7) | bit(10) | bit(2) | bit(3) | bit(1) | bit(8)
+        );
+        assert_eq!(f.counters_old, bit(1) | bit(8));
+        assert_eq!(f.backlog_new, bit(10));
     }
 
     #[test]

@@ -1,0 +1,120 @@
+//! Loopback connection churn, the workload the agent's probes sit on: each round opens and
+//! closes a connection, connects to a closed port (a reset) and aborts a connection with
+//! SO_LINGER 0 (a reset from the closing side). Prints one JSON line with what it did.
+//!
+//! churn <seconds> <threads> [<max connections per second, 0 = unbounded>]
+
+use std::{
+    io::Write,
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    os::fd::AsRawFd,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+/// Connections per round: one closed normally, one refused, one aborted.
+const PER_ROUND: u64 = 3;
+
+fn abort(s: &TcpStream) {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket and a correctly sized option value.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+}
+
+/// A port nothing listens on: bound and closed again.
+fn closed_port() -> SocketAddr {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let a = l.local_addr().expect("addr");
+    drop(l);
+    a
+}
+
+fn worker(stop: &AtomicBool, done: &AtomicU64, per_thread_rate: f64) -> Result<(), String> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let refused = closed_port();
+    let start = Instant::now();
+    let mut rounds: u64 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        if per_thread_rate > 0.0 {
+            let due =
+                start + Duration::from_secs_f64((rounds * PER_ROUND) as f64 / per_thread_rate);
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+        }
+        // Normal: the client sends a byte and closes first, the server closes after.
+        let mut c = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+        let (s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+        c.write_all(b"x").map_err(|e| format!("write: {e}"))?;
+        drop(c);
+        drop(s);
+        // Refused: RST from the kernel, ECONNREFUSED here.
+        if TcpStream::connect(refused).is_ok() {
+            return Err(format!("{refused} unexpectedly accepted"));
+        }
+        // Aborted: linger 0 turns close into a reset.
+        let c = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+        let (s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+        abort(&c);
+        drop(c);
+        drop(s);
+        rounds += 1;
+        done.fetch_add(PER_ROUND, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let num = |i: usize, default: f64| -> f64 {
+        args.get(i)
+            .map(|a| a.parse().unwrap_or_else(|_| panic!("not a number: {a}")))
+            .unwrap_or(default)
+    };
+    let seconds = num(0, 5.0);
+    let threads = num(1, 2.0).max(1.0) as usize;
+    let rate = num(2, 0.0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (stop, done) = (stop.clone(), done.clone());
+            std::thread::spawn(move || worker(&stop, &done, rate / threads as f64))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        if let Err(e) = h.join().expect("worker") {
+            eprintln!("churn: {e}");
+            std::process::exit(1);
+        }
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let n = done.load(Ordering::Relaxed);
+    println!(
+        "{}",
+        serde_json::json!({
+            "connections": n,
+            "seconds": elapsed,
+            "per_second": n as f64 / elapsed,
+        })
+    );
+}
