@@ -568,13 +568,13 @@ fn facts(stop: &Value) -> String {
         rows.push(("SIGKILL".into(), k));
     }
     if let Some(e) = at("exit_at") {
+        // Numbers only: nothing here needs escaping.
+        let code = stop["exit_code"]
+            .as_i64()
+            .map_or("?".to_string(), |c| c.to_string());
         let how = match stop["exit_signal"].as_i64() {
-            Some(sig) => format!(
-                "killed by {} (code {})",
-                signal_name(sig),
-                stop["exit_code"]
-            ),
-            None => format!("code {}", stop["exit_code"]),
+            Some(sig) => format!("killed by {} (code {})", signal_name(sig), code),
+            None => format!("code {code}"),
         };
         rows.push((
             "exit".into(),
