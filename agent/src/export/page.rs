@@ -678,7 +678,7 @@ fn timeline(stop: &Value) -> String {
         hi = hi.max(g);
     }
     // The last accept before the signal, if it was recent, shows how busy it was.
-    let accept_shown = last_accept.filter(|a| *a < 0.0 && *a >= -(hi.max(1.0)) * 0.25);
+    let accept_shown = last_accept.filter(|a| *a < 0.0 && *a >= -hi.max(0.05) * 0.25);
     if let Some(a) = accept_shown {
         lo = lo.min(a);
     }

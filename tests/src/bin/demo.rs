@@ -108,17 +108,16 @@ fn seen(stop: &Value) -> String {
     line
 }
 
-/// Waits (bounded) until every cut of the stop has a proxy verdict (retried or not).
+/// Waits (bounded) until every cut of the stop has a proxy verdict (retried or not): every step
+/// runs behind a proxy, which decides within its retry window (1 s) after the cut.
 fn settled_stop(agent: &Agent, id: &str) -> Value {
     let mut stop = stop_record(agent, id);
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(5);
     let decided = |s: &Value| {
         s["loss"]["retry_duplicates"].as_u64().unwrap_or(0)
             + s["loss"]["upstream_aborts"].as_u64().unwrap_or(0)
     };
-    let proxied = |s: &Value| decided(s) > 0;
-    while proxied(&stop)
-        && decided(&stop) < stop["loss"]["inflight_cut"].as_u64().unwrap_or(0)
+    while decided(&stop) < stop["loss"]["inflight_cut"].as_u64().unwrap_or(0)
         && Instant::now() < deadline
     {
         std::thread::sleep(Duration::from_millis(200));
@@ -229,6 +228,7 @@ fn main() {
     ));
 
     type Step<'a> = (&'a str, &'a str, Box<dyn FnOnce(&Agent) -> Kept + 'a>);
+    // Worst first, the right way last (the page lists the newest first: it opens on the fix).
     let steps: Vec<Step> = vec![
         (
             "no SIGTERM handler",
@@ -236,18 +236,18 @@ fn main() {
             Box::new(|ag| haproxy_step(ag, "no-handler", Mode::NoHandler, |_| {})),
         ),
         (
+            "the same behind nginx: a retry duplicate",
+            "s1 is cut mid-request; nginx re-sends the GETs to s2: clients see 200, the work runs twice",
+            Box::new(nginx_step),
+        ),
+        (
             "listener closed on SIGTERM",
             "s1 closes its listener at once and finishes in-flight work; routing has not moved yet",
             Box::new(|ag| haproxy_step(ag, "listener-closed", Mode::CloseListener, |_| {})),
         ),
         (
-            "readiness flip, then drain",
-            "s1 fails /health on SIGTERM, serves 5 s more, closes its listener, finishes, exits 0",
-            Box::new(|ag| haproxy_step(ag, "drain", Mode::Drain, |_| {})),
-        ),
-        (
             "killed at the deadline",
-            "a 9 s request against a 7 s grace period: SIGKILL cuts it",
+            "s1 fails /health and drains, but a 9 s request meets a 7 s grace period: SIGKILL cuts it",
             Box::new(|ag| {
                 haproxy_step(ag, "grace-too-short", Mode::Slow, |spec| {
                     spec.trigger = Trigger::Stop { grace_secs: 7 };
@@ -257,9 +257,9 @@ fn main() {
             }),
         ),
         (
-            "nginx retry duplicate",
-            "s1 is cut mid-request; nginx re-sends the GETs to s2: clients see 200, the work runs twice",
-            Box::new(nginx_step),
+            "readiness flip, then drain: the right way",
+            "s1 fails /health on SIGTERM, serves 5 s more, closes its listener, finishes, exits 0",
+            Box::new(|ag| haproxy_step(ag, "drain", Mode::Drain, |_| {})),
         ),
     ];
     // TODO(storm): the reconnect-storm step joins once the storm lab (tests/src/lab/storm.rs,
