@@ -5,7 +5,7 @@ use drainwatch_common::{
 };
 
 use crate::util::{
-    CONFIG, IPPROTO_TCP, cfg, field, fill_header, reserve, submit, task_netns, tp_tuple,
+    CONFIG, IPPROTO_TCP, Record, cfg, fill_header, reserve, submit, task_netns, tp_tuple,
 };
 
 #[tracepoint]
@@ -15,8 +15,9 @@ pub fn inet_sk_error_report(ctx: TracePointContext) -> u32 {
 }
 
 fn try_inet_sk_error_report(ctx: &TracePointContext) -> Option<()> {
+    let rec = Record::load(ctx);
     let f: Fields = cfg(&CONFIG.inet_sk_error_report);
-    if field::<u16>(ctx, f.protocol)? != IPPROTO_TCP {
+    if rec.get::<u16>(f.protocol)? != IPPROTO_TCP {
         return None;
     }
     let mut entry = reserve::<Event>(EventKind::InetSkErrorReport)?;
@@ -25,8 +26,8 @@ fn try_inet_sk_error_report(ctx: &TracePointContext) -> Option<()> {
     // socket owner's only in process context (userspace knows which case it has).
     fill_header(&mut ev.header, EventKind::InetSkErrorReport, task_netns());
     ev.tuple = Tuple::default();
-    tp_tuple(ctx, &f.addr, &mut ev.tuple);
-    ev.error = field::<i32>(ctx, f.error).unwrap_or(0);
+    tp_tuple(&rec, &f.addr, &mut ev.tuple);
+    ev.error = rec.get::<i32>(f.error).unwrap_or(0);
     ev._pad = 0;
     submit(entry);
     Some(())

@@ -5,7 +5,7 @@ use drainwatch_common::{
 };
 
 use crate::util::{
-    CONFIG, IPPROTO_TCP, cfg, field, fill_header, kread, reserve, sock_netns, submit, tp_tuple,
+    CONFIG, IPPROTO_TCP, Record, cfg, fill_header, kread, reserve, sock_netns, submit, tp_tuple,
 };
 
 /// Whether `state` has its bit in `mask` (states outside 0..32 pass: no filter can name them).
@@ -21,16 +21,17 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
 }
 
 fn try_inet_sock_set_state(ctx: &TracePointContext) -> Option<()> {
+    let rec = Record::load(ctx);
     let f: Fields = cfg(&CONFIG.inet_sock_set_state);
-    if field::<u16>(ctx, f.protocol)? != IPPROTO_TCP {
+    if rec.get::<u16>(f.protocol)? != IPPROTO_TCP {
         return None;
     }
-    let oldstate = field::<i32>(ctx, f.oldstate).unwrap_or(-1);
-    let newstate = field::<i32>(ctx, f.newstate).unwrap_or(-1);
+    let oldstate = rec.get::<i32>(f.oldstate).unwrap_or(-1);
+    let newstate = rec.get::<i32>(f.newstate).unwrap_or(-1);
     if !in_mask(f.emit_old, oldstate) {
         return None;
     }
-    let skaddr = field::<u64>(ctx, f.skaddr).unwrap_or(0);
+    let skaddr = rec.get::<u64>(f.skaddr).unwrap_or(0);
     let mut entry = reserve::<Event>(EventKind::InetSockSetState)?;
     let ev = unsafe { entry.assume_init_mut() };
     fill_header(
@@ -40,7 +41,7 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Option<()> {
     );
     ev.skaddr = skaddr;
     ev.tuple = Tuple::default();
-    tp_tuple(ctx, &f.addr, &mut ev.tuple);
+    tp_tuple(&rec, &f.addr, &mut ev.tuple);
     ev.oldstate = oldstate;
     ev.newstate = newstate;
     let k = &CONFIG.kernel;

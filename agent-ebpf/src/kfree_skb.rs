@@ -5,7 +5,7 @@ use drainwatch_common::{
 };
 
 use crate::util::{
-    CONFIG, cfg, field, fill_header, reserve, skb_netns, sock_netns, sock_tuple, submit,
+    CONFIG, Record, cfg, fill_header, reserve, skb_netns, sock_netns, sock_tuple, submit,
 };
 
 #[tracepoint]
@@ -15,14 +15,15 @@ pub fn kfree_skb(ctx: TracePointContext) -> u32 {
 }
 
 fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
+    let rec = Record::load(ctx);
     let f: Fields = cfg(&CONFIG.kfree_skb);
     // Hot path: every freed packet passes here; leave before doing anything else.
-    let reason = field::<u32>(ctx, f.reason)?;
+    let reason = rec.get::<u32>(f.reason)?;
     if reason != f.listen_overflow {
         return None;
     }
-    let skbaddr = field::<u64>(ctx, f.skbaddr).unwrap_or(0);
-    let rx_sk = field::<u64>(ctx, f.rx_sk).unwrap_or(0);
+    let skbaddr = rec.get::<u64>(f.skbaddr).unwrap_or(0);
+    let rx_sk = rec.get::<u64>(f.rx_sk).unwrap_or(0);
     let netns = if rx_sk != 0 {
         sock_netns(rx_sk)
     } else {
@@ -36,7 +37,7 @@ fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
     ev.tuple = Tuple::default();
     sock_tuple(rx_sk, &mut ev.tuple);
     ev.reason = reason;
-    ev.protocol = field::<u16>(ctx, f.protocol).map_or(0, u32::from);
+    ev.protocol = rec.get::<u16>(f.protocol).map_or(0, u32::from);
     submit(entry);
     Some(())
 }

@@ -5,7 +5,7 @@ use drainwatch_common::{
     sched_process_exit::{Event, Fields},
 };
 
-use crate::util::{CONFIG, cfg, field, fill_header, kread, reserve, submit, task_netns};
+use crate::util::{CONFIG, Record, cfg, fill_header, kread, reserve, submit, task_netns};
 
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
@@ -14,6 +14,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
 }
 
 fn try_sched_process_exit(ctx: &TracePointContext) -> Option<()> {
+    let rec = Record::load(ctx);
     let f: Fields = cfg(&CONFIG.sched_process_exit);
     // A process ends when its last thread does; kernels without `group_dead` fall back to the
     // group leader's exit.
@@ -21,7 +22,7 @@ fn try_sched_process_exit(ctx: &TracePointContext) -> Option<()> {
         let pid_tgid = aya_ebpf::helpers::bpf_get_current_pid_tgid();
         pid_tgid as u32 == (pid_tgid >> 32) as u32
     } else {
-        field::<u8>(ctx, f.group_dead)? != 0
+        rec.get::<u8>(f.group_dead)? != 0
     };
     if !group_dead {
         return None;

@@ -4,7 +4,7 @@ use drainwatch_common::{
     signal_generate::{Event, Fields, SIGNALS},
 };
 
-use crate::util::{CONFIG, cfg, field, fill_header, reserve, submit, task_netns};
+use crate::util::{CONFIG, Record, cfg, fill_header, reserve, submit, task_netns};
 
 #[tracepoint]
 pub fn signal_generate(ctx: TracePointContext) -> u32 {
@@ -13,8 +13,9 @@ pub fn signal_generate(ctx: TracePointContext) -> u32 {
 }
 
 fn try_signal_generate(ctx: &TracePointContext) -> Option<()> {
+    let rec = Record::load(ctx);
     let f: Fields = cfg(&CONFIG.signal_generate);
-    let sig = field::<i32>(ctx, f.sig)?;
+    let sig = rec.get::<i32>(f.sig)?;
     if !SIGNALS.contains(&sig) {
         return None;
     }
@@ -22,12 +23,12 @@ fn try_signal_generate(ctx: &TracePointContext) -> Option<()> {
     let ev = unsafe { entry.assume_init_mut() };
     fill_header(&mut ev.header, EventKind::SignalGenerate, task_netns());
     ev.sig = sig;
-    ev.target_pid = field::<i32>(ctx, f.pid).unwrap_or(-1);
-    ev.group = field::<i32>(ctx, f.group).unwrap_or(-1);
-    ev.result = field::<i32>(ctx, f.result).unwrap_or(-1);
-    ev.code = field::<i32>(ctx, f.code).unwrap_or(0);
+    ev.target_pid = rec.get::<i32>(f.pid).unwrap_or(-1);
+    ev.group = rec.get::<i32>(f.group).unwrap_or(-1);
+    ev.result = rec.get::<i32>(f.result).unwrap_or(-1);
+    ev.code = rec.get::<i32>(f.code).unwrap_or(0);
     ev._pad = 0;
-    ev.target_comm = field::<[u8; 16]>(ctx, f.comm).unwrap_or([0; 16]);
+    ev.target_comm = rec.get::<[u8; 16]>(f.comm).unwrap_or([0; 16]);
     submit(entry);
     Some(())
 }

@@ -2,7 +2,7 @@ use aya_ebpf::{helpers::bpf_get_current_task, macros::tracepoint, programs::Trac
 
 use crate::{
     inet_csk_accept::emit_accepted,
-    util::{CONFIG, cfg, field, kread},
+    util::{CONFIG, Record, cfg, kread},
 };
 
 /// Attached to both `sys_exit_accept4` and `sys_exit_accept` (same layout).
@@ -31,7 +31,8 @@ fn socket_of_fd(fd: u64) -> Option<u64> {
 }
 
 fn try_sys_exit_accept(ctx: &TracePointContext) -> Option<()> {
-    let ret = field::<i64>(ctx, cfg(&CONFIG.sys_exit_accept.ret))?;
+    let rec = Record::load(ctx);
+    let ret = rec.get::<i64>(cfg(&CONFIG.sys_exit_accept.ret))?;
     if ret < 0 {
         return None;
     }

@@ -5,7 +5,7 @@ use drainwatch_common::{
 };
 
 use crate::util::{
-    CONFIG, cfg, field, fill_header, reserve, sock_netns, sock_state, submit, tp_tuple,
+    CONFIG, Record, cfg, fill_header, reserve, sock_netns, sock_state, submit, tp_tuple,
 };
 
 #[tracepoint]
@@ -15,8 +15,9 @@ pub fn tcp_receive_reset(ctx: TracePointContext) -> u32 {
 }
 
 fn try_tcp_receive_reset(ctx: &TracePointContext) -> Option<()> {
+    let rec = Record::load(ctx);
     let f: Fields = cfg(&CONFIG.tcp_receive_reset);
-    let skaddr = field::<u64>(ctx, f.skaddr).unwrap_or(0);
+    let skaddr = rec.get::<u64>(f.skaddr).unwrap_or(0);
     let mut entry = reserve::<Event>(EventKind::TcpReceiveReset)?;
     let ev = unsafe { entry.assume_init_mut() };
     fill_header(
@@ -25,9 +26,9 @@ fn try_tcp_receive_reset(ctx: &TracePointContext) -> Option<()> {
         sock_netns(skaddr),
     );
     ev.skaddr = skaddr;
-    ev.sock_cookie = field::<u64>(ctx, f.sock_cookie).unwrap_or(0);
+    ev.sock_cookie = rec.get::<u64>(f.sock_cookie).unwrap_or(0);
     ev.tuple = Tuple::default();
-    tp_tuple(ctx, &f.addr, &mut ev.tuple);
+    tp_tuple(&rec, &f.addr, &mut ev.tuple);
     ev.state = sock_state(skaddr);
     ev._pad = 0;
     submit(entry);

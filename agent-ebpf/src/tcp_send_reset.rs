@@ -9,7 +9,7 @@ use drainwatch_common::{
 };
 
 use crate::util::{
-    CONFIG, cfg, field, fill_header, reserve, skb_netns, sock_netns, sock_state, sock_tuple,
+    CONFIG, Record, cfg, fill_header, reserve, skb_netns, sock_netns, sock_state, sock_tuple,
     submit, tp_tuple,
 };
 
@@ -33,12 +33,13 @@ fn sockaddr(blob: &[u8; 28], family: &mut u16, port: &mut u16, addr: &mut [u8; 1
 }
 
 fn try_tcp_send_reset(ctx: &TracePointContext) -> Option<()> {
+    let rec = Record::load(ctx);
     let f: Fields = cfg(&CONFIG.tcp_send_reset);
-    let skaddr = field::<u64>(ctx, f.skaddr).unwrap_or(0);
+    let skaddr = rec.get::<u64>(f.skaddr).unwrap_or(0);
     let netns = if skaddr != 0 {
         sock_netns(skaddr)
     } else {
-        field::<u64>(ctx, f.skbaddr).map_or(0, skb_netns)
+        rec.get::<u64>(f.skbaddr).map_or(0, skb_netns)
     };
     let mut entry = reserve::<Event>(EventKind::TcpSendReset)?;
     let ev = unsafe { entry.assume_init_mut() };
@@ -48,21 +49,21 @@ fn try_tcp_send_reset(ctx: &TracePointContext) -> Option<()> {
     if f.sockaddr_saddr != NO_FIELD {
         let t = &mut ev.tuple;
         let mut dfamily = 0;
-        if let Some(s) = field::<[u8; 28]>(ctx, f.sockaddr_saddr) {
+        if let Some(s) = rec.get::<[u8; 28]>(f.sockaddr_saddr) {
             sockaddr(&s, &mut t.family, &mut t.sport, &mut t.saddr);
         }
-        if let Some(d) = field::<[u8; 28]>(ctx, f.sockaddr_daddr) {
+        if let Some(d) = rec.get::<[u8; 28]>(f.sockaddr_daddr) {
             sockaddr(&d, &mut dfamily, &mut t.dport, &mut t.daddr);
         }
     } else {
-        tp_tuple(ctx, &f.addr, &mut ev.tuple);
+        tp_tuple(&rec, &f.addr, &mut ev.tuple);
     }
     ev.state = if skaddr == 0 {
         -1
     } else {
-        field::<i32>(ctx, f.state).unwrap_or(-1)
+        rec.get::<i32>(f.state).unwrap_or(-1)
     };
-    ev.reason = field::<u32>(ctx, f.reason).unwrap_or(ABSENT_U32);
+    ev.reason = rec.get::<u32>(f.reason).unwrap_or(ABSENT_U32);
     submit(entry);
     Some(())
 }

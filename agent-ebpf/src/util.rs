@@ -2,9 +2,10 @@
 //! reads through BTF offsets.
 
 use aya_ebpf::{
+    EbpfContext,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_buf,
     },
     macros::map,
     maps::{PerCpuArray, RingBuf, ring_buf::RingBufEntry},
@@ -73,13 +74,48 @@ pub fn fill_header(h: &mut Header, kind: EventKind, netns: u32) {
     h.comm = bpf_get_current_comm().unwrap_or([0; 16]);
 }
 
-/// Reads a tracepoint field at an offset from the format file; `None` if this kernel lacks it.
-#[inline(always)]
-pub fn field<T>(ctx: &TracePointContext, off: u16) -> Option<T> {
-    if off == NO_FIELD {
-        return None;
+/// Bytes of a tracepoint record copied at once. Every fixed field the programs read lies within
+/// them on the kernels seen; one beyond is read on its own. The copy may run past a short
+/// record into the rest of the per-CPU trace buffer: those bytes are never used.
+const RECORD: usize = 128;
+
+#[map]
+static RECORDS: PerCpuArray<[u8; RECORD]> = PerCpuArray::with_max_entries(1, 0);
+
+/// A tracepoint's record, copied with one helper call: each helper call costs tens of
+/// nanoseconds, and a program reads up to a dozen fields at offsets known only at load time
+/// (from the format files), which the verifier does not allow as direct context reads.
+pub struct Record<'a> {
+    ctx: &'a TracePointContext,
+    buf: Option<*const u8>,
+}
+
+impl<'a> Record<'a> {
+    #[inline(always)]
+    pub fn load(ctx: &'a TracePointContext) -> Self {
+        let buf = RECORDS.get_ptr_mut(0).and_then(|b| {
+            let dst = unsafe { &mut *b };
+            unsafe { bpf_probe_read_kernel_buf(ctx.as_ptr() as *const u8, dst) }
+                .ok()
+                .map(|()| b as *const u8)
+        });
+        Self { ctx, buf }
     }
-    unsafe { ctx.read_at::<T>(off as usize) }.ok()
+
+    /// The field at an offset from the format file; `None` if this kernel lacks it.
+    #[inline(always)]
+    pub fn get<T: Copy>(&self, off: u16) -> Option<T> {
+        if off == NO_FIELD {
+            return None;
+        }
+        let off = off as usize;
+        match self.buf {
+            Some(b) if off + core::mem::size_of::<T>() <= RECORD => {
+                Some(unsafe { core::ptr::read_unaligned(b.add(off) as *const T) })
+            }
+            _ => unsafe { self.ctx.read_at::<T>(off) }.ok(),
+        }
+    }
 }
 
 /// Reads a `T` at `base + off` in kernel memory; `None` for unresolved offsets or NULL bases.
@@ -146,16 +182,16 @@ pub fn sock_tuple(sk: u64, t: &mut Tuple) {
 
 /// Reads a tuple from separate family/port/address fields (ports are host order there).
 #[inline(always)]
-pub fn tp_tuple(ctx: &TracePointContext, f: &AddrFields, t: &mut Tuple) {
-    t.family = field::<u16>(ctx, f.family).unwrap_or(0);
-    t.sport = field::<u16>(ctx, f.sport).unwrap_or(0);
-    t.dport = field::<u16>(ctx, f.dport).unwrap_or(0);
+pub fn tp_tuple(rec: &Record, f: &AddrFields, t: &mut Tuple) {
+    t.family = rec.get::<u16>(f.family).unwrap_or(0);
+    t.sport = rec.get::<u16>(f.sport).unwrap_or(0);
+    t.dport = rec.get::<u16>(f.dport).unwrap_or(0);
     if t.family == AF_INET6 {
-        t.saddr = field::<[u8; 16]>(ctx, f.saddr_v6).unwrap_or([0; 16]);
-        t.daddr = field::<[u8; 16]>(ctx, f.daddr_v6).unwrap_or([0; 16]);
+        t.saddr = rec.get::<[u8; 16]>(f.saddr_v6).unwrap_or([0; 16]);
+        t.daddr = rec.get::<[u8; 16]>(f.daddr_v6).unwrap_or([0; 16]);
     } else {
-        t.saddr[..4].copy_from_slice(&field::<[u8; 4]>(ctx, f.saddr).unwrap_or([0; 4]));
-        t.daddr[..4].copy_from_slice(&field::<[u8; 4]>(ctx, f.daddr).unwrap_or([0; 4]));
+        t.saddr[..4].copy_from_slice(&rec.get::<[u8; 4]>(f.saddr).unwrap_or([0; 4]));
+        t.daddr[..4].copy_from_slice(&rec.get::<[u8; 4]>(f.daddr).unwrap_or([0; 4]));
     }
 }
 

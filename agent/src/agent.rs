@@ -21,7 +21,11 @@ use crate::{
         stops::{self, Tracker},
         storms::Storms,
     },
-    enrich::{Enricher, host::Procfs},
+    enrich::{
+        Enricher,
+        host::Procfs,
+        kube::{self, KubeMetrics, Store},
+    },
     export::{api::monotonic_now, http, metrics::Metrics},
     pipeline::Pipeline,
 };
@@ -44,6 +48,8 @@ pub enum StartupError {
     Capture(#[from] capture::CaptureError),
     #[error("no probe could attach on this kernel; see the lines above for why")]
     NothingAttached,
+    #[error(transparent)]
+    Kube(#[from] kube::KubeError),
 }
 
 /// CAP_PERFMON (38) and CAP_BPF (39) from a `/proc/<pid>/status` text.
@@ -112,7 +118,18 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
             source,
         })?;
 
-    let metrics = Arc::new(Metrics::new(&kernel_release(&cli.procfs_root)));
+    let mut metrics = Metrics::new(&kernel_release(&cli.procfs_root));
+    // Pod metadata from the Kubernetes API: only this node's pods, only when asked or in a pod.
+    let node = cli
+        .node_name
+        .clone()
+        .or_else(|| std::env::var("NODE_NAME").ok());
+    let in_pod = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let kube_client = kube::client_for(cli.kube.into(), node, in_pod).await?;
+    let kube_metrics = kube_client
+        .as_ref()
+        .map(|_| KubeMetrics::register(&mut metrics.registry));
+    let metrics = Arc::new(metrics);
     let tracker = Arc::new(std::sync::Mutex::new(Tracker::new(stops::Config {
         retention: cli.retention_seconds * SECOND,
         settle: cli.stop_settle_seconds * SECOND,
@@ -126,6 +143,20 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         cli.deploy_window_seconds * SECOND,
     ));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let kube_store = kube_client.zip(kube_metrics).map(|((client, node), km)| {
+        let store = Arc::new(std::sync::Mutex::new(Store::new(
+            cli.retention_seconds * SECOND,
+        )));
+        tokio::spawn(kube::watch_pods(
+            client,
+            node,
+            store.clone(),
+            km,
+            monotonic_now,
+            shutdown_rx.clone(),
+        ));
+        store
+    });
     let server = tokio::spawn(http::serve(listener, state.clone(), shutdown_rx.clone()));
     tracing::info!(listen = %cli.listen, "serving /metrics, /api/v1/stops, /api/v1/deploys, /healthz, /readyz");
 
@@ -154,11 +185,22 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         tx,
     )?;
     let reader = tokio::spawn(reader.run(shutdown_rx.clone()));
-    let enricher = Enricher::new(Procfs {
+    let mut enricher = Enricher::new(Procfs {
         proc_root: cli.procfs_root.clone(),
         cgroup_root: cli.cgroupfs_root.clone(),
         host_root: cli.host_root.clone(),
     });
+    if let Some(store) = kube_store {
+        // Give the first list a moment, so containers found at start-up get their pods'
+        // names at once rather than a second later.
+        for _ in 0..40 {
+            if store.lock().is_ok_and(|s| s.synced()) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        enricher = enricher.with_kube(store);
+    }
     let consumer = tokio::spawn(consume(
         rx,
         Pipeline::new(

@@ -11,6 +11,28 @@ pub enum LogFormat {
     Json,
 }
 
+/// Whether pod metadata comes from the Kubernetes API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KubeMode {
+    /// Use the in-cluster service-account configuration when running in a pod
+    /// (KUBERNETES_SERVICE_HOST set); otherwise names come from the runtime's state.
+    Auto,
+    /// Use the in-cluster configuration or a kubeconfig; failing to load one is an error.
+    On,
+    /// Names come from the runtime's state only.
+    Off,
+}
+
+impl From<KubeMode> for crate::enrich::kube::Mode {
+    fn from(m: KubeMode) -> Self {
+        match m {
+            KubeMode::Auto => Self::Auto,
+            KubeMode::On => Self::On,
+            KubeMode::Off => Self::Off,
+        }
+    }
+}
+
 /// drainwatch watches what every deploy does to TCP connections, from the kernel: resets sent
 /// and received with the kernel's reason, refused connects, listen overflows, the signals and
 /// exits of container stops. It serves Prometheus metrics on --listen.
@@ -71,6 +93,17 @@ pub struct Cli {
     /// Stops of one workload within this many seconds of each other form one deploy.
     #[arg(long, env = "DRAINWATCH_DEPLOY_WINDOW_SECONDS", default_value_t = 600)]
     pub deploy_window_seconds: u64,
+
+    /// Pod metadata (pod, owning workload and its revision, grace period, preStop hook) from
+    /// the Kubernetes API, watching only this node's pods. Falls back to the runtime's state
+    /// when the API is unreachable.
+    #[arg(long, env = "DRAINWATCH_KUBE", value_enum, default_value_t = KubeMode::Auto)]
+    pub kube: KubeMode,
+
+    /// The node this agent runs on, whose pods it watches (spec.nodeName). Also read from
+    /// NODE_NAME, as a DaemonSet sets it from the downward API.
+    #[arg(long, env = "DRAINWATCH_NODE_NAME")]
+    pub node_name: Option<String>,
 
     /// Kernel BTF to read struct offsets from.
     #[arg(

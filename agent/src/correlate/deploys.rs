@@ -13,6 +13,11 @@ pub struct Deploy {
     pub id: String,
     pub namespace: String,
     pub workload: String,
+    /// The workload's kind (Kubernetes API); "" when unknown.
+    pub workload_kind: String,
+    /// The revisions (pod template hashes) of the stopped containers, in order of their
+    /// stops: the rollout replaced these.
+    pub revisions: Vec<String>,
     pub started_at: Mono,
     /// Start of the last stop in the deploy.
     pub last_stop_at: Mono,
@@ -39,6 +44,8 @@ pub fn group(stops: &[Stop], window: Mono) -> Vec<Deploy> {
                     id: format!("{}-{}", s.container.workload, s.id),
                     namespace: key.0.clone(),
                     workload: key.1.clone(),
+                    workload_kind: String::new(),
+                    revisions: Vec::new(),
                     started_at: start,
                     last_stop_at: start,
                     stops: Vec::new(),
@@ -53,6 +60,13 @@ pub fn group(stops: &[Stop], window: Mono) -> Vec<Deploy> {
         let d = &mut deploys[idx];
         d.last_stop_at = start;
         d.stops.push(s.id.clone());
+        if d.workload_kind.is_empty() {
+            d.workload_kind = s.container.workload_kind.clone();
+        }
+        let rev = &s.container.revision;
+        if !rev.is_empty() && !d.revisions.contains(rev) {
+            d.revisions.push(rev.clone());
+        }
         match s.outcome() {
             Some(o) => *d.outcomes.entry(o.as_str()).or_default() += 1,
             None => d.in_progress += 1,

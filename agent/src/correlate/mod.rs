@@ -25,6 +25,26 @@ pub struct ContainerIdentity {
     pub namespace: String,
     pub pod: String,
     pub workload: String,
+    /// Kind of the owning workload (Deployment, StatefulSet, DaemonSet, Job, CronJob, …) from
+    /// the Kubernetes API; "" without it.
+    pub workload_kind: String,
+    /// The rollout the container belongs to: the pod template hash; "" when unknown.
+    pub revision: String,
+    /// The node its pod runs on (Kubernetes API); "" when unknown.
+    pub node: String,
+    /// What the pod spec says about stopping it; rendered on stop records, not part of the
+    /// container object.
+    #[serde(skip)]
+    pub stop_policy: StopPolicy,
+}
+
+/// What the pod spec (Kubernetes API) says about stopping a container; None when unknown.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct StopPolicy {
+    /// `terminationGracePeriodSeconds` (or the deletion's own grace period).
+    pub grace_configured_seconds: Option<i64>,
+    /// Whether the container has a preStop hook.
+    pub prestop: Option<bool>,
 }
 
 /// A process outside the container that sent it a stop signal.
@@ -101,6 +121,11 @@ pub enum Observation {
     CgroupRemoved {
         key: String,
     },
+    /// What is known about who the container is changed (the Kubernetes API learned its
+    /// pod after it was adopted with the runtime's names, or its pod spec changed).
+    Identity {
+        identity: ContainerIdentity,
+    },
     /// A proxy process on this node opened a connection to the container (`key`).
     UpstreamOpened {
         key: String,
@@ -125,7 +150,9 @@ pub enum Observation {
 impl Observation {
     pub fn key(&self) -> &str {
         match self {
-            Observation::Container { identity, .. } => &identity.id,
+            Observation::Container { identity, .. } | Observation::Identity { identity } => {
+                &identity.id
+            }
             Observation::Signal { key, .. }
             | Observation::Exit { key, .. }
             | Observation::ListenerOpened { key, .. }

@@ -116,6 +116,10 @@ pub struct Stop {
     pub last_accept_at: Option<Mono>,
     pub connections_at_sigterm: Option<u64>,
     pub connections_at_exit: Option<u64>,
+    /// The pod's `terminationGracePeriodSeconds` (Kubernetes API); None when unknown.
+    pub grace_configured_seconds: Option<i64>,
+    /// Whether the container has a preStop hook (Kubernetes API); None when unknown.
+    pub prestop: Option<bool>,
     pub loss: Loss,
     /// Loss as it happened, oldest first, at most [`MAX_LOSS_EVENTS`].
     pub events: Vec<LossEvent>,
@@ -324,6 +328,8 @@ impl Tracker {
             last_accept_at: c.last_accept_at,
             connections_at_sigterm: None,
             connections_at_exit: None,
+            grace_configured_seconds: c.identity.stop_policy.grace_configured_seconds,
+            prestop: c.identity.stop_policy.prestop,
             loss: Loss::default(),
             events: Vec::new(),
             events_dropped: 0,
@@ -449,6 +455,16 @@ impl Tracker {
         }
         match obs {
             Observation::Container { .. } => {}
+            Observation::Identity { identity } => {
+                if let Some(s) = self.stop_mut(&key).filter(|s| !s.settled) {
+                    s.grace_configured_seconds = identity.stop_policy.grace_configured_seconds;
+                    s.prestop = identity.stop_policy.prestop;
+                    s.container = identity.clone();
+                }
+                if let Some(c) = self.containers.get_mut(&key) {
+                    c.identity = identity;
+                }
+            }
             Observation::UpstreamOpened { key, sock, proxy } => {
                 self.retries.opened(sock, proxy.tgid, key, now);
             }

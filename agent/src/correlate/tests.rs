@@ -21,6 +21,7 @@ fn identity(id: &str, workload: &str) -> ContainerIdentity {
         namespace: String::new(),
         pod: String::new(),
         workload: workload.into(),
+        ..Default::default()
     }
 }
 

@@ -11,6 +11,7 @@ use std::{
 use super::{
     cgroup_path::{CgroupOwner, parse_cgroup_path},
     host::{HostView, ProcInfo},
+    kube::{self, SharedStore},
     netstat::{ListenCounters, NetstatError, parse_listen_counters},
 };
 use crate::{
@@ -47,6 +48,10 @@ struct Container {
     listener_inodes: HashSet<u64>,
     /// When its cgroup was removed (kernel monotonic ns).
     gone_at: Option<u64>,
+    /// The identity the runtime's state gave it, before the Kubernetes API's names.
+    runtime_identity: ContainerIdentity,
+    /// The pod uid its cgroup path names, for the sandbox (whose id no pod status lists).
+    pod_uid: Option<String>,
 }
 
 /// One sample of the listen path (see [`Enricher::sample_listen_path`]).
@@ -121,6 +126,10 @@ pub struct Enricher<H> {
     recent_order: std::collections::VecDeque<u64>,
     /// Pids known not to be in any container (until they exit).
     not_containers: HashSet<u32>,
+    /// Pod metadata from the Kubernetes API, when it is used.
+    kube: Option<SharedStore>,
+    /// The store's generation the identities were last checked against.
+    kube_generation: Option<u64>,
 }
 
 fn state(n: &Option<Named>) -> &str {
@@ -150,7 +159,50 @@ impl<H: HostView> Enricher<H> {
             recent: HashMap::new(),
             recent_order: std::collections::VecDeque::new(),
             not_containers: HashSet::new(),
+            kube: None,
+            kube_generation: None,
         }
+    }
+
+    /// Names containers from the Kubernetes API's pods where the store knows them.
+    pub fn with_kube(mut self, store: SharedStore) -> Self {
+        self.kube = Some(store);
+        self
+    }
+
+    /// The identity the API gives a container, over its runtime-state one.
+    fn kube_identity(&self, base: &ContainerIdentity, pod_uid: Option<&str>) -> ContainerIdentity {
+        self.kube
+            .as_ref()
+            .and_then(|s| s.lock().ok()?.lookup(&base.id, pod_uid))
+            .map_or_else(|| base.clone(), |k| kube::named(base, &k))
+    }
+
+    /// When the store changed: containers whose API identity changed (their pod became
+    /// known, or its spec changed) get it, announced as `Observation::Identity`.
+    fn refresh_identities(&mut self) -> Vec<Observation> {
+        let Some(store) = self.kube.clone() else {
+            return Vec::new();
+        };
+        let Ok(store) = store.lock() else {
+            return Vec::new();
+        };
+        if self.kube_generation == Some(store.generation()) {
+            return Vec::new();
+        }
+        self.kube_generation = Some(store.generation());
+        let mut out = Vec::new();
+        for c in self.containers.values_mut() {
+            let Some(k) = store.lookup(&c.runtime_identity.id, c.pod_uid.as_deref()) else {
+                continue;
+            };
+            let identity = kube::named(&c.runtime_identity, &k);
+            if identity != c.identity {
+                c.identity = identity.clone();
+                out.push(Observation::Identity { identity });
+            }
+        }
+        out
     }
 
     /// Forgets containers gone for longer than `retention`, with everything that pointed at
@@ -223,6 +275,7 @@ impl<H: HostView> Enricher<H> {
             }
             out.extend(self.adopt(&key, &owner, &path, &procs));
         }
+        out.extend(self.refresh_identities());
         out
     }
 
@@ -241,7 +294,10 @@ impl<H: HostView> Enricher<H> {
             namespace: meta.namespace,
             pod: meta.pod,
             workload: meta.workload,
+            ..Default::default()
         };
+        let runtime_identity = identity.clone();
+        let identity = self.kube_identity(&identity, owner.pod_uid.as_deref());
         let main = main_process(procs);
         let netns = main.and_then(|p| p.netns);
         let main_pid = main.map(|p| p.pid);
@@ -299,6 +355,8 @@ impl<H: HostView> Enricher<H> {
                 netns,
                 listener_inodes: HashSet::new(),
                 gone_at: None,
+                runtime_identity,
+                pod_uid: owner.pod_uid.clone(),
             },
         );
         vec![Observation::Container {

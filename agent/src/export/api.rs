@@ -87,6 +87,8 @@ pub fn stop_json(s: &Stop, clock: &Clock) -> Value {
         "grace_seconds": round3(s.grace_seconds()),
         "drain_seconds": round3(s.drain_seconds()),
         "routing_lag_seconds": round3(s.routing_lag_seconds()),
+        "grace_configured_seconds": s.grace_configured_seconds,
+        "prestop": s.prestop,
         "loss": loss_json(&s.loss),
         "loss_events": s.events.iter().map(|e| json!({
             "at": clock.rfc3339(e.at),
@@ -103,6 +105,8 @@ pub fn deploy_json(d: &Deploy, clock: &Clock) -> Value {
         "id": d.id,
         "namespace": d.namespace,
         "workload": d.workload,
+        "workload_kind": d.workload_kind,
+        "revisions": d.revisions,
         "started_at": clock.rfc3339(d.started_at),
         "last_stop_at": clock.rfc3339(d.last_stop_at),
         "stops": d.stops,
@@ -206,6 +210,8 @@ mod tests {
             last_accept_at: None,
             connections_at_sigterm: Some(2),
             connections_at_exit: Some(2),
+            grace_configured_seconds: Some(30),
+            prestop: None,
             loss: Loss {
                 inflight_cut: 2,
                 ..Default::default()
@@ -237,6 +243,8 @@ mod tests {
             "grace_seconds",
             "drain_seconds",
             "routing_lag_seconds",
+            "grace_configured_seconds",
+            "prestop",
             "loss",
             "loss_events",
             "loss_events_dropped",
@@ -257,7 +265,19 @@ mod tests {
             v["loss_events"],
             json!([{"at": "2023-11-14T22:13:30.002Z", "kind": "inflight_cut", "open_seconds": 1.25}])
         );
-        for k in ["id", "runtime", "name", "namespace", "pod", "workload"] {
+        assert_eq!(v["grace_configured_seconds"], 30);
+        assert_eq!(v["prestop"], Value::Null);
+        for k in [
+            "id",
+            "runtime",
+            "name",
+            "namespace",
+            "pod",
+            "workload",
+            "workload_kind",
+            "revision",
+            "node",
+        ] {
             assert!(v["container"].get(k).is_some(), "container.{k}");
         }
     }
@@ -269,6 +289,8 @@ mod tests {
             id: id.into(),
             namespace: String::new(),
             workload: "ws".into(),
+            workload_kind: String::new(),
+            revisions: Vec::new(),
             started_at: 0,
             last_stop_at: 0,
             stops: vec![stop.into()],

@@ -142,6 +142,32 @@ fn timeline(stop: &Value) -> Vec<(String, String)> {
     rows
 }
 
+/// Where the stopped container ran and what its pod spec allowed (Kubernetes API), when known.
+fn pod_line(stop: &Value) -> Option<String> {
+    let c = &stop["container"];
+    let mut parts = Vec::new();
+    if !s(c, "pod").is_empty() {
+        let mut p = format!("pod {}/{}", s(c, "namespace"), s(c, "pod"));
+        if !s(c, "node").is_empty() {
+            p.push_str(&format!(" on {}", s(c, "node")));
+        }
+        if !s(c, "workload_kind").is_empty() {
+            p.push_str(&format!(", {} {}", s(c, "workload_kind"), s(c, "workload")));
+        }
+        if !s(c, "revision").is_empty() {
+            p.push_str(&format!(" revision {}", s(c, "revision")));
+        }
+        parts.push(p);
+    }
+    if let Some(g) = stop["grace_configured_seconds"].as_i64() {
+        parts.push(format!("grace period {g} s"));
+    }
+    if let Some(p) = stop["prestop"].as_bool() {
+        parts.push(format!("preStop hook: {}", if p { "yes" } else { "no" }));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
 /// Renders reconnect storms (newest first).
 pub fn render_storms(storms: &Value) -> String {
     let mut out = String::new();
@@ -183,13 +209,29 @@ pub fn render(deploys: &Value, stops: &Value) -> String {
             .flatten()
             .map(|(k, v)| format!("{v} {k}"))
             .collect();
+        let kind = s(d, "workload_kind");
+        let revisions: Vec<&str> = d["revisions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
         out.push_str(&format!(
-            "DEPLOY {}{} started {}: {} stop(s){}{}\n  loss: {}\n",
+            "DEPLOY {}{}{} started {}: {} stop(s){}{}\n  loss: {}\n",
             s(d, "workload"),
             if ns.is_empty() {
                 String::new()
             } else {
                 format!(" ({ns})")
+            },
+            match (kind.is_empty(), revisions.is_empty()) {
+                (true, true) => String::new(),
+                (false, true) => format!(" {kind}"),
+                (_, false) => format!(
+                    " {kind}{}replacing revision {}",
+                    if kind.is_empty() { "" } else { " " },
+                    revisions.join(", ")
+                ),
             },
             s(d, "started_at"),
             d["stops"].as_array().map_or(0, Vec::len),
@@ -222,6 +264,9 @@ pub fn render(deploys: &Value, stops: &Value) -> String {
                 s(c, "id").chars().take(12).collect::<String>(),
                 stop["outcome"].as_str().unwrap_or("in progress"),
             ));
+            if let Some(line) = pod_line(stop) {
+                out.push_str(&format!("    {line}\n"));
+            }
             for (t, what) in timeline(stop) {
                 out.push_str(&format!("    {}  {what}\n", hms(&t)));
             }
@@ -300,6 +345,51 @@ mod tests {
         );
         assert!(text.contains("2 in-flight cut (0 retried by a proxy: done twice), 0 refused, 0 unreachable, 0 accepted after SIGTERM, 1 idle closed, 1 resets sent"), "{text}");
         assert!(text.contains("verdict: exited at once on the stop signal (exit signal 15, code 143), cutting 2 in-flight requests: handle SIGTERM"), "{text}");
+    }
+
+    #[test]
+    fn renders_the_pod_its_rollout_and_its_stop_policy_from_the_api() {
+        let stops = json!([{
+            "id": "757c70c48a43-1",
+            "container": {"id": "757c70c48a431c72", "runtime": "containerd", "name": "web", "namespace": "shop", "pod": "web-7649c79dc5-q4zjz", "workload": "web", "workload_kind": "Deployment", "revision": "7649c79dc5", "node": "node2"},
+            "sigterm_at": "2026-11-29T22:40:01.123Z",
+            "sigterm_sender": {"pid": 4242, "comm": "containerd-shim"},
+            "sigkill_at": "2026-11-29T22:40:31.123Z",
+            "exit_at": "2026-11-29T22:40:31.124Z",
+            "exit_code": 137, "exit_signal": 9,
+            "cgroup_removed_at": null, "listeners": [], "last_accept_at": null,
+            "connections_at_sigterm": 1, "connections_at_exit": 1,
+            "grace_seconds": 30.0, "drain_seconds": 30.001,
+            "grace_configured_seconds": 30, "prestop": false,
+            "loss": {"inflight_cut": 1, "idle_closed": 0, "resets_sent": {}, "refused": 0, "unreachable": 0, "accepted_after_sigterm": 0},
+            "outcome": "killed_at_deadline"
+        }]);
+        let deploys = json!([{
+            "id": "web-757c70c48a43-1", "namespace": "shop", "workload": "web",
+            "workload_kind": "Deployment", "revisions": ["7649c79dc5"],
+            "started_at": "2026-11-29T22:40:01.123Z", "last_stop_at": "2026-11-29T22:40:01.123Z",
+            "stops": ["757c70c48a43-1"], "outcomes": {"killed_at_deadline": 1}, "in_progress": 0,
+            "loss": {"inflight_cut": 1, "idle_closed": 0, "resets_sent": {}, "refused": 0, "unreachable": 0, "accepted_after_sigterm": 0}
+        }]);
+        let text = render(&deploys, &stops);
+        assert!(
+            text.contains("DEPLOY web (shop) Deployment replacing revision 7649c79dc5 started 2026-11-29T22:40:01.123Z: 1 stop(s): 1 killed_at_deadline"),
+            "{text}"
+        );
+        assert!(
+            text.contains("    pod shop/web-7649c79dc5-q4zjz on node2, Deployment web revision 7649c79dc5; grace period 30 s; preStop hook: no\n"),
+            "{text}"
+        );
+        // Without the API nothing of it is printed.
+        let plain = render(
+            &json!([{"id": "d", "namespace": "", "workload": "web", "started_at": "t", "stops": ["s"], "outcomes": {}, "in_progress": 1, "loss": {}}]),
+            &json!([{"id": "s", "container": {"name": "web-1", "pod": ""}, "grace_configured_seconds": null, "prestop": null, "loss": {}}]),
+        );
+        assert!(
+            !plain.contains("pod ") && !plain.contains("grace period"),
+            "{plain}"
+        );
+        assert!(plain.contains("DEPLOY web started t"), "{plain}");
     }
 
     #[test]
