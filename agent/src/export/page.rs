@@ -356,7 +356,7 @@ fn render_main(deploys: &Value, stops: &Value, storms: &Value) -> String {
         let ns = s(d, "namespace");
         out += &format!(
             r#"<details class="deploy {lvl}" data-key="{key}" data-stops="{nstops}" data-in-progress="{inprog}"{open}>
-<summary><span class="badge {lvl}">{badge}</span><span class="workload">{workload}</span>{ns}<span class="when">{when} UTC · {stops}</span><span class="chips">{chips}</span></summary>
+<summary><span class="badge {lvl}">{badge}</span><span class="workload">{workload}</span>{ns}<span class="when">{when} UTC · {stops}{revisions}</span><span class="chips">{chips}</span></summary>
 "#,
             lvl = level.as_str(),
             key = esc(s(d, "id")),
@@ -365,10 +365,24 @@ fn render_main(deploys: &Value, stops: &Value, storms: &Value) -> String {
             open = if open { " open" } else { "" },
             badge = esc(&badge),
             workload = esc(s(d, "workload")),
-            ns = if ns.is_empty() {
-                String::new()
-            } else {
-                format!(r#"<span class="ns">{}</span>"#, esc(ns))
+            ns = [s(d, "workload_kind"), ns]
+                .iter()
+                .filter(|x| !x.is_empty())
+                .map(|x| format!(r#"<span class="ns">{}</span>"#, esc(x)))
+                .collect::<String>(),
+            revisions = {
+                let revs: Vec<String> = d["revisions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .map(esc)
+                    .collect();
+                if revs.is_empty() {
+                    String::new()
+                } else {
+                    format!(" · replaced revision {}", revs.join(", "))
+                }
             },
             when = esc(&date_time(s(d, "started_at"))),
             stops = plural(ids.len() as u64, "stop", "stops"),
@@ -500,14 +514,20 @@ fn render_stop(stop: &Value) -> String {
         pod = if pod.is_empty() {
             String::new()
         } else {
+            let node = s(c, "node");
             format!(
-                " · pod {}{}",
-                esc(ns),
+                " · pod {}{}{}",
                 if ns.is_empty() {
                     String::new()
                 } else {
-                    "/".to_string()
-                } + &esc(pod)
+                    esc(ns) + "/"
+                },
+                esc(pod),
+                if node.is_empty() {
+                    String::new()
+                } else {
+                    format!(" on {}", esc(node))
+                }
             )
         },
         vlvl = v.level.as_str(),
@@ -583,6 +603,13 @@ fn facts(stop: &Value) -> String {
                 plural(n(stop, "connections_at_exit"), "connection", "connections")
             ),
         ));
+    }
+    // What the pod spec allowed (Kubernetes API), when known.
+    if let Some(g) = stop["grace_configured_seconds"].as_i64() {
+        rows.push(("grace period".into(), format!("{g} s configured")));
+    }
+    if let Some(p) = stop["prestop"].as_bool() {
+        rows.push(("preStop hook".into(), if p { "yes" } else { "none" }.into()));
     }
     if let Some(d) = f(stop, "drain_seconds") {
         let grace = f(stop, "grace_configured_seconds").or_else(|| f(stop, "grace_seconds"));
@@ -1292,6 +1319,32 @@ mod tests {
         assert!(!html.contains("src=\"/") && !html.contains("href=\"/") && !html.contains("http"));
         // Nothing is stopping: slow refresh.
         assert!(html.contains(r#"data-refresh="10000""#));
+    }
+
+    #[test]
+    fn kubernetes_facts_show_when_known() {
+        let mut stop = no_handler_stop("web-7d9f8c-abcde");
+        stop["container"]["namespace"] = json!("shop");
+        stop["container"]["pod"] = json!("web-7d9f8c-abcde");
+        stop["container"]["node"] = json!("node-3");
+        stop["grace_configured_seconds"] = json!(30);
+        stop["prestop"] = json!(false);
+        let mut deploys = deploy_of(&stop, 0);
+        deploys[0]["workload_kind"] = json!("Deployment");
+        deploys[0]["revisions"] = json!(["7d9f8c"]);
+        let html = render(&deploys, &json!([stop]), &json!([]), &info());
+        for needle in [
+            r#"<span class="ns">Deployment</span>"#,
+            "replaced revision 7d9f8c",
+            "pod shop/web-7d9f8c-abcde on node-3",
+            "<dt>grace period</dt><dd>30 s configured</dd>",
+            "<dt>preStop hook</dt><dd>none</dd>",
+            // A 30 s grace period is drawn as a band running off the right edge.
+            "grace 30 s →",
+            "(or add a preStop hook that sleeps ≥ 4 s)",
+        ] {
+            assert!(html.contains(needle), "{needle} missing");
+        }
     }
 
     #[test]

@@ -110,12 +110,19 @@ fn routing(stop: &Value) -> Option<(f64, String)> {
     ))
 }
 
-/// The fix for traffic that kept coming: how long to keep serving after failing readiness.
-fn wait_fix(lag: f64) -> String {
-    format!(
-        "fail readiness on SIGTERM and wait ≥ {} s before closing the listener",
-        secs(lag.ceil().max(1.0))
-    )
+/// The fix for traffic that kept coming: how long to keep serving after failing readiness. On
+/// Kubernetes a preStop hook that sleeps does the same without touching the app: SIGTERM comes
+/// after the hook, so a hook already there was that much too short.
+fn wait_fix(stop: &Value, lag: f64) -> String {
+    let wait = secs(lag.ceil().max(1.0));
+    let fix = format!("fail readiness on SIGTERM and wait ≥ {wait} s before closing the listener");
+    match stop["prestop"].as_bool() {
+        Some(true) => format!(
+            "the preStop hook ended before routing moved: make it last ≥ {wait} s longer, or {fix}"
+        ),
+        Some(false) => format!("{fix} (or add a preStop hook that sleeps ≥ {wait} s)"),
+        None => fix,
+    }
 }
 
 /// Findings every outcome shares: what proxies made of the cuts, and attempts at a gone address.
@@ -196,7 +203,7 @@ pub fn stop(stop: &Value) -> Verdict {
             if let Some((lag, r)) = routing(stop)
                 && refused > 0
             {
-                parts.push(format!("{r}: {}", wait_fix(lag)));
+                parts.push(format!("{r}: {}", wait_fix(stop, lag)));
             }
         }
         Some("exit_at_once") if stop["sigterm_at"].is_null() && !stop["sigkill_at"].is_null() => {
@@ -249,10 +256,16 @@ pub fn stop(stop: &Value) -> Verdict {
                     } else {
                         text += &format!("; {r}");
                     }
-                    format!(
-                        "handle SIGTERM: fail readiness, wait ≥ {} s before closing the listener, finish in-flight work, then exit",
-                        secs(lag.ceil().max(1.0))
-                    )
+                    let wait = secs(lag.ceil().max(1.0));
+                    let mut fix = format!(
+                        "handle SIGTERM: fail readiness, wait ≥ {wait} s before closing the listener, finish in-flight work, then exit"
+                    );
+                    if stop["prestop"].as_bool() == Some(false) {
+                        // The hook runs before SIGTERM: routing moves and in-flight work ends
+                        // while it sleeps, so even a process without a handler stops idle.
+                        fix += &format!(" (or add a preStop hook that sleeps ≥ {wait} s)");
+                    }
+                    fix
                 }
                 None => "handle SIGTERM: stop accepting, finish in-flight work, then exit".into(),
             };
@@ -265,7 +278,9 @@ pub fn stop(stop: &Value) -> Verdict {
                 "connection attempts were",
             );
             parts.push(match routing(stop) {
-                Some((lag, r)) => format!("{r} and {refused_text} refused: {}", wait_fix(lag)),
+                Some((lag, r)) => {
+                    format!("{r} and {refused_text} refused: {}", wait_fix(stop, lag))
+                }
                 None => format!(
                     "closed its listener while routing still sent traffic and {refused_text} refused: fail readiness on SIGTERM and keep serving until routing has moved"
                 ),
@@ -378,6 +393,30 @@ mod tests {
         assert_eq!(
             v.text,
             "routing continued 3.8 s after SIGTERM and 6 connection attempts were refused: fail readiness on SIGTERM and wait ≥ 4 s before closing the listener"
+        );
+    }
+
+    #[test]
+    fn on_kubernetes_the_fix_names_the_prestop_hook() {
+        let mut s = stop_with(
+            "listener_closed_early",
+            json!({"refused": 6}),
+            json!({"routing_lag_seconds": 3.8, "prestop": false}),
+        );
+        assert!(
+            stop(&s).text.ends_with(
+                "fail readiness on SIGTERM and wait ≥ 4 s before closing the listener (or add a preStop hook that sleeps ≥ 4 s)"
+            ),
+            "{}",
+            stop(&s).text
+        );
+        s["prestop"] = json!(true);
+        assert!(
+            stop(&s).text.contains(
+                "refused: the preStop hook ended before routing moved: make it last ≥ 4 s longer, or fail readiness"
+            ),
+            "{}",
+            stop(&s).text
         );
     }
 
