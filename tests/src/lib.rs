@@ -4,6 +4,7 @@
 //! the system call returns, so draining right after the action sees every event it caused.
 
 pub mod agent;
+pub mod ops;
 
 use std::sync::Arc;
 
