@@ -63,7 +63,10 @@ fn count_kinds(docs: &[Value], custom: bool) -> usize {
 
 #[test]
 fn plain_manifests_validate_against_the_kubernetes_schemas() {
-    for file in ["deploy/kubernetes/drainwatch.yaml", "deploy/kubernetes/monitoring.yaml"] {
+    for file in [
+        "deploy/kubernetes/drainwatch.yaml",
+        "deploy/kubernetes/monitoring.yaml",
+    ] {
         let docs = yaml_file(file);
         for version in KUBE_VERSIONS {
             assert_eq!(
@@ -88,8 +91,8 @@ mod tempfile_path {
         pub fn with(text: &str) -> Self {
             static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
             let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let path =
-                std::env::temp_dir().join(format!("drainwatch-chart-{}-{n}.yaml", std::process::id()));
+            let path = std::env::temp_dir()
+                .join(format!("drainwatch-chart-{}-{n}.yaml", std::process::id()));
             std::fs::write(&path, text).expect("write the rendered chart");
             Self(path)
         }
@@ -172,7 +175,10 @@ fn the_chart_defaults_render_the_plain_manifest() {
             "{kind} namespace"
         );
         for field in ["spec", "rules", "roleRef", "subjects"] {
-            assert_eq!(p[field], c[field], "{kind}.{field}: plain manifest vs chart defaults");
+            assert_eq!(
+                p[field], c[field],
+                "{kind}.{field}: plain manifest vs chart defaults"
+            );
         }
     }
     let ns = object(&plain, "Namespace", Some("drainwatch"));
@@ -199,7 +205,11 @@ fn every_copy_of_the_alert_rules_is_dashboards_alerts() {
         assert_eq!(&rule["spec"]["groups"], groups, "{what} PrometheusRule");
         // The spec as Prometheus would load it.
         let file = tempfile_path::TempFile::with(&rule["spec"].to_string());
-        run_ok(Command::new("promtool").args(["check", "rules"]).arg(&file.0));
+        run_ok(
+            Command::new("promtool")
+                .args(["check", "rules"])
+                .arg(&file.0),
+        );
     }
 }
 
@@ -222,7 +232,11 @@ fn the_pod_monitor_scrapes_the_daemonset_as_the_job_the_rules_select() {
         .map(|p| &p["name"])
         .collect();
     let endpoint = &pm["podMetricsEndpoints"][0];
-    assert!(ports.contains(&&endpoint["port"]), "port {}", endpoint["port"]);
+    assert!(
+        ports.contains(&&endpoint["port"]),
+        "port {}",
+        endpoint["port"]
+    );
     assert_eq!(endpoint["path"], "/metrics");
     // The agent's namespace/container labels name the watched workloads: the pod's own target
     // labels must not replace them.
@@ -242,7 +256,11 @@ fn the_daemonset_is_least_privilege_and_complete() {
     let spec = &object(&docs, "DaemonSet", None)["spec"]["template"]["spec"];
     assert_eq!(spec["hostPID"], true);
     assert!(spec["hostNetwork"].is_null(), "no hostNetwork");
-    assert_eq!(spec["tolerations"], json!([{"operator": "Exists"}]), "every taint");
+    assert_eq!(
+        spec["tolerations"],
+        json!([{"operator": "Exists"}]),
+        "every taint"
+    );
     assert!(spec["terminationGracePeriodSeconds"].as_u64().is_some());
     let c = &spec["containers"][0];
     let sc = &c["securityContext"];
@@ -300,7 +318,10 @@ fn the_daemonset_is_least_privilege_and_complete() {
             .to_string()
     };
     assert_eq!(host_path_at(&var("DRAINWATCH_PROCFS_ROOT")), "/proc");
-    assert_eq!(host_path_at(&var("DRAINWATCH_CGROUPFS_ROOT")), "/sys/fs/cgroup");
+    assert_eq!(
+        host_path_at(&var("DRAINWATCH_CGROUPFS_ROOT")),
+        "/sys/fs/cgroup"
+    );
     let btf = var("DRAINWATCH_BTF");
     assert_eq!(
         host_path_at(btf.strip_suffix("/vmlinux").unwrap()),
@@ -325,8 +346,14 @@ fn the_daemonset_is_least_privilege_and_complete() {
         var("DRAINWATCH_LISTEN"),
         format!("0.0.0.0:{}", c["ports"][0]["containerPort"])
     );
-    let node = env.iter().find(|(n, _)| n == "NODE_NAME").expect("NODE_NAME");
-    assert_eq!(node.1["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
+    let node = env
+        .iter()
+        .find(|(n, _)| n == "NODE_NAME")
+        .expect("NODE_NAME");
+    assert_eq!(
+        node.1["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
     // Every DRAINWATCH_* variable is one the agent reads.
     let cli = std::fs::read_to_string(repo().join("agent/src/cli.rs")).unwrap();
     for (name, _) in env.iter().filter(|(n, _)| n.starts_with("DRAINWATCH_")) {
