@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod ops;
+pub mod prometheus;
 
 use std::sync::Arc;
 

@@ -445,9 +445,10 @@ impl Metrics {
         true
     }
 
-    /// A container was found: its per-container counters start at zero, so the first loss of
-    /// its first stop is an increase that `increase()` and alerts see (Prometheus ignores the
-    /// first sample of a series that appears already counted).
+    /// A container was found: its per-container counters and stop histograms start at zero, so
+    /// the first loss and drain of its first stop are an increase that `increase()`, quantiles
+    /// and alerts see (Prometheus ignores the first sample of a series that appears already
+    /// counted).
     pub fn container_seen(&self, c: &ContainerIdentity) {
         let l = ContainerLabels::from(c);
         if !self.admit(&l, "drainwatch_container_stops") {
@@ -471,6 +472,10 @@ impl Metrics {
         ] {
             let _ = family.get_or_create(&l);
         }
+        // The same for the per-stop histograms: a histogram that appears with its first
+        // observation already counted has no rate, so its first stop would show no quantile.
+        let _ = f.drain_duration.get_or_create(&l);
+        let _ = f.routing_lag.get_or_create(&l);
     }
 
     /// Loss counted against a stop, as it happens.
@@ -925,6 +930,15 @@ mod tests {
                 o.as_str()
             );
             assert!(text.contains(&line), "{line}: {text}");
+        }
+        for h in [
+            "drainwatch_drain_duration_seconds",
+            "drainwatch_routing_lag_seconds",
+        ] {
+            assert!(
+                text.contains(&format!("{h}_count{{{labels}}} 0\n")),
+                "{h}: {text}"
+            );
         }
         // Seen again (a rescan): nothing is reset.
         m.stop_loss(&c, "inflight_cut", None);
