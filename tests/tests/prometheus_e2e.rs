@@ -109,7 +109,10 @@ fn container(stop: &Value) -> (String, String) {
 #[test]
 fn every_dashboard_query_returns_data_from_real_deploys_and_the_alerts_notice() {
     drainwatch_tests::require_root();
-    let agent = Agent::start(&["--stop-settle-seconds", "1"]);
+    // The default settle time (10 s): refused connects keep arriving for seconds after the
+    // cgroup is gone, until the balancer marks the backend down; a stop settled earlier
+    // would miss them.
+    let agent = Agent::start(&[]);
     let alerts_file = repo().join("dashboards/alerts.yaml");
     let prom = Prometheus::start(
         &[("drainwatch", format!("127.0.0.1:{}", agent.port))],

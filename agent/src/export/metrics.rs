@@ -306,7 +306,7 @@ impl Metrics {
         );
         registry.register(
             "drainwatch_grace_period_seconds",
-            "Grace period of the container's last stop that ran out: stop signal to SIGKILL, as observed",
+            "Grace period of the container's last stop: terminationGracePeriodSeconds from the Kubernetes API, else stop signal to SIGKILL when it ran out",
             stop.grace_period.clone(),
         );
         registry.register(
@@ -532,7 +532,13 @@ impl Metrics {
         if let Some(d) = s.routing_lag_seconds() {
             self.stop.routing_lag.get_or_create(&l).observe(d);
         }
-        if let Some(g) = s.grace_seconds() {
+        // The configured grace period (Kubernetes metadata) when known; else the observed one,
+        // which only a stop that ran out of time shows.
+        let grace = s
+            .grace_configured_seconds
+            .map(|g| g as f64)
+            .or_else(|| s.grace_seconds());
+        if let Some(g) = grace {
             self.stop.grace_period.get_or_create(&l).set(g);
         }
     }
@@ -953,7 +959,7 @@ mod tests {
     }
 
     #[test]
-    fn a_stop_killed_at_the_deadline_sets_the_grace_period_gauge() {
+    fn the_grace_period_gauge_is_the_configured_one_else_the_observed_one() {
         use crate::correlate::{
             ExitInfo, Observation as O, SECOND, Sender,
             stops::{Config, SIGKILL, SIGTERM, Tracker},
@@ -998,12 +1004,57 @@ mod tests {
                 },
             },
         );
+        // A pod's stop: the configured grace period wins, whether the stop ran out of it or not.
+        let pod = ContainerIdentity {
+            id: "c2".into(),
+            name: "api".into(),
+            workload: "api".into(),
+            stop_policy: crate::correlate::StopPolicy {
+                grace_configured_seconds: Some(45),
+                prestop: None,
+            },
+            ..Default::default()
+        };
+        t.observe(
+            t0,
+            O::Container {
+                identity: pod,
+                listeners: vec![],
+                inbound: vec![],
+            },
+        );
+        t.observe(
+            t0 + SECOND,
+            O::Signal {
+                key: "c2".into(),
+                sig: SIGTERM,
+                sender: runc.clone(),
+            },
+        );
+        t.observe(
+            t0 + 3 * SECOND,
+            O::Exit {
+                key: "c2".into(),
+                exit: ExitInfo {
+                    code: Some(0),
+                    signal: None,
+                },
+            },
+        );
         let m = Metrics::new("k");
-        m.stop_settled(&t.stops()[0]);
+        for s in t.stops() {
+            m.stop_settled(s);
+        }
         let text = m.encode_prometheus().unwrap();
         assert!(
             text.contains(
                 "drainwatch_grace_period_seconds{namespace=\"\",workload=\"web\",container=\"web-1\"} 30.0\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "drainwatch_grace_period_seconds{namespace=\"\",workload=\"api\",container=\"api\"} 45.0\n"
             ),
             "{text}"
         );
