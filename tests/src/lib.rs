@@ -5,6 +5,8 @@
 
 pub mod agent;
 pub mod browser;
+pub mod ops;
+pub mod prometheus;
 
 use std::sync::Arc;
 

@@ -46,7 +46,7 @@ enum Cmd {
         for bpf-linker, podman + runc for test containers, nginx, haproxy, prometheus, \
         bpftool, bpftrace, chromium, ...); the busybox image localhost/bb:latest and a podman \
         smoke test; an LLVM 22 `nightly` Rust toolchain with rust-src (for the eBPF build); \
-        bpf-linker 0.13.0 built against LLVM 22; Python test packages (none yet).\n\n\
+        bpf-linker 0.13.0 built against LLVM 22; Python test packages (none yet); the deploy tests' tools (kubernetes-validate, helm-python-sdk) in /opt/drainwatch-tools/venv.\n\n\
         Progress lines start with `[setup]`. On failure it prints one sentence saying what \
         failed and exits non-zero."
     )]
