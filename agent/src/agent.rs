@@ -35,6 +35,10 @@ use crate::{
 pub enum StartupError {
     #[error("drainwatch needs root, or the capabilities CAP_BPF and CAP_PERFMON: run it with sudo")]
     NotPrivileged,
+    #[error(
+        "drainwatch lacks {0} (or CAP_SYS_ADMIN) to load and attach its eBPF programs: add it to the container's capabilities"
+    )]
+    MissingCapabilities(String),
     #[error("{flag} {path} does not exist or is not a directory")]
     MissingDir { flag: &'static str, path: PathBuf },
     #[error("cannot listen on {addr}: {source}")]
@@ -61,12 +65,63 @@ pub fn has_bpf_caps(status: &str) -> bool {
         .is_some_and(|caps| caps & (1 << 38) != 0 && caps & (1 << 39) != 0)
 }
 
+/// Effective capabilities from a `/proc/<pid>/status` text.
+fn effective_caps(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+}
+
+const CAP_DAC_READ_SEARCH: u32 = 2;
+const CAP_SYS_PTRACE: u32 = 19;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// What a process with these effective capabilities (e.g. root in a container that dropped
+/// some) cannot do: the capabilities missing to load and attach programs (none when it has
+/// CAP_SYS_ADMIN, as on kernels before 5.8), and warnings for those it needs to read other
+/// processes' /proc.
+pub fn capability_problems(caps: u64) -> (Vec<&'static str>, Vec<&'static str>) {
+    let has = |c: u32| caps & (1 << c) != 0;
+    let mut missing = Vec::new();
+    if !has(CAP_SYS_ADMIN) {
+        for (c, name) in [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")] {
+            if !has(c) {
+                missing.push(name);
+            }
+        }
+    }
+    let mut warnings = Vec::new();
+    if !has(CAP_SYS_PTRACE) {
+        warnings.push(
+            "no CAP_SYS_PTRACE: /proc/<pid>/ns and /proc/<pid>/fd of processes holding capabilities this agent lacks are unreadable, so their containers' listeners and connections go unseen",
+        );
+    }
+    if !has(CAP_DAC_READ_SEARCH) {
+        warnings.push(
+            "no CAP_DAC_READ_SEARCH: /proc/<pid>/fd of processes of other users is unreadable, so the listeners and connections of containers running as non-root users go unseen",
+        );
+    }
+    (missing, warnings)
+}
+
 fn preflight(cli: &Cli) -> Result<(), StartupError> {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    let caps = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| has_bpf_caps(&s));
-    if !root && !caps {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    if !root && !has_bpf_caps(&status) {
         return Err(StartupError::NotPrivileged);
+    }
+    if let Some(caps) = effective_caps(&status) {
+        let (missing, warnings) = capability_problems(caps);
+        if !missing.is_empty() {
+            return Err(StartupError::MissingCapabilities(missing.join(" and ")));
+        }
+        for w in warnings {
+            tracing::warn!("{w}");
+        }
     }
     for (flag, path) in [
         ("--procfs-root", &cli.procfs_root),
@@ -242,5 +297,27 @@ mod tests {
         let perfmon_only = format!("CapEff:\t{:016x}\n", 1u64 << 38);
         assert!(!has_bpf_caps(&perfmon_only));
         assert!(!has_bpf_caps("garbage"));
+    }
+
+    #[test]
+    fn names_the_capabilities_a_restricted_root_lacks() {
+        let bit = |c: u32| 1u64 << c;
+        let manifest =
+            bit(CAP_BPF) | bit(CAP_PERFMON) | bit(CAP_SYS_PTRACE) | bit(CAP_DAC_READ_SEARCH);
+        assert_eq!(capability_problems(manifest), (vec![], vec![]));
+        assert_eq!(capability_problems(0x1ff_ffff_ffff), (vec![], vec![]));
+        // A kernel before 5.8: no CAP_BPF/CAP_PERFMON bits, CAP_SYS_ADMIN loads programs.
+        assert_eq!(capability_problems(0x3f_ffff_ffff), (vec![], vec![]));
+        assert_eq!(
+            capability_problems(manifest & !bit(CAP_PERFMON)).0,
+            vec!["CAP_PERFMON"]
+        );
+        assert_eq!(capability_problems(0).0, vec!["CAP_BPF", "CAP_PERFMON"]);
+        let (missing, warnings) = capability_problems(manifest & !bit(CAP_SYS_PTRACE));
+        assert!(missing.is_empty());
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].starts_with("no CAP_SYS_PTRACE"));
+        let (_, warnings) = capability_problems(manifest & !bit(CAP_DAC_READ_SEARCH));
+        assert!(warnings[0].starts_with("no CAP_DAC_READ_SEARCH"));
     }
 }

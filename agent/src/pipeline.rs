@@ -119,6 +119,9 @@ impl<H: HostView> Pipeline<H> {
             return;
         };
         for o in obs {
+            if let Observation::Container { identity, .. } = &o {
+                self.metrics.container_seen(identity);
+            }
             if let Observation::Refused { key } = &o
                 && let Some(id) = t.identity(key)
             {

@@ -68,14 +68,36 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(extra: &[&str]) -> Self {
+        Self::start_wrapped(&[], extra)
+    }
+
+    /// As `start`, run through `wrapper` (a command that execs its arguments, e.g. `setpriv`
+    /// with its options and `--`), so the child's pid is the agent's.
+    pub fn start_wrapped(wrapper: &[&str], extra: &[&str]) -> Self {
+        Self::start_with(wrapper, free_port(), extra, Stdio::piped())
+    }
+
+    /// On 127.0.0.1:`port`, its log (stderr) going to `stderr`.
+    pub fn start_on(port: u16, extra: &[&str], stderr: Stdio) -> Self {
+        Self::start_with(&[], port, extra, stderr)
+    }
+
+    fn start_with(wrapper: &[&str], port: u16, extra: &[&str], stderr: Stdio) -> Self {
         require_root();
-        let port = free_port();
         let listen = format!("127.0.0.1:{port}");
-        let child = Command::new(binary())
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(binary());
+                c
+            }
+            None => Command::new(binary()),
+        };
+        let child = cmd
             .args(["--listen", &listen])
             .args(extra)
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stderr(stderr)
             .spawn()
             .expect("spawn drainwatch");
         let mut agent = Self { child, port };

@@ -4,6 +4,9 @@
 //! the system call returns, so draining right after the action sees every event it caused.
 
 pub mod agent;
+pub mod browser;
+pub mod ops;
+pub mod prometheus;
 
 use std::sync::Arc;
 

@@ -1,6 +1,7 @@
 //! Every Grafana dashboard under dashboards/ follows the project's conventions (see
 //! shared/REFERENCE.md): fixed short uid, null id, a datasource variable every target uses,
-//! $__rate_interval for rates, a unit and a description on every panel, tags, UTC.
+//! $__rate_interval for rates, a unit and a description on every panel, tags, UTC; and every
+//! metric a dashboard, an annotation or an alert rule names is one the agent registers.
 
 use serde_json::Value;
 
@@ -69,6 +70,109 @@ fn dashboards_follow_the_conventions() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// Every query of a dashboard: panel targets, annotations and variables.
+fn queries(d: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in d["panels"].as_array().into_iter().flatten() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            out.extend(t["expr"].as_str().map(str::to_string));
+        }
+    }
+    for a in d["annotations"]["list"].as_array().into_iter().flatten() {
+        out.extend(a["expr"].as_str().map(str::to_string));
+    }
+    for v in d["templating"]["list"].as_array().into_iter().flatten() {
+        out.extend(v["definition"].as_str().map(str::to_string));
+    }
+    out
+}
+
+/// `drainwatch_*` names in a text.
+fn metric_names(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("drainwatch_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let before = rest[..i].chars().last();
+        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            out.push(tail[..end].to_string());
+        }
+        rest = &tail[end.max(1)..];
+    }
+    out
+}
+
+#[test]
+fn every_metric_named_is_one_the_agent_registers() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let source = std::fs::read_to_string(root.join("agent/src/export/metrics.rs")).unwrap();
+    // Registered names are the string literals "drainwatch_..." in metrics.rs; the exposition
+    // adds _total (counters), _info, and _bucket/_sum/_count (histograms).
+    let registered: std::collections::BTreeSet<String> = source
+        .split('"')
+        .filter(|s| {
+            s.starts_with("drainwatch_") && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+        .map(str::to_string)
+        .collect();
+    assert!(
+        registered.contains("drainwatch_container_stops"),
+        "{registered:?}"
+    );
+    let known = |name: &str| {
+        registered.contains(name)
+            || ["_total", "_info", "_bucket", "_sum", "_count"]
+                .iter()
+                .any(|s| name.strip_suffix(s).is_some_and(|b| registered.contains(b)))
+    };
+    let mut texts: Vec<(String, String)> = dashboards()
+        .into_iter()
+        .map(|(name, d)| (name, queries(&d).join("\n")))
+        .collect();
+    texts.push((
+        "dashboards/alerts.yaml".into(),
+        std::fs::read_to_string(root.join("dashboards/alerts.yaml")).unwrap(),
+    ));
+    for (name, text) in texts {
+        let names = metric_names(&text);
+        assert!(!names.is_empty(), "{name}");
+        for m in names {
+            assert!(known(&m), "{name}: {m} is not a metric the agent registers");
+        }
+    }
+    assert_eq!(
+        metric_names("x{drainwatch_a_total} mydrainwatch_b drainwatch_c"),
+        ["drainwatch_a_total", "drainwatch_c"]
+    );
+}
+
+#[test]
+fn dashboards_have_unique_uids_and_panel_ids_and_annotations_select_the_job() {
+    let mut uids = std::collections::BTreeSet::new();
+    for (name, d) in dashboards() {
+        assert!(uids.insert(d["uid"].to_string()), "{name}: uid used twice");
+        let mut ids = std::collections::BTreeSet::new();
+        for p in d["panels"].as_array().unwrap() {
+            assert!(
+                ids.insert(p["id"].as_u64().expect("panel id")),
+                "{name}: panel id twice"
+            );
+            assert!(p["gridPos"]["w"].as_u64().is_some(), "{name}: gridPos");
+        }
+        for a in d["annotations"]["list"].as_array().into_iter().flatten() {
+            assert_eq!(
+                a["datasource"]["uid"], "${datasource}",
+                "{name}: annotation datasource"
+            );
+            let expr = a["expr"].as_str().unwrap_or_default();
+            assert!(expr.contains("job=\"$job\""), "{name}: annotation {expr}");
         }
     }
 }

@@ -182,7 +182,7 @@ fn no_sigterm_handler_exits_at_once_cutting_inflight_requests() {
         )),
         "{text}"
     );
-    assert!(text.contains("verdict: exited at once on the stop signal (exit signal 15), cutting 2 in-flight requests"), "{text}");
+    assert!(text.contains("verdict: exited at once on the stop signal (exit signal 15, code 143), cutting 2 in-flight requests"), "{text}");
 }
 
 #[test]

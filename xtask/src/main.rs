@@ -46,7 +46,7 @@ enum Cmd {
         for bpf-linker, podman + runc for test containers, nginx, haproxy, prometheus, \
         bpftool, bpftrace, chromium, ...); the busybox image localhost/bb:latest and a podman \
         smoke test; an LLVM 22 `nightly` Rust toolchain with rust-src (for the eBPF build); \
-        bpf-linker 0.13.0 built against LLVM 22; Python test packages (none yet).\n\n\
+        bpf-linker 0.13.0 built against LLVM 22; Python test packages (none yet); the deploy tests' tools (kubernetes-validate, helm-python-sdk) in /opt/drainwatch-tools/venv.\n\n\
         Progress lines start with `[setup]`. On failure it prints one sentence saying what \
         failed and exits non-zero."
     )]
@@ -74,6 +74,19 @@ enum Cmd {
         Example: cargo xtask test --no-setup -- reset"
     )]
     Test(TestArgs),
+    /// See drainwatch work: every deploy failure mode end to end, then the deploy page
+    #[command(long_about = "See drainwatch work before installing it anywhere.\n\n\
+        Runs `cargo xtask setup` first (unless --no-setup), builds the agent and the demo \
+        (`cargo build --release -p drainwatch` and `-p drainwatch-tests --bin demo`), then runs \
+        every deploy-time failure mode end to end on this machine: real podman containers behind \
+        HAProxy (health checks) and nginx (retries), the real agent watching. After each step it \
+        prints what the clients got, what drainwatch recorded and its verdict; at the end the \
+        `drainwatch report`, then it keeps the agent up with its deploy page \
+        (http://127.0.0.1:9464/ unless that port is taken) until Ctrl-C.\n\n\
+        Demo flags after `--`: --port N, --screenshot PATH (PNG of the page, headless \
+        Chromium), --no-wait (exit after the report).\n\n\
+        Example: cargo xtask demo -- --screenshot docs/deploy-page.png")]
+    Demo(DemoArgs),
     /// Measure the agent's overhead against baselines of the same run; write BENCHMARKS.md
     #[command(
         long_about = "Measure the agent's overhead against baselines of the same run.\n\n\
@@ -122,6 +135,16 @@ struct TestArgs {
     test_args: Vec<OsString>,
 }
 
+#[derive(Args)]
+struct DemoArgs {
+    /// Skip `cargo xtask setup` (when the machine is known to be set up)
+    #[arg(long)]
+    no_setup: bool,
+    /// Arguments for the demo, after `--` (--port N, --screenshot PATH, --no-wait)
+    #[arg(last = true, value_name = "DEMO_ARGS")]
+    demo_args: Vec<OsString>,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Err(code) = ensure_root() {
@@ -134,6 +157,7 @@ fn main() -> ExitCode {
         },
         Cmd::Run(args) => run_agent(&args),
         Cmd::Test(args) => test(&args),
+        Cmd::Demo(args) => demo(&args),
         Cmd::Bench(args) => {
             if !args.no_setup && setup::run().is_err() {
                 return ExitCode::FAILURE;
@@ -207,6 +231,39 @@ fn run_agent(args: &RunArgs) -> ExitCode {
     );
     let err = Command::new(&bin).args(&args.agent_args).exec();
     eprintln!("[run] could not start {}: {err}", bin.display());
+    ExitCode::FAILURE
+}
+
+fn demo(args: &DemoArgs) -> ExitCode {
+    if !args.no_setup && setup::run().is_err() {
+        return ExitCode::FAILURE;
+    }
+    let root = repo_root();
+    let t = Instant::now();
+    for what in [
+        &["-p", "drainwatch"][..],
+        &["-p", "drainwatch-tests", "--bin", "demo"][..],
+    ] {
+        let mut build = cargo(&root);
+        build.args(["build", "--release"]).args(what);
+        println!("[demo] {}", show(&build));
+        if let Err(e) = run_cmd(&mut build) {
+            eprintln!("[demo] {e:#}; see cargo's output above.");
+            return ExitCode::FAILURE;
+        }
+    }
+    let target = target_dir(&root).join("release");
+    let bin = target.join("demo");
+    println!(
+        "[demo] built in {}; exec {}",
+        secs(t.elapsed()),
+        bin.display()
+    );
+    let err = Command::new(&bin)
+        .env("DRAINWATCH_BIN", target.join("drainwatch"))
+        .args(&args.demo_args)
+        .exec();
+    eprintln!("[demo] could not start {}: {err}", bin.display());
     ExitCode::FAILURE
 }
 

@@ -46,11 +46,26 @@ const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "curl",
     "ca-certificates",
+    // The capabilities test: setpriv drops capabilities, capsh decodes them.
+    "util-linux",
+    "libcap2-bin",
+    // The deploy tools' Python environment (DEPLOY_TOOLS_VENV) is made with Debian's python3.
+    "python3-venv",
 ];
 
 /// Python packages the tests need, installed with `python3 -m pip` (the python3 first on PATH;
 /// Debian's own /usr/bin/python3 refuses pip installs, PEP 668). None yet.
 const PIP_PACKAGES: &[&str] = &[];
+
+/// The deploy tests' tools, in their own virtual environment (shared by every checkout on the
+/// machine; the tests look for it here): kubernetes-validate (manifests against the Kubernetes
+/// schemas, which it ships) and helm-python-sdk (Helm's own Go SDK behind a C ABI: renders and
+/// lints the chart; no `helm` binary is packaged for Debian or PyPI).
+const DEPLOY_TOOLS_VENV: &str = "/opt/drainwatch-tools/venv";
+const DEPLOY_TOOLS: &[(&str, &str)] = &[
+    ("kubernetes-validate", "1.37.0"),
+    ("helm-python-sdk", "0.2.2"),
+];
 
 /// A rootfs holding only a static busybox: host binaries run inside through read-only mounts.
 const BUSYBOX_IMAGE: &str = "localhost/bb:latest";
@@ -77,6 +92,7 @@ pub fn run() -> Result<(), ()> {
     step("rust-src", rust_src)?;
     step("bpf-linker", bpf_linker)?;
     step("pip", pip)?;
+    step("deploy tools", deploy_tools)?;
     println!("[setup] done ({})", secs(t.elapsed()));
     Ok(())
 }
@@ -457,4 +473,66 @@ fn pip() -> Result<String> {
     )
     .context("pip could not install the Python test packages; its output above says why")?;
     Ok(format!("installed {}", missing.join(" ")))
+}
+
+/// Installed versions of `DEPLOY_TOOLS` in the venv, in order (`None` for a missing one).
+fn deploy_tool_versions(python: &Path) -> Vec<Option<String>> {
+    DEPLOY_TOOLS
+        .iter()
+        .map(|(name, _)| {
+            capture(Command::new(python).args([
+                "-c",
+                &format!("import importlib.metadata as m; print(m.version({name:?}))"),
+            ]))
+            .map(|v| v.trim().to_owned())
+        })
+        .collect()
+}
+
+fn deploy_tools() -> Result<String> {
+    let venv = Path::new(DEPLOY_TOOLS_VENV);
+    let python = venv.join("bin/python");
+    let wanted: Vec<String> = DEPLOY_TOOLS
+        .iter()
+        .map(|(name, version)| format!("{name}=={version}"))
+        .collect();
+    if python.exists() {
+        let installed = deploy_tool_versions(&python);
+        if DEPLOY_TOOLS
+            .iter()
+            .zip(&installed)
+            .all(|((_, v), got)| got.as_deref() == Some(*v))
+        {
+            return Ok(format!("{} in {DEPLOY_TOOLS_VENV}", wanted.join(" ")));
+        }
+    } else {
+        say(
+            "deploy tools",
+            &format!("creating the virtual environment {DEPLOY_TOOLS_VENV}"),
+        );
+        fs::create_dir_all(venv.parent().unwrap_or(venv))
+            .with_context(|| format!("creating {}", venv.display()))?;
+        run_cmd(Command::new("/usr/bin/python3").args(["-m", "venv", DEPLOY_TOOLS_VENV]))
+            .context("python3 -m venv failed (is python3-venv installed?)")?;
+    }
+    say("deploy tools", &format!("installing {}", wanted.join(" ")));
+    run_cmd(
+        Command::new(&python)
+            .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+            .args(&wanted),
+    )
+    .context("pip could not install the deploy tools; its output above says why")?;
+    let installed = deploy_tool_versions(&python);
+    ensure!(
+        DEPLOY_TOOLS
+            .iter()
+            .zip(&installed)
+            .all(|((_, v), got)| got.as_deref() == Some(*v)),
+        "pip finished but {DEPLOY_TOOLS_VENV} has {installed:?}, not {}",
+        wanted.join(" ")
+    );
+    Ok(format!(
+        "installed {} in {DEPLOY_TOOLS_VENV}",
+        wanted.join(" ")
+    ))
 }

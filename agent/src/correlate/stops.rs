@@ -2,7 +2,7 @@
 //! exit of a crash) to the cgroup's removal, with the connection loss attributed to it.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashMap},
     net::SocketAddr,
 };
 
@@ -77,6 +77,22 @@ impl Loss {
     }
 }
 
+/// Most loss events a stop keeps for its timeline; the counts in [`Loss`] stay exact beyond it.
+pub const MAX_LOSS_EVENTS: usize = 500;
+
+/// One counted loss (or connection routed to a stopping container), when it happened: what the
+/// deploy page draws on a stop's timeline and the verdict reads evidence from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LossEvent {
+    pub at: Mono,
+    /// A [`Loss`] field name: `inflight_cut`, `refused`, `unreachable`,
+    /// `accepted_after_sigterm`, `retry_duplicates` or `upstream_aborts` (at the cut's time).
+    pub kind: &'static str,
+    /// For a cut: how long the connection had been open, when its handshake was seen. With one
+    /// request per connection that is how long the request had been running.
+    pub open_for: Option<Mono>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenerTimeline {
     pub address: SocketAddr,
@@ -105,6 +121,12 @@ pub struct Stop {
     /// Whether the container has a preStop hook (Kubernetes API); None when unknown.
     pub prestop: Option<bool>,
     pub loss: Loss,
+    /// Loss as it happened, oldest first, at most [`MAX_LOSS_EVENTS`].
+    pub events: Vec<LossEvent>,
+    /// Loss events not kept beyond the cap (still counted in `loss`).
+    pub events_dropped: u64,
+    /// The last connection routed to it after the stop signal: accepted, refused or unreachable.
+    pub last_routed_at: Option<Mono>,
     /// Set once the record will not change any more (see `Tracker::tick`).
     pub settled: bool,
 }
@@ -120,10 +142,11 @@ impl Stop {
         Some(secs(self.exit_at?.checked_sub(self.sigterm_at?)?))
     }
 
-    /// SIGTERM → the last connection accepted after it (how long routing kept sending).
+    /// SIGTERM → the last connection routed to it after that, accepted or refused or
+    /// unreachable (how long routing kept sending).
     pub fn routing_lag_seconds(&self) -> Option<f64> {
-        let last = self.last_accept_at?;
         let term = self.sigterm_at?;
+        let last = self.last_accept_at.max(self.last_routed_at)?;
         (last > term).then(|| secs(last - term))
     }
 
@@ -220,7 +243,8 @@ impl Default for Config {
 struct ContainerState {
     identity: ContainerIdentity,
     listeners: Vec<ListenerTimeline>,
-    inbound: HashSet<u64>,
+    /// Open inbound connections, with when their handshake was seen (`None`: found by a scan).
+    inbound: HashMap<u64, Option<Mono>>,
     last_accept_at: Option<Mono>,
     /// Index into `Tracker::stops` of the stop in progress.
     stop: Option<usize>,
@@ -307,6 +331,9 @@ impl Tracker {
             grace_configured_seconds: c.identity.stop_policy.grace_configured_seconds,
             prestop: c.identity.stop_policy.prestop,
             loss: Loss::default(),
+            events: Vec::new(),
+            events_dropped: 0,
+            last_routed_at: None,
             settled: false,
         };
         let idx = self.dropped + self.stops.len();
@@ -320,12 +347,30 @@ impl Tracker {
         Some(idx)
     }
 
-    fn count(&mut self, key: &str, kind: &'static str, reason: Option<String>) {
+    /// Counts one loss of `kind` that happened `at` against the container's stop in progress.
+    fn count(
+        &mut self,
+        key: &str,
+        kind: &'static str,
+        reason: Option<String>,
+        at: Mono,
+        open_for: Option<Mono>,
+    ) {
         let Some(stop) = self.stop_mut(key) else {
             return;
         };
         if stop.settled {
             return;
+        }
+        if matches!(kind, "accepted_after_sigterm" | "refused" | "unreachable") {
+            stop.last_routed_at = stop.last_routed_at.max(Some(at));
+        }
+        if kind != "idle_closed" && kind != "resets_sent" {
+            if stop.events.len() < MAX_LOSS_EVENTS {
+                stop.events.push(LossEvent { at, kind, open_for });
+            } else {
+                stop.events_dropped += 1;
+            }
         }
         let l = &mut stop.loss;
         match kind {
@@ -399,7 +444,9 @@ impl Tracker {
                     });
                 }
             }
-            c.inbound.extend(inbound);
+            for sock in inbound {
+                c.inbound.entry(sock).or_insert(None);
+            }
             return;
         }
         if !self.containers.contains_key(&key) {
@@ -478,9 +525,10 @@ impl Tracker {
                 let Some(c) = self.containers.get_mut(&key) else {
                     return;
                 };
-                if !c.inbound.insert(sock) {
+                if c.inbound.contains_key(&sock) {
                     return; // duplicate
                 }
+                c.inbound.insert(sock, Some(now));
                 c.last_accept_at = Some(now);
                 let after_sigterm = self
                     .stop_mut(&key)
@@ -490,7 +538,7 @@ impl Tracker {
                     })
                     .unwrap_or(false);
                 if after_sigterm {
-                    self.count(&key, "accepted_after_sigterm", None);
+                    self.count(&key, "accepted_after_sigterm", None, now, None);
                 }
             }
             Observation::InboundClosed {
@@ -502,9 +550,13 @@ impl Tracker {
                 let Some(c) = self.containers.get_mut(&key) else {
                     return;
                 };
-                if !c.inbound.remove(&sock) || !by_container {
-                    return; // unknown (duplicate) or closed by the peer
+                let Some(opened) = c.inbound.remove(&sock) else {
+                    return; // unknown (duplicate)
+                };
+                if !by_container {
+                    return; // closed by the peer
                 }
+                let open_for = opened.and_then(|o| now.checked_sub(o));
                 if self.stop_mut(&key).is_some() {
                     self.count(
                         &key,
@@ -514,18 +566,22 @@ impl Tracker {
                             "idle_closed"
                         },
                         None,
+                        now,
+                        open_for,
                     );
                 }
             }
-            Observation::ResetSent { reason, .. } => self.count(&key, "resets_sent", Some(reason)),
-            Observation::Refused { .. } => self.count(&key, "refused", None),
+            Observation::ResetSent { reason, .. } => {
+                self.count(&key, "resets_sent", Some(reason), now, None)
+            }
+            Observation::Refused { .. } => self.count(&key, "refused", None, now, None),
             Observation::Unreachable { .. } => {
                 let gone = self
                     .containers
                     .get(&key)
                     .is_some_and(|c| c.gone_at.is_some());
                 if gone {
-                    self.count(&key, "unreachable", None);
+                    self.count(&key, "unreachable", None, now, None);
                 }
             }
             Observation::CgroupRemoved { .. } => {
@@ -607,7 +663,8 @@ impl Tracker {
                     added_seconds: added,
                 });
             }
-            self.count(&key, kind, None);
+            // At the cut: where the request was lost, not where the retry window closed.
+            self.count(&key, kind, None, d.cut.at, None);
         }
         let settle = self.config.settle;
         let mut settled = Vec::new();

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 use super::{
-    ContainerIdentity, ExitInfo, Mono, Observation as O, SECOND, Sender, deploys,
+    ContainerIdentity, ExitInfo, Mono, Observation as O, SECOND, Sender, deploys, stops,
     stops::{Config, Emitted, Outcome, SIGKILL, SIGTERM, Stop, Tracker},
 };
 
@@ -628,4 +628,160 @@ fn stops_of_one_workload_within_ten_minutes_are_one_deploy() {
         .collect();
     assert_eq!(summary, [("web", 1, 1), ("api", 1, 1), ("web", 3, 0)]);
     assert_eq!(d[2].outcomes.get("drained"), Some(&3));
+}
+
+#[test]
+fn loss_events_keep_their_times_and_routing_lag_counts_refused_attempts() {
+    let mut t = running(0);
+    t.observe(
+        ms(0),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    // Accepted after SIGTERM at 0.4 s and cut by the exit at 1.0 s: open 0.6 s.
+    t.observe(
+        ms(400),
+        O::InboundEstablished {
+            key: key(),
+            sock: 7,
+        },
+    );
+    t.observe(
+        ms(1000),
+        O::Exit {
+            key: key(),
+            exit: killed_by(SIGTERM),
+        },
+    );
+    t.observe(
+        ms(1000),
+        O::InboundClosed {
+            key: key(),
+            sock: 7,
+            by_container: true,
+            pending: true,
+        },
+    );
+    // Routing still sends until 3.8 s: refused at the closed address.
+    for at in [1500, 2600, 3800] {
+        t.observe(ms(at), O::Refused { key: key() });
+    }
+    t.observe(
+        ms(3900),
+        O::ResetSent {
+            key: key(),
+            reason: "NOT_SPECIFIED".into(),
+        },
+    );
+    let s = only_stop(&t);
+    let events: Vec<_> = s
+        .events
+        .iter()
+        .map(|e| (e.at, e.kind, e.open_for))
+        .collect();
+    assert_eq!(
+        events,
+        vec![
+            (ms(400), "accepted_after_sigterm", None),
+            (ms(1000), "inflight_cut", Some(600_000_000)),
+            (ms(1500), "refused", None),
+            (ms(2600), "refused", None),
+            (ms(3800), "refused", None),
+        ],
+        "resets are counted, not drawn"
+    );
+    assert_eq!(s.last_routed_at, Some(ms(3800)));
+    assert_eq!(s.routing_lag_seconds(), Some(3.8));
+    assert_eq!(s.loss.resets_sent.values().sum::<u64>(), 1);
+}
+
+#[test]
+fn a_cut_of_a_connection_found_by_a_scan_has_no_age_and_events_are_capped() {
+    let mut t = running(1);
+    t.observe(
+        ms(0),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    t.observe(
+        ms(10),
+        O::InboundClosed {
+            key: key(),
+            sock: 1,
+            by_container: true,
+            pending: true,
+        },
+    );
+    let extra = stops::MAX_LOSS_EVENTS as u64 + 5;
+    for i in 0..extra {
+        t.observe(ms(20 + i), O::Refused { key: key() });
+    }
+    let s = only_stop(&t);
+    assert_eq!(s.events[0].kind, "inflight_cut");
+    assert_eq!(s.events[0].open_for, None, "its handshake was never seen");
+    assert_eq!(s.events.len(), stops::MAX_LOSS_EVENTS);
+    assert_eq!(s.events_dropped, 6);
+    assert_eq!(s.loss.refused, extra, "every loss still counted");
+    assert_eq!(s.last_routed_at, Some(ms(20 + extra - 1)));
+}
+
+#[test]
+fn a_retry_is_drawn_at_the_cut_it_repeated() {
+    let nginx = super::retries::Proxy {
+        tgid: 77,
+        name: "nginx".into(),
+    };
+    let mut t = running(0);
+    t.observe(
+        ms(0),
+        O::Container {
+            identity: identity("c2", "other"),
+            listeners: vec![],
+            inbound: vec![],
+        },
+    );
+    t.observe(
+        ms(0),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    t.observe(
+        ms(20),
+        O::UpstreamCut {
+            key: key(),
+            proxy: nginx.clone(),
+            request_bytes: 120,
+            upstream_opened_at: ms(0),
+        },
+    );
+    t.observe(
+        ms(25),
+        O::UpstreamOpened {
+            key: "c2".into(),
+            sock: 99,
+            proxy: nginx,
+        },
+    );
+    t.observe(
+        ms(900),
+        O::UpstreamClosed {
+            key: "c2".into(),
+            sock: 99,
+            bytes_sent: 120,
+        },
+    );
+    t.tick(ms(2000));
+    let s = only_stop(&t);
+    assert_eq!(s.loss.retry_duplicates, 1);
+    let retry = s.events.iter().find(|e| e.kind == "retry_duplicates");
+    assert_eq!(retry.map(|e| e.at), Some(ms(20)));
 }

@@ -86,9 +86,16 @@ pub fn stop_json(s: &Stop, clock: &Clock) -> Value {
         "connections_at_exit": s.connections_at_exit,
         "grace_seconds": round3(s.grace_seconds()),
         "drain_seconds": round3(s.drain_seconds()),
+        "routing_lag_seconds": round3(s.routing_lag_seconds()),
         "grace_configured_seconds": s.grace_configured_seconds,
         "prestop": s.prestop,
         "loss": loss_json(&s.loss),
+        "loss_events": s.events.iter().map(|e| json!({
+            "at": clock.rfc3339(e.at),
+            "kind": e.kind,
+            "open_seconds": round3(e.open_for.map(|d| d as f64 / 1e9)),
+        })).collect::<Vec<_>>(),
+        "loss_events_dropped": s.events_dropped,
         "outcome": s.outcome().map(|o| o.as_str()),
     })
 }
@@ -209,6 +216,13 @@ mod tests {
                 inflight_cut: 2,
                 ..Default::default()
             },
+            events: vec![crate::correlate::stops::LossEvent {
+                at: 10 * SECOND + 2_500_000,
+                kind: "inflight_cut",
+                open_for: Some(1_250_000_000),
+            }],
+            events_dropped: 0,
+            last_routed_at: Some(13 * SECOND + 800_000_000),
             settled: false,
         };
         let v = stop_json(&s, &clock);
@@ -228,9 +242,12 @@ mod tests {
             "connections_at_exit",
             "grace_seconds",
             "drain_seconds",
+            "routing_lag_seconds",
             "grace_configured_seconds",
             "prestop",
             "loss",
+            "loss_events",
+            "loss_events_dropped",
             "outcome",
         ] {
             assert!(keys.iter().any(|x| x == k), "missing {k}");
@@ -243,6 +260,11 @@ mod tests {
         assert_eq!(v["container"]["workload"], "web");
         assert_eq!(v["listeners"][0]["address"], "10.88.0.2:8080");
         assert_eq!(v["loss"]["inflight_cut"], 2);
+        assert_eq!(v["routing_lag_seconds"], 3.8);
+        assert_eq!(
+            v["loss_events"],
+            json!([{"at": "2023-11-14T22:13:30.002Z", "kind": "inflight_cut", "open_seconds": 1.25}])
+        );
         assert_eq!(v["grace_configured_seconds"], 30);
         assert_eq!(v["prestop"], Value::Null);
         for k in [

@@ -1,5 +1,6 @@
-//! The agent's HTTP endpoints: `/metrics` (OpenMetrics or Prometheus text, by `Accept`),
-//! `/healthz` (the process serves) and `/readyz` (probes are attached).
+//! The agent's HTTP endpoints: the deploy page (`/`, with its script `/page.js`), `/metrics`
+//! (OpenMetrics or Prometheus text, by `Accept`), the report API (`/api/v1/*`), `/healthz`
+//! (the process serves) and `/readyz` (probes are attached).
 
 use std::{
     convert::Infallible,
@@ -17,11 +18,14 @@ use hyper::{
 use hyper_util::rt::TokioIo;
 use tokio::{net::TcpListener, sync::watch};
 
-use super::{api, metrics::Metrics};
+use super::{api, metrics::Metrics, page};
 use crate::correlate::{Mono, deploys, stops::Tracker, storms::Storms};
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// The page loads nothing but its own script, and talks to nothing but the agent: names in it
+/// come from containers, so even if escaping failed no injected script could run.
+const PAGE_CSP: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 pub struct State {
     pub metrics: Arc<Metrics>,
@@ -31,6 +35,8 @@ pub struct State {
     pub clock: api::Clock,
     /// Stops of one workload this close together are one deploy.
     pub deploy_window: Mono,
+    /// The host name the page shows.
+    pub host: String,
 }
 
 impl State {
@@ -47,7 +53,44 @@ impl State {
             storms,
             clock: api::Clock::now(),
             deploy_window,
+            host: hostname(),
         }
+    }
+
+    /// The deploy page from the same JSON the report API serves.
+    fn page(&self) -> Response<Full<Bytes>> {
+        // Tracker, then storms: the order `/api/v1/storms` takes them in.
+        let Ok(t) = self.tracker.lock() else {
+            return respond(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                "state unavailable\n",
+            );
+        };
+        let grouped = deploys::group(t.stops(), self.deploy_window);
+        let deploys = api::deploys_json(&grouped, &self.clock);
+        let stops = api::stops_json(t.stops(), &self.clock);
+        let Ok(storms) = self
+            .storms
+            .lock()
+            .map(|s| api::storms_json(s.storms(), &grouped, &self.clock))
+        else {
+            return respond(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                "state unavailable\n",
+            );
+        };
+        drop(t);
+        let info = page::PageInfo {
+            host: self.host.clone(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            rendered_at: self.clock.rfc3339(api::monotonic_now()),
+        };
+        let html = page::render(&deploys, &stops, &storms, &info);
+        let mut r = respond(StatusCode::OK, "text/html; charset=utf-8", html);
+        secure(&mut r, PAGE_CSP);
+        r
     }
 
     fn json(&self, f: impl FnOnce(&Tracker) -> serde_json::Value) -> Response<Full<Bytes>> {
@@ -92,6 +135,35 @@ fn respond(
     r
 }
 
+/// Headers for the page and its script: a strict CSP, no sniffing, never cached stale.
+fn secure(r: &mut Response<Full<Bytes>>, csp: &'static str) {
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static(csp),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+}
+
+/// This machine's host name (the node, when the agent runs with the host's UTS namespace).
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it or fails.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return String::new();
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
 /// Prometheus asks for OpenMetrics first in its `Accept`; plain scrapers get 0.0.4 text.
 pub fn wants_openmetrics(accept: Option<&str>) -> bool {
     accept.is_some_and(|a| a.contains("application/openmetrics-text"))
@@ -107,6 +179,16 @@ pub fn route(
         return respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n");
     }
     match path {
+        "/" => state.page(),
+        "/page.js" => {
+            let mut r = respond(
+                StatusCode::OK,
+                "text/javascript; charset=utf-8",
+                page::SCRIPT,
+            );
+            secure(&mut r, "default-src 'none'");
+            r
+        }
         "/metrics" => {
             let (body, ct) = if wants_openmetrics(accept) {
                 (state.metrics.encode_openmetrics(), OPENMETRICS)
@@ -147,7 +229,7 @@ pub fn route(
         _ => respond(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "not found: try /metrics, /api/v1/stops, /api/v1/deploys, /healthz, /readyz\n",
+            "not found: try /, /metrics, /api/v1/stops, /api/v1/deploys, /api/v1/storms, /healthz, /readyz\n",
         ),
     }
 }
@@ -228,6 +310,27 @@ mod tests {
             assert_eq!(r.status(), StatusCode::OK);
             assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");
         }
+    }
+
+    #[test]
+    fn the_page_is_html_with_a_strict_policy_and_its_script() {
+        let s = state(true);
+        let r = route(&s, &hyper::Method::GET, "/", Some("text/html"));
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(
+            r.headers()[header::CONTENT_TYPE],
+            "text/html; charset=utf-8"
+        );
+        let csp = r.headers()[header::CONTENT_SECURITY_POLICY]
+            .to_str()
+            .unwrap();
+        assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe-eval"));
+        let js = route(&s, &hyper::Method::GET, "/page.js", None);
+        assert_eq!(js.status(), StatusCode::OK);
+        assert_eq!(
+            js.headers()[header::CONTENT_TYPE],
+            "text/javascript; charset=utf-8"
+        );
     }
 
     #[test]

@@ -14,7 +14,11 @@ use drainwatch_common::EventKind;
 
 use crate::{
     capture::{event::kind_name, plan::SignalStatus},
-    correlate::{ContainerIdentity, stops::Stop, storms::Storm},
+    correlate::{
+        ContainerIdentity,
+        stops::{Outcome, Stop},
+        storms::Storm,
+    },
     enrich::{
         attribute::{Fact, ListenerFact},
         netstat::ListenCounters,
@@ -98,6 +102,7 @@ struct StopFamilies {
     resets_sent: Family<ReasonLabels, Counter>,
     drain_duration: Family<ContainerLabels, Histogram>,
     routing_lag: Family<ContainerLabels, Histogram>,
+    grace_period: Family<ContainerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     connection_resets: Family<ResetLabels, Counter>,
     refused_connections: Family<ContainerLabels, Counter>,
     retry_duplicates: Family<ProxyLabels, Counter>,
@@ -233,6 +238,7 @@ impl Metrics {
             resets_sent: Family::default(),
             drain_duration: Family::new_with_constructor(seconds_buckets),
             routing_lag: Family::new_with_constructor(seconds_buckets),
+            grace_period: Family::default(),
             connection_resets: Family::default(),
             refused_connections: Family::default(),
             retry_duplicates: Family::default(),
@@ -297,6 +303,11 @@ impl Metrics {
             "drainwatch_routing_lag_seconds",
             "Stop signal to the last connection accepted after it",
             stop.routing_lag.clone(),
+        );
+        registry.register(
+            "drainwatch_grace_period_seconds",
+            "Grace period of the container's last stop: terminationGracePeriodSeconds from the Kubernetes API, else stop signal to SIGKILL when it ran out",
+            stop.grace_period.clone(),
         );
         registry.register(
             "drainwatch_connection_resets",
@@ -434,6 +445,39 @@ impl Metrics {
         true
     }
 
+    /// A container was found: its per-container counters and stop histograms start at zero, so
+    /// the first loss and drain of its first stop are an increase that `increase()`, quantiles
+    /// and alerts see (Prometheus ignores the first sample of a series that appears already
+    /// counted).
+    pub fn container_seen(&self, c: &ContainerIdentity) {
+        let l = ContainerLabels::from(c);
+        if !self.admit(&l, "drainwatch_container_stops") {
+            return;
+        }
+        let f = &self.stop;
+        for o in Outcome::ALL {
+            let _ = f.stops.get_or_create(&OutcomeLabels {
+                namespace: l.namespace.clone(),
+                workload: l.workload.clone(),
+                container: l.container.clone(),
+                outcome: o.as_str().into(),
+            });
+        }
+        for family in [
+            &f.inflight_cut,
+            &f.refused,
+            &f.unreachable,
+            &f.accepted_after_sigterm,
+            &f.refused_connections,
+        ] {
+            let _ = family.get_or_create(&l);
+        }
+        // The same for the per-stop histograms: a histogram that appears with its first
+        // observation already counted has no rate, so its first stop would show no quantile.
+        let _ = f.drain_duration.get_or_create(&l);
+        let _ = f.routing_lag.get_or_create(&l);
+    }
+
     /// Loss counted against a stop, as it happens.
     pub fn stop_loss(&self, c: &ContainerIdentity, kind: &str, reason: Option<&str>) {
         let l = ContainerLabels::from(c);
@@ -487,6 +531,15 @@ impl Metrics {
         }
         if let Some(d) = s.routing_lag_seconds() {
             self.stop.routing_lag.get_or_create(&l).observe(d);
+        }
+        // The configured grace period (Kubernetes metadata) when known; else the observed one,
+        // which only a stop that ran out of time shows.
+        let grace = s
+            .grace_configured_seconds
+            .map(|g| g as f64)
+            .or_else(|| s.grace_seconds());
+        if let Some(g) = grace {
+            self.stop.grace_period.get_or_create(&l).set(g);
         }
     }
 
@@ -852,6 +905,163 @@ mod tests {
         assert!(text.contains(&format!(
             "drainwatch_netns_listen_overflows_total{labels} 12"
         )));
+    }
+
+    #[test]
+    fn a_container_seen_gets_zeroed_counters_so_its_first_loss_is_an_increase() {
+        let m = Metrics::new("k");
+        let c = ContainerIdentity {
+            name: "web-1".into(),
+            workload: "web".into(),
+            ..Default::default()
+        };
+        m.container_seen(&c);
+        let text = m.encode_prometheus().unwrap();
+        let labels = "namespace=\"\",workload=\"web\",container=\"web-1\"";
+        for family in [
+            "drainwatch_stop_inflight_cut_total",
+            "drainwatch_stop_refused_total",
+            "drainwatch_stop_unreachable_total",
+            "drainwatch_stop_accepted_after_sigterm_total",
+            "drainwatch_refused_connections_total",
+        ] {
+            assert!(
+                text.contains(&format!("{family}{{{labels}}} 0\n")),
+                "{family}: {text}"
+            );
+        }
+        for o in Outcome::ALL {
+            let line = format!(
+                "drainwatch_container_stops_total{{{labels},outcome=\"{}\"}} 0\n",
+                o.as_str()
+            );
+            assert!(text.contains(&line), "{line}: {text}");
+        }
+        for h in [
+            "drainwatch_drain_duration_seconds",
+            "drainwatch_routing_lag_seconds",
+        ] {
+            assert!(
+                text.contains(&format!("{h}_count{{{labels}}} 0\n")),
+                "{h}: {text}"
+            );
+        }
+        // Seen again (a rescan): nothing is reset.
+        m.stop_loss(&c, "inflight_cut", None);
+        m.container_seen(&c);
+        let text = m.encode_prometheus().unwrap();
+        assert!(
+            text.contains(&format!(
+                "drainwatch_stop_inflight_cut_total{{{labels}}} 1\n"
+            )),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_grace_period_gauge_is_the_configured_one_else_the_observed_one() {
+        use crate::correlate::{
+            ExitInfo, Observation as O, SECOND, Sender,
+            stops::{Config, SIGKILL, SIGTERM, Tracker},
+        };
+        let c = ContainerIdentity {
+            id: "c1".into(),
+            name: "web-1".into(),
+            workload: "web".into(),
+            ..Default::default()
+        };
+        let mut t = Tracker::new(Config::default());
+        let t0 = 1_000 * SECOND;
+        t.observe(
+            t0,
+            O::Container {
+                identity: c.clone(),
+                listeners: vec![],
+                inbound: vec![],
+            },
+        );
+        let runc = Sender {
+            pid: 42,
+            comm: "runc".into(),
+        };
+        for (at, sig) in [(t0 + SECOND, SIGTERM), (t0 + 31 * SECOND, SIGKILL)] {
+            t.observe(
+                at,
+                O::Signal {
+                    key: "c1".into(),
+                    sig,
+                    sender: runc.clone(),
+                },
+            );
+        }
+        t.observe(
+            t0 + 31 * SECOND + 1_000_000,
+            O::Exit {
+                key: "c1".into(),
+                exit: ExitInfo {
+                    code: Some(137),
+                    signal: Some(9),
+                },
+            },
+        );
+        // A pod's stop: the configured grace period wins, whether the stop ran out of it or not.
+        let pod = ContainerIdentity {
+            id: "c2".into(),
+            name: "api".into(),
+            workload: "api".into(),
+            stop_policy: crate::correlate::StopPolicy {
+                grace_configured_seconds: Some(45),
+                prestop: None,
+            },
+            ..Default::default()
+        };
+        t.observe(
+            t0,
+            O::Container {
+                identity: pod,
+                listeners: vec![],
+                inbound: vec![],
+            },
+        );
+        t.observe(
+            t0 + SECOND,
+            O::Signal {
+                key: "c2".into(),
+                sig: SIGTERM,
+                sender: runc.clone(),
+            },
+        );
+        t.observe(
+            t0 + 3 * SECOND,
+            O::Exit {
+                key: "c2".into(),
+                exit: ExitInfo {
+                    code: Some(0),
+                    signal: None,
+                },
+            },
+        );
+        let m = Metrics::new("k");
+        for s in t.stops() {
+            m.stop_settled(s);
+        }
+        let text = m.encode_prometheus().unwrap();
+        assert!(
+            text.contains(
+                "drainwatch_grace_period_seconds{namespace=\"\",workload=\"web\",container=\"web-1\"} 30.0\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "drainwatch_grace_period_seconds{namespace=\"\",workload=\"api\",container=\"api\"} 45.0\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("drainwatch_container_stops_total{namespace=\"\",workload=\"web\",container=\"web-1\",outcome=\"killed_at_deadline\"} 1\n"),
+            "{text}"
+        );
     }
 
     #[test]

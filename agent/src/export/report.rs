@@ -9,6 +9,8 @@ use std::{
 
 use serde_json::Value;
 
+use super::verdict;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     #[error("cannot reach the agent at {addr}: {source}")]
@@ -96,33 +98,6 @@ fn loss_line(loss: &Value) -> String {
     )
 }
 
-/// The plain-language verdict for one stop, with the fix its evidence supports.
-pub fn verdict(stop: &Value) -> String {
-    let loss = &stop["loss"];
-    let cut = n(loss, "inflight_cut");
-    let refused = n(loss, "refused");
-    match stop.get("outcome").and_then(Value::as_str) {
-        None => "in progress".into(),
-        Some("crashed") => format!(
-            "exited with code {} without a stop signal: a crash, not a deploy; {cut} in-flight requests cut",
-            stop["exit_code"]
-        ),
-        Some("killed_at_deadline") => format!(
-            "SIGKILL after {} s of grace cut {cut} in-flight requests: raise the grace period above the slowest request, or make work finish sooner",
-            stop["grace_seconds"]
-        ),
-        Some("exit_at_once") => format!(
-            "exited at once on the stop signal (exit signal {}), cutting {cut} in-flight requests: handle SIGTERM, stop accepting, finish in-flight work, then exit",
-            stop["exit_signal"]
-        ),
-        Some("listener_closed_early") => format!(
-            "closed its listener while routing still sent traffic: {refused} connection attempts refused; fail readiness on SIGTERM and keep serving until routing has moved"
-        ),
-        Some("drained") => "drained cleanly: no connection lost".into(),
-        Some(other) => other.into(),
-    }
-}
-
 fn timeline(stop: &Value) -> Vec<(String, String)> {
     let mut rows = Vec::new();
     let mut at = |k: &str, what: String| {
@@ -198,15 +173,7 @@ pub fn render_storms(storms: &Value) -> String {
     let mut out = String::new();
     for s in storms.as_array().into_iter().flatten() {
         let f = |k: &str| s[k].as_f64().map_or("-".to_string(), |v| format!("{v:.3}"));
-        let verdict = match s["recommended_window_seconds"].as_f64() {
-            Some(w) => format!(
-                "{} clients came back within {} s against {} accepts/s: spread reconnects over at least {w:.3} s",
-                n(s, "clients"),
-                f("seconds_to_95_percent"),
-                f("sustained_accept_rate"),
-            ),
-            None => "the accept queue never backed up: the reconnect window was wide enough".into(),
-        };
+        let verdict = verdict::storm(s).text;
         out.push_str(&format!(
             "STORM {} port {} after stop {}: {} clients back in {} s (95%), peak {} arrivals/s, max queue {}, {} overflows\n  accept wait p50 {} s, p95 {} s, max {} s; capacity {} accepts/s while queued\n  verdict: {verdict}\n\n",
             s["container"].as_str().unwrap_or(""),
@@ -313,7 +280,7 @@ pub fn render(deploys: &Value, stops: &Value) -> String {
             out.push_str(&format!(
                 "    loss: {}\n    verdict: {}\n",
                 loss_line(&stop["loss"]),
-                verdict(stop)
+                verdict::stop(stop).text
             ));
         }
         out.push('\n');
@@ -377,7 +344,7 @@ mod tests {
             "timeline out of order:\n{text}"
         );
         assert!(text.contains("2 in-flight cut (0 retried by a proxy: done twice), 0 refused, 0 unreachable, 0 accepted after SIGTERM, 1 idle closed, 1 resets sent"), "{text}");
-        assert!(text.contains("verdict: exited at once on the stop signal (exit signal 15), cutting 2 in-flight requests"), "{text}");
+        assert!(text.contains("verdict: exited at once on the stop signal (exit signal 15, code 143), cutting 2 in-flight requests: handle SIGTERM"), "{text}");
     }
 
     #[test]
@@ -429,7 +396,7 @@ mod tests {
     fn renders_a_storm_with_its_window_advice() {
         let storms = json!([{
             "namespace": "", "workload": "ws", "container": "ws-2", "port": 8080, "stop_id": "abc-1",
-            "clients": 2000, "seconds_to_95_percent": 1.05, "peak_arrivals_per_second": 2600.0,
+            "clients": 2000, "seconds_to_95_percent": 1.1, "peak_arrivals_per_second": 2600.0,
             "max_queue_depth": 128, "overflows": 3,
             "accept_wait_p50_seconds": 1.2, "accept_wait_p95_seconds": 3.6, "accept_wait_max_seconds": 3.9,
             "sustained_accept_rate": 480.0, "recommended_window_seconds": 4.167
@@ -437,16 +404,18 @@ mod tests {
         let text = render_storms(&storms);
         assert!(
             text.contains(
-                "STORM ws-2 port 8080 after stop abc-1: 2000 clients back in 1.050 s (95%)"
+                "STORM ws-2 port 8080 after stop abc-1: 2000 clients back in 1.100 s (95%)"
             ),
             "{text}"
         );
         assert!(
-            text.contains("verdict: 2000 clients came back within 1.050 s against 480.000 accepts/s: spread reconnects over at least 4.167 s"),
+            text.contains("verdict: 2,000 clients reconnected within 1.1 s against 480 accepts/s: spread reconnects over ≥ 4.2 s"),
             "{text}"
         );
         let calm = json!([{"clients": 2000, "recommended_window_seconds": null}]);
-        assert!(render_storms(&calm).contains("verdict: the accept queue never backed up"));
+        assert!(
+            render_storms(&calm).contains("the accept queue never backed up: no change needed")
+        );
         assert!(render_storms(&json!([])).is_empty());
     }
 

@@ -231,6 +231,9 @@ pub struct BackendOpts {
     pub gate_auth: Option<Duration>,
     /// A second listener on this port with this backlog that never accepts.
     pub hold: Option<(u16, u32)>,
+    /// Put in the container's name before the logical name (`dwlab-<pid>-<n>-<prefix>-s1`),
+    /// so a demo's workloads say what they are.
+    pub name_prefix: Option<String>,
 }
 
 impl Default for BackendOpts {
@@ -247,6 +250,7 @@ impl Default for BackendOpts {
             gate_workers: None,
             gate_auth: None,
             hold: None,
+            name_prefix: None,
         }
     }
 }
@@ -340,7 +344,10 @@ impl Backend {
     /// server's output if it does not come up.
     pub fn start(name: &str, mode: Mode, opts: BackendOpts) -> Backend {
         setup_once();
-        let container = unique_name(name);
+        let container = match &opts.name_prefix {
+            Some(p) => unique_name(&format!("{p}-{name}")),
+            None => unique_name(name),
+        };
         let log_dir = PathBuf::from(LAB_DIR).join(&container);
         fs::create_dir_all(&log_dir).expect("backend log dir");
         let mut b = Backend {

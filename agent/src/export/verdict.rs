@@ -1,0 +1,623 @@
+//! The plain-language verdict on a container stop and on a reconnect storm, with the concrete
+//! fix its evidence supports. One pure function each, shared by `drainwatch report` and the
+//! deploy page, over the report API's JSON (what the report fetches and the page renders), so
+//! both always say the same thing.
+
+use serde_json::Value;
+
+/// How bad it is, for colour on the page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// Nothing lost, nothing to change.
+    Good,
+    /// Nothing lost yet, but something to change (little margin, a storm that queued).
+    Warning,
+    /// Connections were lost.
+    Bad,
+    /// Still stopping: no verdict yet.
+    Pending,
+}
+
+impl Level {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Good => "good",
+            Level::Warning => "warning",
+            Level::Bad => "bad",
+            Level::Pending => "pending",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub level: Level,
+    /// What happened, then `: ` and the fix (when there is one).
+    pub text: String,
+}
+
+fn n(v: &Value, k: &str) -> u64 {
+    v.get(k).and_then(Value::as_u64).unwrap_or(0)
+}
+
+fn f(v: &Value, k: &str) -> Option<f64> {
+    v.get(k).and_then(Value::as_f64)
+}
+
+/// `2,000`: thousands separated, as people read counts.
+pub fn thousands(x: u64) -> String {
+    let digits = x.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `1 request`, `2 requests`, `2,000 clients`.
+fn count(x: u64, one: &str, many: &str) -> String {
+    format!("{} {}", thousands(x), if x == 1 { one } else { many })
+}
+
+/// Seconds as people say them: `3.8`, `10`, `0.004`.
+pub fn secs(x: f64) -> String {
+    if x.abs() < 0.1 && x != 0.0 {
+        return format!("{x:.3}");
+    }
+    let s = format!("{x:.1}");
+    s.strip_suffix(".0").map_or(s.clone(), str::to_string)
+}
+
+/// A rate: whole numbers from 10 up, one decimal below.
+fn rate(x: f64) -> String {
+    if x >= 10.0 {
+        thousands(x.round() as u64)
+    } else {
+        format!("{x:.1}")
+    }
+}
+
+/// Rounded up to a tenth: a window advice must not fall short of the evidence.
+fn ceil_tenth(x: f64) -> f64 {
+    // The small epsilon keeps 4.2000000001 (float noise) from becoming 4.3.
+    (x * 10.0 - 1e-6).ceil() / 10.0
+}
+
+/// The grace period: as configured when the agent knows it, else as observed (SIGTERM → SIGKILL).
+fn grace(stop: &Value) -> Option<f64> {
+    f(stop, "grace_configured_seconds").or_else(|| f(stop, "grace_seconds"))
+}
+
+/// The longest a cut connection had been open when it was cut (see `LossEvent::open_for`).
+fn slowest_cut(stop: &Value) -> Option<f64> {
+    stop.get("loss_events")?
+        .as_array()?
+        .iter()
+        .filter(|e| e["kind"] == "inflight_cut")
+        .filter_map(|e| e["open_seconds"].as_f64())
+        .max_by(f64::total_cmp)
+}
+
+/// "routing continued 3.8 s after SIGTERM", and how many attempts it cost, if it did.
+fn routing(stop: &Value) -> Option<(f64, String)> {
+    let lag = f(stop, "routing_lag_seconds").filter(|l| *l > 0.0)?;
+    Some((
+        lag,
+        format!("routing continued {} s after SIGTERM", secs(lag)),
+    ))
+}
+
+/// The fix for traffic that kept coming: how long to keep serving after failing readiness. On
+/// Kubernetes a preStop hook that sleeps does the same without touching the app: SIGTERM comes
+/// after the hook, so a hook already there was that much too short.
+fn wait_fix(stop: &Value, lag: f64) -> String {
+    let wait = secs(lag.ceil().max(1.0));
+    let fix = format!("fail readiness on SIGTERM and wait ≥ {wait} s before closing the listener");
+    match stop["prestop"].as_bool() {
+        Some(true) => format!(
+            "the preStop hook ended before routing moved: make it last ≥ {wait} s longer, or {fix}"
+        ),
+        Some(false) => format!("{fix} (or add a preStop hook that sleeps ≥ {wait} s)"),
+        None => fix,
+    }
+}
+
+/// Findings every outcome shares: what proxies made of the cuts, and attempts at a gone address.
+fn common_findings(stop: &Value, out: &mut Vec<String>) {
+    let loss = &stop["loss"];
+    let dup = n(loss, "retry_duplicates");
+    if dup > 0 {
+        out.push(format!(
+            "a proxy re-sent {} to another backend: clients saw success, the work ran twice",
+            count(dup, "cut request", "cut requests")
+        ));
+    }
+    let aborts = n(loss, "upstream_aborts");
+    if aborts > 0 {
+        out.push(format!(
+            "{} reached clients through a proxy as errors (502 or reset)",
+            count(aborts, "cut request", "cut requests")
+        ));
+    }
+    let unreachable = n(loss, "unreachable");
+    if unreachable > 0 {
+        out.push(format!(
+            "{} found its address gone: remove the endpoint before the pod goes",
+            count(unreachable, "connection attempt", "connection attempts")
+        ));
+    }
+}
+
+/// The verdict on one stop record (`/api/v1/stops` element).
+pub fn stop(stop: &Value) -> Verdict {
+    let loss = &stop["loss"];
+    let cut = n(loss, "inflight_cut");
+    let refused = n(loss, "refused");
+    let outcome = stop.get("outcome").and_then(Value::as_str);
+    let mut level = Level::Bad;
+    let mut parts: Vec<String> = Vec::new();
+    match outcome {
+        None => {
+            let mut text = "stopping: no verdict until the process exits".to_string();
+            if cut + refused > 0 {
+                text += &format!(" ({cut} in-flight cut, {refused} refused so far)");
+            }
+            return Verdict {
+                level: Level::Pending,
+                text,
+            };
+        }
+        Some("crashed") => {
+            let mut text = format!(
+                "exited with code {} without a stop signal: a crash, not a deploy",
+                stop["exit_code"]
+            );
+            if cut > 0 {
+                text += &format!(
+                    "; it cut {}",
+                    count(cut, "in-flight request", "in-flight requests")
+                );
+            }
+            parts.push(text);
+        }
+        Some("killed_at_deadline") => {
+            let g = grace(stop).map_or_else(|| "grace".into(), |g| format!("{} s grace", secs(g)));
+            if cut > 0 {
+                let seen = slowest_cut(stop).map_or_else(
+                    || "still running when killed".into(),
+                    |s| format!("{} s seen", secs(s)),
+                );
+                parts.push(format!(
+                    "{} outlived the {g} period: raise it above the slowest request ({seen})",
+                    count(cut, "request", "requests")
+                ));
+            } else {
+                level = Level::Warning;
+                parts.push(format!(
+                    "did not exit within the {g} period and was SIGKILLed, though nothing in flight was cut: exit once in-flight work is done (close idle keep-alive connections; as PID 1 a process ignores SIGTERM unless it handles it)"
+                ));
+            }
+            if let Some((lag, r)) = routing(stop)
+                && refused > 0
+            {
+                parts.push(format!("{r}: {}", wait_fix(stop, lag)));
+            }
+        }
+        Some("exit_at_once") if stop["sigterm_at"].is_null() && !stop["sigkill_at"].is_null() => {
+            // SIGKILL with no stop signal before it: `kill -9`, `podman rm -f`, the OOM killer.
+            let mut text =
+                "killed by SIGKILL with no stop signal first: nothing could drain".to_string();
+            if cut > 0 {
+                text += &format!(
+                    ", {} cut",
+                    count(cut, "in-flight request", "in-flight requests")
+                );
+            }
+            parts.push(format!(
+                "{text}: stop containers with SIGTERM and a grace period (a pod deletion, `podman stop`), not a kill; if the kernel killed it, raise its memory limit"
+            ));
+        }
+        Some("exit_at_once") => {
+            let on_signal = stop["exit_signal"].as_i64().is_some();
+            let what = if on_signal {
+                format!(
+                    "exited at once on the stop signal (exit signal {}, code {})",
+                    stop["exit_signal"], stop["exit_code"]
+                )
+            } else {
+                format!(
+                    "exited {} s after the stop signal with requests in flight (code {})",
+                    f(stop, "drain_seconds").map_or("?".into(), secs),
+                    stop["exit_code"]
+                )
+            };
+            let mut text = if cut > 0 {
+                format!(
+                    "{what}, cutting {}",
+                    count(cut, "in-flight request", "in-flight requests")
+                )
+            } else {
+                what
+            };
+            let fix = match routing(stop) {
+                Some((lag, r)) => {
+                    if refused > 0 {
+                        text += &format!(
+                            "; {r} and {} refused",
+                            count(
+                                refused,
+                                "connection attempt was",
+                                "connection attempts were"
+                            )
+                        );
+                    } else {
+                        text += &format!("; {r}");
+                    }
+                    let wait = secs(lag.ceil().max(1.0));
+                    let mut fix = format!(
+                        "handle SIGTERM: fail readiness, wait ≥ {wait} s before closing the listener, finish in-flight work, then exit"
+                    );
+                    if stop["prestop"].as_bool() == Some(false) {
+                        // The hook runs before SIGTERM: routing moves and in-flight work ends
+                        // while it sleeps, so even a process without a handler stops idle.
+                        fix += &format!(" (or add a preStop hook that sleeps ≥ {wait} s)");
+                    }
+                    fix
+                }
+                None => "handle SIGTERM: stop accepting, finish in-flight work, then exit".into(),
+            };
+            parts.push(format!("{text}: {fix}"));
+        }
+        Some("listener_closed_early") => {
+            let refused_text = count(
+                refused,
+                "connection attempt was",
+                "connection attempts were",
+            );
+            parts.push(match routing(stop) {
+                Some((lag, r)) => {
+                    format!("{r} and {refused_text} refused: {}", wait_fix(stop, lag))
+                }
+                None => format!(
+                    "closed its listener while routing still sent traffic and {refused_text} refused: fail readiness on SIGTERM and keep serving until routing has moved"
+                ),
+            });
+        }
+        Some("drained") => {
+            level = Level::Good;
+            let mut text = match f(stop, "drain_seconds") {
+                Some(d) => format!("drained cleanly in {} s: nothing lost", secs(d)),
+                None => "drained cleanly: nothing lost".into(),
+            };
+            if let Some((_, r)) = routing(stop) {
+                text += &format!(" ({r})");
+            }
+            if let (Some(d), Some(g)) = (f(stop, "drain_seconds"), grace(stop))
+                && g > 0.0
+                && d > 0.8 * g
+            {
+                level = Level::Warning;
+                text += &format!(
+                    "; but it used {} s of the {} s grace period: raise the grace period or drain faster",
+                    secs(d),
+                    secs(g)
+                );
+            }
+            parts.push(text);
+        }
+        Some(other) => parts.push(other.to_string()),
+    }
+    common_findings(stop, &mut parts);
+    Verdict {
+        level,
+        text: parts.join("; "),
+    }
+}
+
+/// The verdict on one reconnect storm (`/api/v1/storms` element).
+pub fn storm(storm: &Value) -> Verdict {
+    let clients = n(storm, "clients");
+    let within = f(storm, "seconds_to_95_percent").unwrap_or(0.0);
+    let overflows = n(storm, "overflows");
+    let rate_v = f(storm, "sustained_accept_rate");
+    let window = f(storm, "recommended_window_seconds");
+    let came = format!(
+        "{} reconnected within {} s",
+        count(clients, "client", "clients"),
+        secs(within)
+    );
+    let mut v = match (window, rate_v) {
+        (Some(w), Some(r)) if w > within => Verdict {
+            level: Level::Warning,
+            text: format!(
+                "{came} against {} accepts/s: spread reconnects over ≥ {} s",
+                rate(r),
+                secs(ceil_tenth(w))
+            ),
+        },
+        (Some(w), Some(r)) => Verdict {
+            level: Level::Good,
+            text: format!(
+                "{came}, wider than the {} s its {} accepts/s need: no change needed",
+                secs(ceil_tenth(w)),
+                rate(r)
+            ),
+        },
+        _ => Verdict {
+            level: Level::Good,
+            text: format!("{came} and the accept queue never backed up: no change needed"),
+        },
+    };
+    if overflows > 0 {
+        v.level = Level::Bad;
+        v.text += &format!(
+            "; {} dropped by a full accept queue (clients retry after a second or more)",
+            count(overflows, "handshake was", "handshakes were")
+        );
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// A stop record with the API's field names; `extra` overrides.
+    fn stop_with(outcome: &str, loss: Value, extra: Value) -> Value {
+        let mut s = json!({
+            "outcome": outcome,
+            "exit_code": 0, "exit_signal": null,
+            "grace_seconds": null, "drain_seconds": 0.5, "routing_lag_seconds": null,
+            "loss": loss, "loss_events": [],
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            s[k] = v.clone();
+        }
+        s
+    }
+
+    #[test]
+    fn routing_that_outlasts_the_listener_says_how_long_to_wait() {
+        let s = stop_with(
+            "listener_closed_early",
+            json!({"refused": 6}),
+            json!({"routing_lag_seconds": 3.8}),
+        );
+        let v = stop(&s);
+        assert_eq!(v.level, Level::Bad);
+        assert_eq!(
+            v.text,
+            "routing continued 3.8 s after SIGTERM and 6 connection attempts were refused: fail readiness on SIGTERM and wait ≥ 4 s before closing the listener"
+        );
+    }
+
+    #[test]
+    fn on_kubernetes_the_fix_names_the_prestop_hook() {
+        let mut s = stop_with(
+            "listener_closed_early",
+            json!({"refused": 6}),
+            json!({"routing_lag_seconds": 3.8, "prestop": false}),
+        );
+        assert!(
+            stop(&s).text.ends_with(
+                "fail readiness on SIGTERM and wait ≥ 4 s before closing the listener (or add a preStop hook that sleeps ≥ 4 s)"
+            ),
+            "{}",
+            stop(&s).text
+        );
+        s["prestop"] = json!(true);
+        assert!(
+            stop(&s).text.contains(
+                "refused: the preStop hook ended before routing moved: make it last ≥ 4 s longer, or fail readiness"
+            ),
+            "{}",
+            stop(&s).text
+        );
+    }
+
+    #[test]
+    fn requests_longer_than_the_grace_period_say_how_long_the_slowest_ran() {
+        let s = stop_with(
+            "killed_at_deadline",
+            json!({"inflight_cut": 2}),
+            json!({
+                "exit_code": 137, "exit_signal": 9, "grace_seconds": 10.002,
+                "loss_events": [
+                    {"at": "2026-01-01T00:00:10Z", "kind": "inflight_cut", "open_seconds": 11.4},
+                    {"at": "2026-01-01T00:00:10Z", "kind": "inflight_cut", "open_seconds": 12.04},
+                    {"at": "2026-01-01T00:00:10Z", "kind": "refused", "open_seconds": null},
+                ],
+            }),
+        );
+        assert_eq!(
+            stop(&s).text,
+            "2 requests outlived the 10 s grace period: raise it above the slowest request (12 s seen)"
+        );
+        // The configured grace period wins over the observed one when the agent knows it.
+        let mut configured = s.clone();
+        configured["grace_configured_seconds"] = json!(30);
+        assert!(stop(&configured).text.contains("the 30 s grace period"));
+        // Nothing cut: it just did not exit.
+        let idle = stop_with(
+            "killed_at_deadline",
+            json!({}),
+            json!({"grace_seconds": 10.0}),
+        );
+        let v = stop(&idle);
+        assert_eq!(v.level, Level::Warning);
+        assert!(
+            v.text
+                .starts_with("did not exit within the 10 s grace period and was SIGKILLed"),
+            "{}",
+            v.text
+        );
+    }
+
+    #[test]
+    fn no_handler_says_to_handle_sigterm_and_how_long_routing_took() {
+        let s = stop_with(
+            "exit_at_once",
+            json!({"inflight_cut": 2, "refused": 6}),
+            json!({"exit_code": 143, "exit_signal": 15, "routing_lag_seconds": 3.52}),
+        );
+        assert_eq!(
+            stop(&s).text,
+            "exited at once on the stop signal (exit signal 15, code 143), cutting 2 in-flight requests; routing continued 3.5 s after SIGTERM and 6 connection attempts were refused: handle SIGTERM: fail readiness, wait ≥ 4 s before closing the listener, finish in-flight work, then exit"
+        );
+        let quiet = stop_with(
+            "exit_at_once",
+            json!({"inflight_cut": 1}),
+            json!({"exit_code": 143, "exit_signal": 15}),
+        );
+        assert_eq!(
+            stop(&quiet).text,
+            "exited at once on the stop signal (exit signal 15, code 143), cutting 1 in-flight request: handle SIGTERM: stop accepting, finish in-flight work, then exit"
+        );
+    }
+
+    #[test]
+    fn a_kill_without_a_stop_signal_says_to_stop_with_sigterm() {
+        let s = stop_with(
+            "exit_at_once",
+            json!({"inflight_cut": 1}),
+            json!({"sigterm_at": null, "sigkill_at": "2026-01-01T00:00:00Z", "exit_code": 137, "exit_signal": 9}),
+        );
+        assert_eq!(
+            stop(&s).text,
+            "killed by SIGKILL with no stop signal first: nothing could drain, 1 in-flight request cut: stop containers with SIGTERM and a grace period (a pod deletion, `podman stop`), not a kill; if the kernel killed it, raise its memory limit"
+        );
+    }
+
+    #[test]
+    fn retries_and_aborts_through_a_proxy_are_named() {
+        let s = stop_with(
+            "exit_at_once",
+            json!({"inflight_cut": 3, "retry_duplicates": 2, "upstream_aborts": 1}),
+            json!({"exit_code": 143, "exit_signal": 15}),
+        );
+        let text = stop(&s).text;
+        assert!(
+            text.ends_with("; a proxy re-sent 2 cut requests to another backend: clients saw success, the work ran twice; 1 cut request reached clients through a proxy as errors (502 or reset)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_drain_is_good_unless_it_nearly_ran_out_of_grace() {
+        let s = stop_with(
+            "drained",
+            json!({"accepted_after_sigterm": 4}),
+            json!({"drain_seconds": 5.1, "routing_lag_seconds": 3.5}),
+        );
+        let v = stop(&s);
+        assert_eq!(v.level, Level::Good);
+        assert_eq!(
+            v.text,
+            "drained cleanly in 5.1 s: nothing lost (routing continued 3.5 s after SIGTERM)"
+        );
+        let mut tight = s.clone();
+        tight["grace_configured_seconds"] = json!(6);
+        let v = stop(&tight);
+        assert_eq!(v.level, Level::Warning);
+        assert!(
+            v.text.ends_with(
+                "but it used 5.1 s of the 6 s grace period: raise the grace period or drain faster"
+            ),
+            "{}",
+            v.text
+        );
+    }
+
+    #[test]
+    fn a_crash_and_a_stop_in_progress() {
+        let s = stop_with(
+            "crashed",
+            json!({"inflight_cut": 2}),
+            json!({"exit_code": 1}),
+        );
+        assert_eq!(
+            stop(&s).text,
+            "exited with code 1 without a stop signal: a crash, not a deploy; it cut 2 in-flight requests"
+        );
+        let pending = json!({"outcome": null, "loss": {"refused": 1}});
+        let v = stop(&pending);
+        assert_eq!(v.level, Level::Pending);
+        assert_eq!(
+            v.text,
+            "stopping: no verdict until the process exits (0 in-flight cut, 1 refused so far)"
+        );
+    }
+
+    #[test]
+    fn a_gone_address_says_to_remove_the_endpoint_first() {
+        let s = stop_with("drained", json!({"unreachable": 3}), json!({}));
+        assert!(
+            stop(&s)
+                .text
+                .ends_with("; 3 connection attempts found its address gone: remove the endpoint before the pod goes")
+        );
+    }
+
+    #[test]
+    fn a_storm_faster_than_the_accept_rate_says_how_wide_to_spread() {
+        let s = json!({
+            "clients": 2000, "seconds_to_95_percent": 1.1, "overflows": 0,
+            "sustained_accept_rate": 480.3, "recommended_window_seconds": 4.164,
+        });
+        let v = storm(&s);
+        assert_eq!(v.level, Level::Warning);
+        assert_eq!(
+            v.text,
+            "2,000 clients reconnected within 1.1 s against 480 accepts/s: spread reconnects over ≥ 4.2 s"
+        );
+        let mut dropped = s.clone();
+        dropped["overflows"] = json!(12);
+        let v = storm(&dropped);
+        assert_eq!(v.level, Level::Bad);
+        assert!(
+            v.text
+                .ends_with("; 12 handshakes were dropped by a full accept queue (clients retry after a second or more)")
+        );
+    }
+
+    #[test]
+    fn a_storm_the_listener_kept_up_with_needs_nothing() {
+        let s = json!({
+            "clients": 100, "seconds_to_95_percent": 0.9, "overflows": 0,
+            "sustained_accept_rate": null, "recommended_window_seconds": null,
+        });
+        let v = storm(&s);
+        assert_eq!(v.level, Level::Good);
+        assert_eq!(
+            v.text,
+            "100 clients reconnected within 0.9 s and the accept queue never backed up: no change needed"
+        );
+        let spread = json!({
+            "clients": 100, "seconds_to_95_percent": 3.0, "overflows": 0,
+            "sustained_accept_rate": 50.0, "recommended_window_seconds": 2.0,
+        });
+        assert_eq!(
+            storm(&spread).text,
+            "100 clients reconnected within 3 s, wider than the 2 s its 50 accepts/s need: no change needed"
+        );
+    }
+
+    #[test]
+    fn numbers_read_as_people_write_them() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(1234567), "1,234,567");
+        assert_eq!(secs(3.8), "3.8");
+        assert_eq!(secs(10.0), "10");
+        assert_eq!(secs(0.0042), "0.004");
+        assert_eq!(secs(0.0), "0");
+        assert_eq!(ceil_tenth(4.164), 4.2);
+        assert_eq!(ceil_tenth(4.2), 4.2);
+    }
+}

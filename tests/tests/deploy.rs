@@ -1,0 +1,365 @@
+//! deploy/: the plain manifests and the Helm chart. Every object validates against the
+//! Kubernetes schemas (kubernetes-validate, strict, oldest and newest Kubernetes it ships); the
+//! chart's defaults render the plain manifest's objects; the Prometheus Operator objects select
+//! what they should and carry dashboards/alerts.yaml; the DaemonSet is least-privilege.
+//!
+//! PodMonitor and PrometheusRule are custom resources: kubernetes-validate has no schema for
+//! them and says so (a warning, printed by the test). They are checked here instead: the
+//! PodMonitor against the DaemonSet it scrapes, the PrometheusRule's groups for equality with
+//! dashboards/alerts.yaml, which `promtool` checks and unit-tests (tests/tests/alerts.rs).
+
+use std::{path::Path, process::Command};
+
+use drainwatch_tests::ops::{
+    helm_template, manifest_capabilities, object, repo, run_ok, tools_venv, yaml_docs, yaml_file,
+};
+use serde_json::{Value, json};
+
+/// Kubernetes versions to validate against: the oldest and newest kubernetes-validate ships
+/// schemas for, and the chart's kubeVersion floor.
+const KUBE_VERSIONS: [&str; 2] = ["1.25", "1.37"];
+
+/// The custom resources kubernetes-validate has no schema for.
+const CUSTOM_KINDS: [&str; 2] = ["PodMonitor", "PrometheusRule"];
+
+/// Runs kubernetes-validate --strict on `file`; fails on any error, and on a warning about
+/// anything but the custom resources (printed as the documented exception). Returns how many
+/// objects passed.
+fn validate(file: &Path, version: &str) -> usize {
+    let out = Command::new(tools_venv().join("bin/kubernetes-validate"))
+        .args(["--strict", "-k", version])
+        .arg(file)
+        .output()
+        .expect("kubernetes-validate (cargo xtask setup installs it)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && !text.contains("ERROR"),
+        "kubernetes-validate -k {version} {}:\n{text}",
+        file.display()
+    );
+    for line in text.lines().filter(|l| l.starts_with("WARN")) {
+        assert!(
+            CUSTOM_KINDS
+                .iter()
+                .any(|k| line.contains(&format!("schema for kind {k} "))),
+            "unexpected warning: {line}"
+        );
+        println!("not validated by kubernetes-validate (a custom resource, checked below): {line}");
+    }
+    text.lines()
+        .filter(|l| l.starts_with("INFO") && l.contains(" passed for resource "))
+        .count()
+}
+
+fn count_kinds(docs: &[Value], custom: bool) -> usize {
+    docs.iter()
+        .filter(|d| CUSTOM_KINDS.contains(&d["kind"].as_str().unwrap_or("")) == custom)
+        .count()
+}
+
+#[test]
+fn plain_manifests_validate_against_the_kubernetes_schemas() {
+    for file in [
+        "deploy/kubernetes/drainwatch.yaml",
+        "deploy/kubernetes/monitoring.yaml",
+    ] {
+        let docs = yaml_file(file);
+        for version in KUBE_VERSIONS {
+            assert_eq!(
+                validate(&repo().join(file), version),
+                count_kinds(&docs, false),
+                "{file}: every built-in object passed against {version}"
+            );
+        }
+    }
+}
+
+fn rendered(values: &Value) -> (tempfile_path::TempFile, Vec<Value>) {
+    let text = helm_template("drainwatch", "drainwatch", values);
+    let file = tempfile_path::TempFile::with(&text);
+    (file, yaml_docs(&text))
+}
+
+/// A file in the system temp dir, removed on drop (std only).
+mod tempfile_path {
+    pub struct TempFile(pub std::path::PathBuf);
+    impl TempFile {
+        pub fn with(text: &str) -> Self {
+            static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let path = std::env::temp_dir()
+                .join(format!("drainwatch-chart-{}-{n}.yaml", std::process::id()));
+            std::fs::write(&path, text).expect("write the rendered chart");
+            Self(path)
+        }
+    }
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+fn all_on() -> Value {
+    json!({"podMonitor": {"enabled": true}, "prometheusRule": {"enabled": true}})
+}
+
+#[test]
+fn the_rendered_chart_validates_with_defaults_and_with_every_option() {
+    let every_option = json!({
+        "podMonitor": {"enabled": true, "labels": {"release": "kube-prometheus-stack"}},
+        "prometheusRule": {"enabled": true, "labels": {"release": "kube-prometheus-stack"}},
+        "serviceAccount": {"create": true, "name": "dw", "annotations": {"a": "b"}},
+        "image": {"tag": "9.9.9"},
+        "imagePullSecrets": [{"name": "pull"}],
+        "extraEnv": [{"name": "DRAINWATCH_LOG", "value": "debug"}],
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
+        "priorityClassName": "system-node-critical",
+        "podAnnotations": {"x": "y"},
+        "podLabels": {"team": "sre"},
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "runtimeStateDirs": [{"name": "docker-containers", "path": "/var/lib/docker/containers"}],
+    });
+    let all_off = json!({"rbac": {"create": false}, "serviceAccount": {"create": false},
+        "service": {"enabled": false}});
+    for (what, values, kinds) in [
+        ("defaults", json!({}), 5),
+        ("Prometheus Operator objects on", all_on(), 7),
+        ("every option", every_option, 7),
+        ("everything optional off", all_off, 1),
+    ] {
+        let (file, docs) = rendered(&values);
+        assert_eq!(docs.len(), kinds, "{what}: objects rendered");
+        for version in KUBE_VERSIONS {
+            assert_eq!(
+                validate(&file.0, version),
+                count_kinds(&docs, false),
+                "{what}: every built-in object passed against {version}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_chart_defaults_render_the_plain_manifest() {
+    let mut plain = yaml_file("deploy/kubernetes/drainwatch.yaml");
+    plain.extend(yaml_file("deploy/kubernetes/monitoring.yaml"));
+    let (_, chart) = rendered(&all_on());
+    // The chart leaves the namespace to `helm install --create-namespace`.
+    let kinds = [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+        "Service",
+        "PodMonitor",
+        "PrometheusRule",
+    ];
+    assert_eq!(plain.len(), kinds.len() + 1);
+    assert_eq!(chart.len(), kinds.len());
+    for kind in kinds {
+        let (p, c) = (
+            object(&plain, kind, Some("drainwatch")),
+            object(&chart, kind, Some("drainwatch")),
+        );
+        assert_eq!(p["apiVersion"], c["apiVersion"], "{kind}");
+        assert_eq!(
+            p["metadata"]["namespace"], c["metadata"]["namespace"],
+            "{kind} namespace"
+        );
+        for field in ["spec", "rules", "roleRef", "subjects"] {
+            assert_eq!(
+                p[field], c[field],
+                "{kind}.{field}: plain manifest vs chart defaults"
+            );
+        }
+    }
+    let ns = object(&plain, "Namespace", Some("drainwatch"));
+    assert_eq!(
+        ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "privileged"
+    );
+}
+
+#[test]
+fn every_copy_of_the_alert_rules_is_dashboards_alerts() {
+    let alerts = yaml_file("dashboards/alerts.yaml");
+    let groups = &alerts[0]["groups"];
+    let copy = std::fs::read(repo().join("deploy/helm/drainwatch/files/alerts.yaml")).unwrap();
+    let original = std::fs::read(repo().join("dashboards/alerts.yaml")).unwrap();
+    assert!(
+        copy == original,
+        "deploy/helm/drainwatch/files/alerts.yaml differs from dashboards/alerts.yaml: copy it"
+    );
+    let plain = yaml_file("deploy/kubernetes/monitoring.yaml");
+    let (_, chart) = rendered(&all_on());
+    for (what, docs) in [("plain", &plain), ("chart", &chart)] {
+        let rule = object(docs, "PrometheusRule", Some("drainwatch"));
+        assert_eq!(&rule["spec"]["groups"], groups, "{what} PrometheusRule");
+        // The spec as Prometheus would load it.
+        let file = tempfile_path::TempFile::with(&rule["spec"].to_string());
+        run_ok(
+            Command::new("promtool")
+                .args(["check", "rules"])
+                .arg(&file.0),
+        );
+    }
+}
+
+#[test]
+fn the_pod_monitor_scrapes_the_daemonset_as_the_job_the_rules_select() {
+    let mut docs = yaml_file("deploy/kubernetes/drainwatch.yaml");
+    docs.extend(yaml_file("deploy/kubernetes/monitoring.yaml"));
+    let pm = &object(&docs, "PodMonitor", None)["spec"];
+    let pod = &object(&docs, "DaemonSet", None)["spec"]["template"];
+    let labels = pod["metadata"]["labels"].as_object().unwrap();
+    for (k, v) in pm["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(labels.get(k), Some(v), "selector {k}");
+    }
+    let job_label = pm["jobLabel"].as_str().expect("jobLabel");
+    assert_eq!(labels[job_label], "drainwatch", "job=\"drainwatch\"");
+    let ports: Vec<&Value> = pod["spec"]["containers"][0]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| &p["name"])
+        .collect();
+    let endpoint = &pm["podMetricsEndpoints"][0];
+    assert!(
+        ports.contains(&&endpoint["port"]),
+        "port {}",
+        endpoint["port"]
+    );
+    assert_eq!(endpoint["path"], "/metrics");
+    // The agent's namespace/container labels name the watched workloads: the pod's own target
+    // labels must not replace them.
+    assert_eq!(endpoint["honorLabels"], true);
+    let svc = &object(&docs, "Service", None)["spec"];
+    assert_eq!(svc["selector"], pm["selector"]["matchLabels"]);
+}
+
+#[test]
+fn the_daemonset_is_least_privilege_and_complete() {
+    let docs = yaml_file("deploy/kubernetes/drainwatch.yaml");
+    let role = object(&docs, "ClusterRole", None);
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}])
+    );
+    let spec = &object(&docs, "DaemonSet", None)["spec"]["template"]["spec"];
+    assert_eq!(spec["hostPID"], true);
+    assert!(spec["hostNetwork"].is_null(), "no hostNetwork");
+    assert_eq!(
+        spec["tolerations"],
+        json!([{"operator": "Exists"}]),
+        "every taint"
+    );
+    assert!(spec["terminationGracePeriodSeconds"].as_u64().is_some());
+    let c = &spec["containers"][0];
+    let sc = &c["securityContext"];
+    assert_eq!(sc["privileged"], false);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(
+        manifest_capabilities(),
+        ["BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH"]
+    );
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        assert_eq!(c[probe]["httpGet"]["path"], path);
+        assert_eq!(c[probe]["httpGet"]["port"], "metrics");
+    }
+    for kind in ["requests", "limits"] {
+        for r in ["cpu", "memory"] {
+            assert!(c["resources"][kind][r].is_string(), "resources.{kind}.{r}");
+        }
+    }
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        c["image"],
+        format!("ghcr.io/drainwatch/drainwatch:{version}")
+    );
+    let chart = yaml_file("deploy/helm/drainwatch/Chart.yaml");
+    assert_eq!(chart[0]["appVersion"], version);
+
+    // Every host path mounted read-only, at the place the agent's flags point to.
+    let volumes = spec["volumes"].as_array().unwrap();
+    let mounts = c["volumeMounts"].as_array().unwrap();
+    let host_path_at = |mount_path: &str| -> String {
+        let m = mounts
+            .iter()
+            .find(|m| m["mountPath"] == mount_path)
+            .unwrap_or_else(|| panic!("nothing mounted at {mount_path}"));
+        let v = volumes.iter().find(|v| v["name"] == m["name"]).unwrap();
+        v["hostPath"]["path"].as_str().unwrap().to_string()
+    };
+    for m in mounts {
+        assert_eq!(m["readOnly"], true, "{} read-only", m["name"]);
+    }
+    let env: Vec<(String, Value)> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap().to_string(), e.clone()))
+        .collect();
+    let var = |name: &str| -> String {
+        env.iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("env {name}"))
+            .1["value"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(host_path_at(&var("DRAINWATCH_PROCFS_ROOT")), "/proc");
+    assert_eq!(
+        host_path_at(&var("DRAINWATCH_CGROUPFS_ROOT")),
+        "/sys/fs/cgroup"
+    );
+    let btf = var("DRAINWATCH_BTF");
+    assert_eq!(
+        host_path_at(btf.strip_suffix("/vmlinux").unwrap()),
+        "/sys/kernel/btf"
+    );
+    // The agent (and aya) look for tracefs at /sys/kernel/tracing only.
+    assert_eq!(host_path_at("/sys/kernel/tracing"), "/sys/kernel/tracing");
+    let host_root = var("DRAINWATCH_HOST_ROOT");
+    for m in mounts.iter().filter(|m| {
+        m["mountPath"]
+            .as_str()
+            .is_some_and(|p| p.starts_with(&format!("{host_root}/")))
+    }) {
+        let at = m["mountPath"].as_str().unwrap();
+        assert_eq!(
+            format!("{host_root}{}", host_path_at(at)),
+            at,
+            "{at}: host paths under --host-root keep their place"
+        );
+    }
+    assert_eq!(
+        var("DRAINWATCH_LISTEN"),
+        format!("0.0.0.0:{}", c["ports"][0]["containerPort"])
+    );
+    let node = env
+        .iter()
+        .find(|(n, _)| n == "NODE_NAME")
+        .expect("NODE_NAME");
+    assert_eq!(
+        node.1["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
+    // Every DRAINWATCH_* variable is one the agent reads.
+    let cli = std::fs::read_to_string(repo().join("agent/src/cli.rs")).unwrap();
+    for (name, _) in env.iter().filter(|(n, _)| n.starts_with("DRAINWATCH_")) {
+        assert!(
+            cli.contains(&format!("env = \"{name}\"")),
+            "{name} is no flag of the agent"
+        );
+    }
+}

@@ -1,0 +1,285 @@
+//! The dashboards and alert rules against real data: a real Prometheus scrapes the real agent
+//! every second while the container lab goes through deploys: a stop without a SIGTERM handler
+//! (in-flight requests cut, connects refused), a readiness-flip drain (routing lag), a stop
+//! killed at its deadline (drain against grace period), and nginx retrying requests a stop cut
+//! (retry duplicates). Then every query of dashboards/drainwatch-rollout.json (panels and
+//! annotations, with Grafana's variables filled in) runs against Prometheus's HTTP API and must
+//! return at least one finite value; the deploy loss it shows must equal the stop records; and
+//! the alert rules must have noticed the lost connections and the stop killed at its deadline.
+//!
+//! Documented exception: panels fed only by reconnect-storm metrics (listed in `STORM_ONLY`)
+//! need a reconnect storm, which this lab does not make (the storm lab is not on main yet): the
+//! test prints each such query that returned nothing instead of failing on it.
+
+use std::time::{Duration, Instant};
+
+use drainwatch_tests::{
+    agent::{Agent, stop_record},
+    lab::{Lab, Method, Mode, RetryLab, RetrySpec, ScenarioSpec, Trigger},
+    ops::repo,
+    prometheus::{Prometheus, unix_now},
+};
+use serde_json::Value;
+
+/// Metrics only a reconnect storm (or a full accept queue) creates.
+const STORM_ONLY: [&str; 5] = [
+    "drainwatch_reconnect_storms_total",
+    "drainwatch_reconnect_storm_peak_rate",
+    "drainwatch_reconnect_storm_window_seconds",
+    "drainwatch_reconnect_window_recommended_seconds",
+    "drainwatch_listen_overflows_total",
+];
+
+struct Query {
+    what: String,
+    expr: String,
+    instant: bool,
+}
+
+fn dashboard_queries() -> Vec<Query> {
+    let path = repo().join("dashboards/drainwatch-rollout.json");
+    let d: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut out = Vec::new();
+    for p in d["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            out.push(Query {
+                what: format!("panel {:?} target {}", p["title"], t["refId"]),
+                expr: t["expr"].as_str().unwrap().to_string(),
+                instant: t["instant"] == true,
+            });
+        }
+    }
+    for a in d["annotations"]["list"].as_array().into_iter().flatten() {
+        out.push(Query {
+            what: format!("annotation {:?}", a["name"]),
+            expr: a["expr"].as_str().unwrap().to_string(),
+            instant: false,
+        });
+    }
+    out
+}
+
+/// Grafana's variables, as a dashboard showing every namespace and workload over the test.
+fn substitute(expr: &str, range_secs: u64) -> String {
+    expr.replace("$job", "drainwatch")
+        .replace("$namespace", ".*")
+        .replace("$workload", ".*")
+        .replace("$__rate_interval", "10s")
+        .replace("$__range", &format!("{range_secs}s"))
+        .replace("$__interval", "1s")
+}
+
+/// Finite values of a query result (vector or matrix).
+fn values(result: &[Value]) -> Vec<f64> {
+    result
+        .iter()
+        .flat_map(|s| {
+            let mut v: Vec<&Value> = s["values"].as_array().into_iter().flatten().collect();
+            v.extend(s.get("value"));
+            v
+        })
+        .filter_map(|pair| pair[1].as_str()?.parse::<f64>().ok())
+        .filter(|x| x.is_finite())
+        .collect()
+}
+
+/// One deploy-stop scenario of the HAProxy lab; its stop record.
+fn stop_scenario(
+    agent: &Agent,
+    mode: Mode,
+    grace: u32,
+    tune: impl FnOnce(&mut ScenarioSpec),
+) -> Value {
+    let mut spec = ScenarioSpec::new(mode, Trigger::Stop { grace_secs: grace });
+    spec.remove_when_down = true;
+    tune(&mut spec);
+    let lab = Lab::setup(spec);
+    let run = lab.run();
+    print!("{}", run.report());
+    stop_record(agent, &lab.s1.id)
+}
+
+fn container(stop: &Value) -> (String, String) {
+    (
+        stop["container"]["workload"].as_str().unwrap().to_string(),
+        stop["container"]["name"].as_str().unwrap().to_string(),
+    )
+}
+
+#[test]
+fn every_dashboard_query_returns_data_from_real_deploys_and_the_alerts_notice() {
+    drainwatch_tests::require_root();
+    // The default settle time (10 s): refused connects keep arriving for seconds after the
+    // cgroup is gone, until the balancer marks the backend down; a stop settled earlier
+    // would miss them.
+    let agent = Agent::start(&[]);
+    let alerts_file = repo().join("dashboards/alerts.yaml");
+    let prom = Prometheus::start(
+        &[("drainwatch", format!("127.0.0.1:{}", agent.port))],
+        &[alerts_file],
+    );
+    let start = unix_now();
+    let wait_for = |q: &str, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while prom.query(q, unix_now()).is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {q} stayed empty for 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
+    wait_for("up{job=\"drainwatch\"} == 1", "the first scrape");
+
+    let at_once = stop_scenario(&agent, Mode::NoHandler, 10, |_| {});
+    let drained = stop_scenario(&agent, Mode::Drain, 10, |_| {});
+    let killed = stop_scenario(&agent, Mode::Slow, 7, |s| {
+        s.backend.drain_delay = Some(Duration::from_secs(5));
+        s.long_request_ms = Some(9000);
+    });
+    let retry_lab = RetryLab::setup(RetrySpec::new(Method::Get, None));
+    let retry_run = retry_lab.run();
+    print!("{}", retry_run.report());
+    let retried = stop_record(&agent, &retry_lab.s1.id);
+    drop(retry_lab);
+    for (stop, outcome) in [
+        (&at_once, "exit_at_once"),
+        (&drained, "drained"),
+        (&killed, "killed_at_deadline"),
+    ] {
+        assert_eq!(stop["outcome"], outcome, "{stop:#}");
+        let (_, name) = container(stop);
+        wait_for(
+            &format!(
+                "drainwatch_container_stops_total{{job=\"drainwatch\",container=\"{name}\",outcome=\"{outcome}\"}} == 1"
+            ),
+            "the settled stop, scraped",
+        );
+    }
+    // The retry verdicts are decided after the stop: wait until Prometheus has them.
+    let (retry_workload, _) = container(&retried);
+    wait_for(
+        &format!(
+            "sum(drainwatch_retry_duplicates_total{{job=\"drainwatch\",workload=\"{retry_workload}\"}}) >= {}",
+            retry_run.duplicates.len()
+        ),
+        "the retry duplicates, scraped",
+    );
+    // Two more scrapes, so every rate window ends on settled values.
+    std::thread::sleep(Duration::from_secs(2));
+    let end = unix_now();
+    let range = (end - start).ceil() as u64 + 1;
+
+    let mut failed = Vec::new();
+    let mut storm_exceptions = Vec::new();
+    for q in dashboard_queries() {
+        let expr = substitute(&q.expr, range);
+        let result = if q.instant {
+            prom.query(&expr, end)
+        } else {
+            prom.query_range(&expr, start, end, 1.0)
+        };
+        let vals = values(&result);
+        println!(
+            "{}: {} series, {} finite values",
+            q.what,
+            result.len(),
+            vals.len()
+        );
+        if vals.is_empty() {
+            let storm_only = STORM_ONLY.iter().any(|m| expr.contains(m))
+                && !expr.contains("drainwatch_connection_arrivals_total");
+            if storm_only {
+                storm_exceptions.push(format!("{}: {expr}", q.what));
+            } else {
+                failed.push(format!("{}: {expr}", q.what));
+            }
+        }
+    }
+    println!(
+        "documented exception (needs a reconnect storm; the storm lab is not on main): {} queries returned no data:",
+        storm_exceptions.len()
+    );
+    for e in &storm_exceptions {
+        println!("  {e}");
+    }
+    assert!(
+        failed.is_empty(),
+        "queries without data:\n{}",
+        failed.join("\n")
+    );
+
+    // What the dashboard's loss table shows is what the stop records counted.
+    let table: Vec<Query> = dashboard_queries()
+        .into_iter()
+        .filter(|q| q.what.contains("\"Loss per workload in the time range\""))
+        .collect();
+    let shown = |metric: &str, workload: &str| -> f64 {
+        let q = table
+            .iter()
+            .find(|q| q.expr.contains(metric))
+            .unwrap_or_else(|| panic!("the loss table shows no {metric}"));
+        let result = prom.query(&substitute(&q.expr, range), end);
+        let mine: Vec<Value> = result
+            .into_iter()
+            .filter(|s| s["metric"]["workload"] == workload)
+            .collect();
+        let v = values(&mine);
+        assert_eq!(v.len(), 1, "{metric} for {workload}: {mine:?}");
+        v[0]
+    };
+    let (w, _) = container(&at_once);
+    for (metric, kind) in [
+        ("drainwatch_stop_inflight_cut_total", "inflight_cut"),
+        ("drainwatch_stop_refused_total", "refused"),
+    ] {
+        let expected = at_once["loss"][kind].as_u64().unwrap() as f64;
+        assert!(expected > 0.0, "{kind} in {at_once:#}");
+        let seen = shown(metric, &w);
+        assert_eq!(
+            seen.round(),
+            expected,
+            "{metric} for {w}: dashboard {seen}, stop record {expected}"
+        );
+    }
+    let expected = retried["loss"]["retry_duplicates"].as_u64().unwrap() as f64;
+    assert!(expected > 0.0, "{retried:#}");
+    let seen = shown("drainwatch_retry_duplicates_total", &retry_workload);
+    assert_eq!(
+        seen.round(),
+        expected,
+        "retry duplicates for {retry_workload}: dashboard {seen}, stop record {expected}"
+    );
+
+    // The rules saw it too (pending or firing: `for:` may not have passed yet).
+    let alerts = prom.api("alerts", &[]);
+    let alerts = alerts["alerts"].as_array().cloned().unwrap_or_default();
+    let active = |name: &str, label: &str, value: &str| {
+        alerts.iter().any(|a| {
+            a["labels"]["alertname"] == name
+                && a["labels"][label] == value
+                && ["pending", "firing"].contains(&a["state"].as_str().unwrap_or(""))
+        })
+    };
+    println!("alerts: {alerts:#?}");
+    assert!(
+        active("DrainwatchDeployLostConnections", "workload", &w),
+        "lost connections of {w}"
+    );
+    let (_, killed_name) = container(&killed);
+    assert!(active(
+        "DrainwatchStopKilledAtDeadline",
+        "container",
+        &killed_name
+    ));
+    assert!(active(
+        "DrainwatchDrainNearGracePeriod",
+        "container",
+        &killed_name
+    ));
+    let (dw, _) = container(&drained);
+    assert!(
+        !active("DrainwatchDeployLostConnections", "workload", &dw),
+        "the drained workload lost nothing"
+    );
+}
