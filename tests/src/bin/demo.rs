@@ -17,9 +17,12 @@ use std::{
 
 use drainwatch::export::verdict;
 use drainwatch_tests::{
-    agent::{Agent, api, binary, free_port, stop_record},
+    agent::{Agent, api, binary, free_port, get, stop_record, sync},
     browser,
-    lab::{Lab, Method, Mode, RetryLab, RetrySpec, ScenarioSpec, Summary, Trigger},
+    lab::{
+        Lab, Method, Mode, Replace, RetryLab, RetrySpec, ScenarioSpec, StormLab, StormSpec,
+        Summary, Trigger, container::unique_name, storm::quantile,
+    },
     require_root,
 };
 use serde_json::Value;
@@ -201,6 +204,79 @@ fn nginx_step(agent: &Agent) -> Kept {
     Box::new(lab)
 }
 
+/// A socket service's clients all reconnecting to its replacement at once.
+fn storm_step(agent: &Agent) -> Kept {
+    const CLIENTS: usize = 2000;
+    let mut spec = StormSpec::new(
+        CLIENTS,
+        (Duration::from_millis(500), Duration::from_millis(1500)),
+        Replace::Rolling,
+    );
+    spec.workload = unique_name("chat");
+    say(&format!(
+        "      starting old and new (podman, workload {}): a connect path of {:.0} connects/s",
+        spec.workload,
+        spec.capacity()
+    ));
+    let mut lab = StormLab::setup(spec);
+    say(&format!(
+        "      {CLIENTS} clients connect to old; `podman stop` of old; each reconnects to new after 0.5–1.5 s"
+    ));
+    let run = lab.run();
+    let waits = run.client_waits();
+    let clients = format!(
+        "{} of {CLIENTS} back, 95% within {:.3} s; waited in the accept queue p50 {:.3} s, max {:.3} s",
+        run.clients_back(),
+        run.seconds_to_95().unwrap_or(0.0),
+        quantile(&waits, 0.5).unwrap_or(0.0),
+        waits.last().copied().unwrap_or(0.0)
+    );
+    // A storm ends after a quiet second and is summarised at the agent's next tick (bounded).
+    let workload = run.spec.workload.clone();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let storm = loop {
+        let body = get(agent.port, "/api/v1/storms", "application/json")
+            .map(|r| r.2)
+            .unwrap_or_default();
+        let storms: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        let found = storms
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["workload"] == workload.as_str())
+            .cloned();
+        match found {
+            Some(s) => {
+                sync(agent);
+                break Some(s);
+            }
+            None if Instant::now() > deadline => break None,
+            None => std::thread::sleep(Duration::from_millis(200)),
+        }
+    };
+    say(&format!("      clients saw      {clients}"));
+    match storm {
+        Some(s) => {
+            let g = |k: &str| s[k].as_f64().map_or("-".into(), |v| format!("{v:.3}"));
+            say(&format!(
+                "      drainwatch saw   {} clients, 95% within {} s, max queue {}, accept wait p50 {} s, max {} s; capacity {} accepts/s",
+                s["clients"],
+                g("seconds_to_95_percent"),
+                s["max_queue_depth"],
+                g("accept_wait_p50_seconds"),
+                g("accept_wait_max_seconds"),
+                g("sustained_accept_rate")
+            ));
+            say(&format!(
+                "      verdict          {}",
+                verdict::storm(&s).text
+            ));
+        }
+        None => say("      drainwatch saw   no storm record within 20 s"),
+    }
+    Box::new(lab)
+}
+
 fn main() {
     require_root();
     let a = args();
@@ -262,8 +338,6 @@ fn main() {
             Box::new(|ag| haproxy_step(ag, "drain", Mode::Drain, |_| {})),
         ),
     ];
-    // TODO(storm): the reconnect-storm step joins once the storm lab (tests/src/lab/storm.rs,
-    // branch storm-test) is on main.
     let total = steps.len() + 1;
     let started = Instant::now();
     let mut labs: Vec<Kept> = Vec::new();
@@ -274,9 +348,11 @@ fn main() {
         labs.push(run(&agent));
         say(&format!("      ({:.0} s)\n", t.elapsed().as_secs_f64()));
     }
-    say(&format!(
-        "[{total}/{total}] reconnect storm: not in this build yet (needs the storm lab)\n"
-    ));
+    say(&format!("[{total}/{total}] reconnect storm"));
+    say("      every client of a socket service comes back at once to the replacement");
+    let t = Instant::now();
+    labs.push(storm_step(&agent));
+    say(&format!("      ({:.0} s)\n", t.elapsed().as_secs_f64()));
     say(&format!(
         "all steps done in {:.0} s. drainwatch report:\n",
         started.elapsed().as_secs_f64()
