@@ -4,13 +4,13 @@
 use std::{
     path::{Path, PathBuf},
     sync::{Arc, atomic::Ordering},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use tokio::{
     net::TcpListener,
     signal::unix::{SignalKind, signal},
-    sync::{mpsc, watch},
+    sync::watch,
 };
 
 use crate::{
@@ -48,6 +48,8 @@ pub enum StartupError {
     },
     #[error("cannot set up signal handling: {0}")]
     Signals(std::io::Error),
+    #[error("cannot start the pipeline thread: {0}")]
+    Thread(std::io::Error),
     #[error(transparent)]
     Capture(#[from] capture::CaptureError),
     #[error("no probe could attach on this kernel; see the lines above for why")]
@@ -143,22 +145,42 @@ fn kernel_release(procfs_root: &Path) -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-/// Runs the pipeline on the reader's events, and its periodic work every 100 ms.
-async fn consume(mut rx: mpsc::Receiver<Event>, mut pipeline: Pipeline<Procfs>) {
+/// How often the pipeline's periodic work runs.
+const TICK: Duration = Duration::from_millis(100);
+
+/// Runs the pipeline on its own thread: its procfs reads block (a namespace's TCP table can
+/// take the kernel most of a second to print), and must hold up neither the reader, which
+/// would leave events in the ring buffer until it overflows, nor the HTTP server.
+fn consume(rx: std::sync::mpsc::Receiver<Event>, mut pipeline: Pipeline<Procfs>) {
+    use std::sync::mpsc::RecvTimeoutError;
     pipeline.start();
     tracing::info!(
         containers = pipeline.container_count(),
         "containers found at start-up"
     );
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut next_tick = Instant::now() + TICK;
     loop {
-        tokio::select! {
-            ev = rx.recv() => {
-                let Some(ev) = ev else { break };
+        match rx.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
+            Ok(ev) => {
                 pipeline.event(&ev);
+                if Instant::now() < next_tick {
+                    continue;
+                }
             }
-            _ = tick.tick() => pipeline.tick(monotonic_now()),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
         }
+        // The periodic work sees the events already queued first, so arrivals waiting in the
+        // queue do not make a storm look over; a pipeline that cannot catch up still ticks,
+        // at most a second late.
+        while Instant::now() < next_tick + Duration::from_secs(1) {
+            match rx.try_recv() {
+                Ok(ev) => pipeline.event(&ev),
+                Err(_) => break,
+            }
+        }
+        pipeline.tick(monotonic_now());
+        next_tick = Instant::now() + TICK;
     }
 }
 
@@ -232,7 +254,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         return Err(StartupError::NothingAttached);
     }
 
-    let (tx, rx) = mpsc::channel(cli.queue_events.max(1));
+    let (tx, rx) = std::sync::mpsc::sync_channel(cli.queue_events.max(1));
     let reader = Reader::new(
         capture.take_reader_maps()?,
         capture.names.clone(),
@@ -256,16 +278,17 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         }
         enricher = enricher.with_kube(store);
     }
-    let consumer = tokio::spawn(consume(
-        rx,
-        Pipeline::new(
-            enricher,
-            tracker,
-            storms,
-            metrics.clone(),
-            cli.retention_seconds * SECOND,
-        ),
-    ));
+    let pipeline = Pipeline::new(
+        enricher,
+        tracker,
+        storms,
+        metrics.clone(),
+        cli.retention_seconds * SECOND,
+    );
+    let consumer = std::thread::Builder::new()
+        .name("pipeline".into())
+        .spawn(move || consume(rx, pipeline))
+        .map_err(StartupError::Thread)?;
     state.ready.store(true, Ordering::Relaxed);
     tracing::info!("ready");
 
@@ -278,7 +301,11 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
     // The reader drains what the kernel already handed over; bounded so exit stays under 1 s.
     let _ = tokio::time::timeout(Duration::from_millis(500), reader).await;
     drop(capture); // detaches every program
-    let _ = tokio::time::timeout(Duration::from_millis(200), consumer).await;
+    // The pipeline ends when the reader's side of the queue is gone.
+    let deadline = Instant::now() + Duration::from_millis(200);
+    while !consumer.is_finished() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let _ = tokio::time::timeout(Duration::from_millis(100), server).await;
     tracing::info!("stopped");
     Ok(())

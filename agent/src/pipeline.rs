@@ -82,21 +82,15 @@ impl<H: HostView> Pipeline<H> {
         self.emitted();
     }
 
-    /// Periodic work, called every 100 ms: the listen path is sampled every time while a
-    /// workload is stopping or storming and every tenth time otherwise, when the rest (rescan,
-    /// expiry, the tracker's and the storms' clocks) also runs.
+    /// Periodic work, called every 100 ms: the rest (rescan, expiry, the tracker's and the
+    /// storms' clocks) runs every second. The listen path is sampled every time for workloads
+    /// that are stopping or storming, and for all every ten seconds: a sample costs the kernel
+    /// a walk of the TCP hash table per listener's namespace (see `enrich/host.rs`).
     pub fn tick(&mut self, now: Mono) {
         self.ticks += 1;
-        let full = self.ticks % 10 == 1;
-        let hot = match self.storms.lock() {
-            Ok(s) if !full => s.hot_workloads(),
-            _ => Default::default(),
-        };
-        if full || !hot.is_empty() {
-            let sample = self.enricher.sample_listen_path((!full).then_some(&hot));
-            self.record_listen_sample(&sample, full);
-        }
-        if full {
+        let second = self.ticks % 10 == 1;
+        let full = self.ticks % 100 == 1;
+        if second {
             self.enricher.expire(now, self.retention);
             if let Ok(mut s) = self.storms.lock() {
                 for storm in s.tick(now) {
@@ -108,6 +102,16 @@ impl<H: HostView> Pipeline<H> {
             if let Ok(mut t) = self.tracker.lock() {
                 t.tick(now);
             }
+        }
+        // Containers found since the last sample are sampled at once too (see
+        // `sample_listen_path`): their first sample is the baseline of a storm that may follow.
+        let hot = match self.storms.lock() {
+            Ok(s) if !full => s.hot_workloads(now),
+            _ => Default::default(),
+        };
+        if full || !hot.is_empty() || self.enricher.has_unsampled() {
+            let sample = self.enricher.sample_listen_path((!full).then_some(&hot));
+            self.record_listen_sample(&sample, full);
         }
         self.emitted();
     }

@@ -14,7 +14,6 @@ use drainwatch::{
     capture::{self, Capture, event::Event, reader::Reader},
     export::metrics::Metrics,
 };
-use tokio::sync::mpsc;
 
 /// Fails the test, loudly, when not root: privileged tests never skip.
 pub fn require_root() {
@@ -29,7 +28,7 @@ pub fn require_root() {
 pub struct Harness {
     pub capture: Capture,
     pub reader: Reader,
-    pub rx: mpsc::Receiver<Event>,
+    pub rx: std::sync::mpsc::Receiver<Event>,
     pub metrics: Arc<Metrics>,
     // Keeps the reactor the ring buffer's AsyncFd is registered with.
     _rt: tokio::runtime::Runtime,
@@ -59,7 +58,7 @@ impl Harness {
             assert!(st.chosen().is_some(), "{}", st.summary());
         }
         let metrics = Arc::new(Metrics::new("test"));
-        let (tx, rx) = mpsc::channel(queue);
+        let (tx, rx) = std::sync::mpsc::sync_channel(queue);
         let maps = capture.take_reader_maps().expect("ring buffer maps");
         let reader = Reader::new(maps, capture.names.clone(), metrics.clone(), tx).expect("reader");
         drop(_guard);

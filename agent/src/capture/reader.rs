@@ -4,10 +4,7 @@
 //! `queue` (the consumer fell behind).
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
-use tokio::{
-    io::unix::AsyncFd,
-    sync::{mpsc, watch},
-};
+use tokio::{io::unix::AsyncFd, sync::watch};
 
 use super::{
     CaptureError,
@@ -51,7 +48,7 @@ pub struct Reader {
     lost_seen: u64,
     names: KernelNames,
     metrics: std::sync::Arc<Metrics>,
-    tx: mpsc::Sender<Event>,
+    tx: std::sync::mpsc::SyncSender<Event>,
 }
 
 impl Reader {
@@ -59,7 +56,7 @@ impl Reader {
         maps: Maps,
         names: KernelNames,
         metrics: std::sync::Arc<Metrics>,
-        tx: mpsc::Sender<Event>,
+        tx: std::sync::mpsc::SyncSender<Event>,
     ) -> Result<Self, CaptureError> {
         Ok(Self {
             // SAFETY: the RingBuf owns its map fd and keeps it open, unchanged, for as long as

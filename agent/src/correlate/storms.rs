@@ -11,6 +11,13 @@ use std::collections::{BTreeMap, HashSet};
 use super::{Mono, SECOND};
 use crate::enrich::netstat::ListenCounters;
 
+/// Ticks (seconds) a container's namespace counters are kept without a new sample: longer
+/// than the at-rest sampling period (10 s).
+const STALE_TICKS: u32 = 15;
+
+/// How long after a stop its workload's listeners are sampled fast, storm or not.
+pub const HOT_AFTER_STOP: Mono = 10 * SECOND;
+
 /// 100 ms: the resolution of arrival rates.
 pub const BUCKET: Mono = SECOND / 10;
 
@@ -118,8 +125,8 @@ pub struct Storms {
     /// Storms in progress, per workload and port.
     open: BTreeMap<(Workload, u16), Open>,
     /// The latest namespace counters per container (name), the baseline of the next storm:
-    /// its workload, the counters, and whether they were sampled since the last tick.
-    counters: BTreeMap<String, (Workload, ListenCounters, bool)>,
+    /// its workload, the counters, and the ticks since they were sampled.
+    counters: BTreeMap<String, (Workload, ListenCounters, u32)>,
     done: Vec<Storm>,
 }
 
@@ -142,15 +149,21 @@ impl Storms {
     }
 
     /// Workloads whose listen path deserves fast sampling: one of their containers stopped
-    /// within the watch window, so a stop or a storm is under way.
-    pub fn hot_workloads(&self) -> HashSet<Workload> {
-        self.watching.keys().cloned().collect()
+    /// moments ago, or a storm on them is open. Not the whole watch window: each sample of a
+    /// listener costs the kernel a walk of its whole TCP hash table (see `enrich/host.rs`).
+    pub fn hot_workloads(&self, now: Mono) -> HashSet<Workload> {
+        self.watching
+            .iter()
+            .filter(|(_, (_, since, _))| now <= since + HOT_AFTER_STOP)
+            .map(|(w, _)| w.clone())
+            .chain(self.open.keys().map(|(w, _)| w.clone()))
+            .collect()
     }
 
     /// A sample of `container`'s network namespace counters.
     pub fn netns_counters(&mut self, workload: &Workload, container: &str, c: ListenCounters) {
         self.counters
-            .insert(container.to_string(), (workload.clone(), c, true));
+            .insert(container.to_string(), (workload.clone(), c, 0));
         for ((w, _), o) in self.open.iter_mut() {
             if w == workload
                 && o.container == container
@@ -226,12 +239,14 @@ impl Storms {
             .retain(|_, (_, since, _)| now <= *since + self.config.watch);
         // A storm's baseline is the sample before its first arrival, which can come before the
         // fast sampling after a stop has run: keep every container's latest sample (all are
-        // sampled between two ticks), also while a container of its workload is stopping or
-        // restarting (not sampled while it has no process; a restarted container's namespace
-        // is the same), and forget the others once no longer sampled.
+        // sampled every 10 s, and once when found), also while a container of its workload is
+        // stopping or restarting (not sampled while it has no process; a restarted container's
+        // namespace is the same), and forget the others once no longer sampled.
         let watching = &self.watching;
-        self.counters
-            .retain(|_, (w, _, fresh)| std::mem::take(fresh) || watching.contains_key(w));
+        self.counters.retain(|_, (w, _, ticks)| {
+            *ticks += 1;
+            *ticks <= STALE_TICKS || watching.contains_key(w)
+        });
         out
     }
 }
@@ -456,9 +471,16 @@ mod tests {
             (st.netns_listen_overflows, st.netns_listen_drops),
             (Some(4), Some(6))
         );
-        assert!(s.hot_workloads().contains(&web()));
+        assert!(
+            s.hot_workloads(T0 + SECOND).contains(&web()),
+            "just stopped"
+        );
+        assert!(
+            s.hot_workloads(T0 + 30 * SECOND).is_empty(),
+            "stopped a while ago, no storm open"
+        );
         s.tick(T0 + 120 * SECOND);
-        assert!(s.hot_workloads().is_empty(), "the watch window ended");
+        assert!(s.hot_workloads(T0 + 120 * SECOND).is_empty());
     }
 
     #[test]
@@ -472,9 +494,13 @@ mod tests {
         s.netns_counters(&web(), "web-2", c(5));
         s.netns_counters(&web(), "gone-1", c(1));
         assert!(s.tick(T0 - SECOND).is_empty());
-        // The next second only web-2 is still there.
-        s.netns_counters(&web(), "web-2", c(5));
-        s.tick(T0 - SECOND / 2);
+        // Only web-2 is sampled again (every 10 s): gone-1's sample goes stale.
+        for i in 0..STALE_TICKS {
+            if i % 10 == 9 {
+                s.netns_counters(&web(), "web-2", c(5));
+            }
+            s.tick(T0 - SECOND / 2);
+        }
         // The first arrival comes before any sample after the stop.
         s.stopped(web(), "old-1", "web-1", T0);
         for i in 0..20 {

@@ -46,6 +46,8 @@ struct Container {
     netns: Option<u32>,
     /// Its listening sockets' inodes as of the last full listen-path sample.
     listener_inodes: HashSet<u64>,
+    /// Whether its listen path was sampled yet: the first sample is a storm's baseline.
+    sampled: bool,
     /// When its cgroup was removed (kernel monotonic ns).
     gone_at: Option<u64>,
     /// The identity the runtime's state gave it, before the Kubernetes API's names.
@@ -238,6 +240,14 @@ impl<H: HostView> Enricher<H> {
         &mut self.host
     }
 
+    /// Whether a running container's listen path was never sampled (found since the last
+    /// sample, by a scan or by one of its events).
+    pub fn has_unsampled(&self) -> bool {
+        self.containers
+            .values()
+            .any(|c| !c.sampled && c.gone_at.is_none() && c.main_pid.is_some())
+    }
+
     pub fn container_count(&self) -> usize {
         self.containers.len()
     }
@@ -354,6 +364,7 @@ impl<H: HostView> Enricher<H> {
                 main_pid,
                 netns,
                 listener_inodes: HashSet::new(),
+                sampled: false,
                 gone_at: None,
                 runtime_identity,
                 pod_uid: owner.pod_uid.clone(),
@@ -748,8 +759,9 @@ impl<H: HostView> Enricher<H> {
 
     /// Samples the listen path from procfs: each listener's accept queue (depth and limit) and
     /// each network namespace's listen counters. `only` restricts the sample to some workloads'
-    /// containers and reuses the listener sockets the last full sample found, so a fast sample
-    /// reads two small files per container and never walks a process's descriptors.
+    /// containers, plus those never sampled yet, and reuses the listener sockets the last
+    /// full sample found, so a fast sample reads a few small files per container and walks no
+    /// descriptors except a new container's.
     pub fn sample_listen_path(&mut self, only: Option<&HashSet<Workload>>) -> ListenSample {
         let mut out = ListenSample::default();
         let mut keys: Vec<&String> = self
@@ -757,9 +769,10 @@ impl<H: HostView> Enricher<H> {
             .iter()
             .filter(|(_, c)| c.gone_at.is_none() && c.main_pid.is_some())
             .filter(|(_, c)| {
-                only.is_none_or(|w| {
-                    w.contains(&(c.identity.namespace.clone(), c.identity.workload.clone()))
-                })
+                !c.sampled
+                    || only.is_none_or(|w| {
+                        w.contains(&(c.identity.namespace.clone(), c.identity.workload.clone()))
+                    })
             })
             .map(|(k, _)| k)
             .collect();
@@ -772,8 +785,10 @@ impl<H: HostView> Enricher<H> {
                 continue;
             };
             let Some(pid) = c.main_pid else { continue };
+            c.sampled = true;
             let socks = self.host.listeners(pid);
-            if only.is_none() {
+            // A container adopted since the last full sample (a replacement) has none yet.
+            if only.is_none() || c.listener_inodes.is_empty() {
                 let own: HashSet<u64> = self.host.socket_inodes(pid).into_iter().collect();
                 c.listener_inodes = socks
                     .iter()

@@ -315,12 +315,13 @@ fn capacity(seconds: f64, containers: u32) -> serde_json::Value {
 
 fn loss(seconds: f64, containers: u32, rate: f64) -> serde_json::Value {
     let names = Arc::new(names());
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<event::Event>(QUEUE);
+    // The agent's queue: a bounded channel the reader `try_send`s into.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<event::Event>(QUEUE);
     let consumer = std::thread::spawn(move || {
         let mut p = pipeline(containers);
         let mut last_tick = Instant::now();
         let mut n = 0u64;
-        while let Some(ev) = rx.blocking_recv() {
+        while let Ok(ev) = rx.recv() {
             p.event(&ev);
             n += 1;
             if last_tick.elapsed() >= Duration::from_millis(100) {
