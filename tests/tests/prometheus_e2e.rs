@@ -17,8 +17,7 @@ use std::time::{Duration, Instant};
 use drainwatch_tests::{
     agent::{Agent, stop_record},
     lab::{
-        Lab, Method, Mode, Replace, RetryLab, RetrySpec, ScenarioSpec, StormLab, StormSpec,
-        Trigger,
+        Lab, Method, Mode, Replace, RetryLab, RetrySpec, ScenarioSpec, StormLab, StormSpec, Trigger,
     },
     ops::repo,
     prometheus::{Prometheus, unix_now},
