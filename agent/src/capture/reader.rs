@@ -40,7 +40,7 @@ impl Maps {
 }
 
 /// How long a record may wait in the ring buffer when the host is quiet.
-pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
+pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 pub struct Reader {
     ring: AsyncFd<RingBuf<MapData>>,

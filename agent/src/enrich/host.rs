@@ -37,6 +37,7 @@ pub struct SocketEntry {
 }
 
 pub trait HostView {
+    /// The processes in containers (whose cgroup names one): the only ones a scan needs.
     fn processes(&self) -> Vec<ProcInfo>;
     fn process(&self, pid: u32) -> Option<ProcInfo>;
     /// TCP sockets of `pid`'s network namespace.
@@ -109,6 +110,15 @@ fn socket_entry(e: procfs::net::TcpNetEntry) -> SocketEntry {
     }
 }
 
+/// The inode of a `/proc/<pid>/ns/net` link target, `net:[4026531840]`.
+pub fn netns_inode(link: &str) -> Option<u32> {
+    link.strip_prefix("net:[")?
+        .strip_suffix(']')?
+        .parse::<u64>()
+        .ok()
+        .map(|i| i as u32)
+}
+
 /// The real host: `/proc` and cgroupfs, possibly mounted elsewhere (DaemonSet).
 pub struct Procfs {
     pub proc_root: PathBuf,
@@ -119,13 +129,22 @@ pub struct Procfs {
 
 impl Procfs {
     fn info(&self, p: &procfs::process::Process) -> Option<ProcInfo> {
-        let status = p.status().ok()?;
         let cgroup_text =
             std::fs::read_to_string(self.proc_root.join(p.pid.to_string()).join("cgroup")).ok();
-        let netns = p.namespaces().ok().and_then(|ns| {
-            ns.0.get(std::ffi::OsStr::new("net"))
-                .map(|n| n.identifier as u32)
-        });
+        self.info_with_cgroup(p, cgroup_text)
+    }
+
+    fn info_with_cgroup(
+        &self,
+        p: &procfs::process::Process,
+        cgroup_text: Option<String>,
+    ) -> Option<ProcInfo> {
+        let status = p.status().ok()?;
+        // One readlink: procfs's `namespaces()` stats every namespace link of the process,
+        // which was most of the agent's CPU at rest (the scan runs every second).
+        let netns = std::fs::read_link(self.proc_root.join(p.pid.to_string()).join("ns/net"))
+            .ok()
+            .and_then(|l| netns_inode(&l.to_string_lossy()));
         Some(ProcInfo {
             pid: p.pid as u32,
             ppid: status.ppid as u32,
@@ -147,8 +166,16 @@ impl HostView for Procfs {
         let Ok(all) = procfs::process::all_processes_with_root(&self.proc_root) else {
             return Vec::new();
         };
+        // Most of a node's processes are in no container: one small read tells, and spares
+        // them the status and namespace reads (the walk runs every second).
         all.filter_map(Result::ok)
-            .filter_map(|p| self.info(&p))
+            .filter_map(|p| {
+                let cgroup =
+                    std::fs::read_to_string(self.proc_root.join(p.pid.to_string()).join("cgroup"))
+                        .ok()?;
+                super::cgroup_path::container_path_from_proc_cgroup(&cgroup)?;
+                self.info_with_cgroup(&p, Some(cgroup))
+            })
             .collect()
     }
 
@@ -275,6 +302,13 @@ mod tests {
             [Ipv4Addr::new(10, 88, 0, 21)]
         );
         assert!(local_ipv4_from_fib_trie("garbage\n/32 host LOCAL\n").is_empty());
+    }
+
+    #[test]
+    fn reads_a_network_namespace_link() {
+        assert_eq!(netns_inode("net:[4026531840]"), Some(4026531840));
+        assert_eq!(netns_inode("mnt:[4026531840]"), None);
+        assert_eq!(netns_inode("net:[x]"), None);
     }
 
     #[test]
