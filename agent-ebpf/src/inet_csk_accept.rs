@@ -1,7 +1,7 @@
 use aya_ebpf::{macros::kretprobe, programs::RetProbeContext};
 use drainwatch_common::{EventKind, Tuple, inet_csk_accept::Event};
 
-use crate::util::{fill_header, reserve, sock_netns, sock_tuple, submit};
+use crate::util::{fill_header, out_of_scope, reserve, sock_netns, sock_tuple, submit};
 
 /// Needs kprobes: where they are missing the plan falls back to the accept syscall tracepoints.
 #[kretprobe]
@@ -16,12 +16,17 @@ pub fn kretprobe_inet_csk_accept(ctx: RetProbeContext) -> u32 {
 /// Reports that accept() handed `sk` to the application (both accept hooks use it).
 #[inline(always)]
 pub fn emit_accepted(sk: u64) -> Option<()> {
+    let netns = sock_netns(sk);
+    let mut tuple = Tuple::default();
+    sock_tuple(sk, &mut tuple);
+    if out_of_scope(EventKind::InetCskAccept, netns, &tuple) {
+        return None;
+    }
     let mut entry = reserve::<Event>(EventKind::InetCskAccept)?;
     let ev = unsafe { entry.assume_init_mut() };
-    fill_header(&mut ev.header, EventKind::InetCskAccept, sock_netns(sk));
+    fill_header(&mut ev.header, EventKind::InetCskAccept, netns);
     ev.skaddr = sk;
-    ev.tuple = Tuple::default();
-    sock_tuple(sk, &mut ev.tuple);
+    ev.tuple = tuple;
     submit(entry);
     Some(())
 }

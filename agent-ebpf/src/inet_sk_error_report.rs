@@ -5,7 +5,8 @@ use drainwatch_common::{
 };
 
 use crate::util::{
-    CONFIG, IPPROTO_TCP, Record, cfg, fill_header, reserve, submit, task_netns, tp_tuple,
+    CONFIG, IPPROTO_TCP, Record, cfg, fill_header, out_of_scope, reserve, submit, task_netns,
+    tp_tuple,
 };
 
 #[tracepoint]
@@ -20,13 +21,18 @@ fn try_inet_sk_error_report(ctx: &TracePointContext) -> Option<()> {
     if rec.get::<u16>(f.protocol)? != IPPROTO_TCP {
         return None;
     }
-    let mut entry = reserve::<Event>(EventKind::InetSkErrorReport)?;
-    let ev = unsafe { entry.assume_init_mut() };
     // The format has no socket pointer: the namespace is the current task's, which is the
     // socket owner's only in process context (userspace knows which case it has).
-    fill_header(&mut ev.header, EventKind::InetSkErrorReport, task_netns());
-    ev.tuple = Tuple::default();
-    tp_tuple(&rec, &f.addr, &mut ev.tuple);
+    let netns = task_netns();
+    let mut tuple = Tuple::default();
+    tp_tuple(&rec, &f.addr, &mut tuple);
+    if out_of_scope(EventKind::InetSkErrorReport, netns, &tuple) {
+        return None;
+    }
+    let mut entry = reserve::<Event>(EventKind::InetSkErrorReport)?;
+    let ev = unsafe { entry.assume_init_mut() };
+    fill_header(&mut ev.header, EventKind::InetSkErrorReport, netns);
+    ev.tuple = tuple;
     ev.error = rec.get::<i32>(f.error).unwrap_or(0);
     ev._pad = 0;
     submit(entry);

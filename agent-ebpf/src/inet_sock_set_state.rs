@@ -5,7 +5,8 @@ use drainwatch_common::{
 };
 
 use crate::util::{
-    CONFIG, IPPROTO_TCP, Record, cfg, fill_header, kread, reserve, sock_netns, submit, tp_tuple,
+    CONFIG, IPPROTO_TCP, Record, cfg, fill_header_task, kread, out_of_scope, reserve, sock_netns,
+    submit, tp_tuple,
 };
 
 /// Whether `state` has its bit in `mask` (states outside 0..32 pass: no filter can name them).
@@ -32,16 +33,24 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Option<()> {
         return None;
     }
     let skaddr = rec.get::<u64>(f.skaddr).unwrap_or(0);
+    let netns = sock_netns(skaddr);
+    let mut tuple = Tuple::default();
+    tp_tuple(&rec, &f.addr, &mut tuple);
+    let listener = in_mask(f.backlog_new, newstate)
+        || (in_mask(f.backlog_new, oldstate) && in_mask(f.listener_closed_new, newstate));
+    if !listener && out_of_scope(EventKind::InetSockSetState, netns, &tuple) {
+        return None;
+    }
     let mut entry = reserve::<Event>(EventKind::InetSockSetState)?;
     let ev = unsafe { entry.assume_init_mut() };
-    fill_header(
+    fill_header_task(
         &mut ev.header,
         EventKind::InetSockSetState,
-        sock_netns(skaddr),
+        netns,
+        in_mask(f.task_new, newstate),
     );
     ev.skaddr = skaddr;
-    ev.tuple = Tuple::default();
-    tp_tuple(&rec, &f.addr, &mut ev.tuple);
+    ev.tuple = tuple;
     ev.oldstate = oldstate;
     ev.newstate = newstate;
     let k = &CONFIG.kernel;

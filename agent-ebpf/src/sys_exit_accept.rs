@@ -1,8 +1,10 @@
 use aya_ebpf::{helpers::bpf_get_current_task, macros::tracepoint, programs::TracePointContext};
 
+use drainwatch_common::{EventKind, watch};
+
 use crate::{
     inet_csk_accept::emit_accepted,
-    util::{CONFIG, Record, cfg, kread},
+    util::{CONFIG, Record, cfg, count_filtered, is_host, kread, task_netns, watched_port},
 };
 
 /// Attached to both `sys_exit_accept4` and `sys_exit_accept` (same layout).
@@ -34,6 +36,12 @@ fn try_sys_exit_accept(ctx: &TracePointContext) -> Option<()> {
     let rec = Record::load(ctx);
     let ret = rec.get::<i64>(cfg(&CONFIG.sys_exit_accept.ret))?;
     if ret < 0 {
+        return None;
+    }
+    // In the host namespace only host-network containers' listeners matter, and while there
+    // are none the walk to the socket is skipped.
+    if is_host(task_netns()) && !watched_port(watch::ANY_PORT) {
+        count_filtered(EventKind::InetCskAccept);
         return None;
     }
     let sk = socket_of_fd(ret as u64)?;

@@ -9,8 +9,8 @@ use drainwatch_common::{
 };
 
 use crate::util::{
-    CONFIG, Record, cfg, fill_header, reserve, skb_netns, sock_netns, sock_state, sock_tuple,
-    submit, tp_tuple,
+    CONFIG, Record, cfg, fill_header, out_of_scope, reserve, skb_netns, sock_netns, sock_state,
+    sock_tuple, submit, tp_tuple,
 };
 
 #[tracepoint]
@@ -41,13 +41,9 @@ fn try_tcp_send_reset(ctx: &TracePointContext) -> Option<()> {
     } else {
         rec.get::<u64>(f.skbaddr).map_or(0, skb_netns)
     };
-    let mut entry = reserve::<Event>(EventKind::TcpSendReset)?;
-    let ev = unsafe { entry.assume_init_mut() };
-    fill_header(&mut ev.header, EventKind::TcpSendReset, netns);
-    ev.skaddr = skaddr;
-    ev.tuple = Tuple::default();
+    let mut tuple = Tuple::default();
     if f.sockaddr_saddr != NO_FIELD {
-        let t = &mut ev.tuple;
+        let t = &mut tuple;
         let mut dfamily = 0;
         if let Some(s) = rec.get::<[u8; 28]>(f.sockaddr_saddr) {
             sockaddr(&s, &mut t.family, &mut t.sport, &mut t.saddr);
@@ -56,8 +52,16 @@ fn try_tcp_send_reset(ctx: &TracePointContext) -> Option<()> {
             sockaddr(&d, &mut dfamily, &mut t.dport, &mut t.daddr);
         }
     } else {
-        tp_tuple(&rec, &f.addr, &mut ev.tuple);
+        tp_tuple(&rec, &f.addr, &mut tuple);
     }
+    if out_of_scope(EventKind::TcpSendReset, netns, &tuple) {
+        return None;
+    }
+    let mut entry = reserve::<Event>(EventKind::TcpSendReset)?;
+    let ev = unsafe { entry.assume_init_mut() };
+    fill_header(&mut ev.header, EventKind::TcpSendReset, netns);
+    ev.skaddr = skaddr;
+    ev.tuple = tuple;
     ev.state = if skaddr == 0 {
         -1
     } else {
@@ -81,12 +85,16 @@ fn probe_send_reset(ctx: &ProbeContext, has_skb: bool) -> Option<()> {
     } else {
         0
     };
+    let mut tuple = Tuple::default();
+    sock_tuple(sk, &mut tuple);
+    if out_of_scope(EventKind::TcpSendReset, netns, &tuple) {
+        return None;
+    }
     let mut entry = reserve::<Event>(EventKind::TcpSendReset)?;
     let ev = unsafe { entry.assume_init_mut() };
     fill_header(&mut ev.header, EventKind::TcpSendReset, netns);
     ev.skaddr = sk;
-    ev.tuple = Tuple::default();
-    sock_tuple(sk, &mut ev.tuple);
+    ev.tuple = tuple;
     ev.state = if sk == 0 { -1 } else { sock_state(sk) };
     ev.reason = ABSENT_U32;
     submit(entry);

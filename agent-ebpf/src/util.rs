@@ -8,12 +8,13 @@ use aya_ebpf::{
         bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_buf,
     },
     macros::map,
-    maps::{PerCpuArray, RingBuf, ring_buf::RingBufEntry},
+    maps::{Array, HashMap, PerCpuArray, RingBuf, ring_buf::RingBufEntry},
     programs::TracePointContext,
 };
 use drainwatch_common::{
     AF_INET, AF_INET6, EventKind, Header, Tuple,
     config::{AddrFields, Config, NO_FIELD, NO_OFFSET},
+    watch,
 };
 
 /// Overridden by the agent before load (`--ring-buffer-bytes`).
@@ -26,6 +27,57 @@ pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(EventKind::COU
 
 #[unsafe(no_mangle)]
 pub static CONFIG: Config = Config::UNSET;
+
+/// Events dropped as out of scope (host-namespace traffic touching no container), per kind,
+/// per CPU.
+#[map]
+pub static FILTERED: PerCpuArray<u64> = PerCpuArray::with_max_entries(EventKind::COUNT, 0);
+
+/// Host-namespace ports and container addresses whose traffic is kept (see `watch`).
+#[map]
+pub static WATCH_PORTS: Array<u8> = Array::with_max_entries(watch::PORTS, 0);
+#[map]
+pub static WATCH_ADDRS: HashMap<watch::Addr, u8> = HashMap::with_max_entries(watch::ADDRS, 0);
+
+/// Whether `netns` is the host's and the filter is on.
+#[inline(always)]
+pub fn is_host(netns: u32) -> bool {
+    let host = cfg(&CONFIG.host_netns);
+    host != 0 && netns == host
+}
+
+#[inline(always)]
+pub fn watched_port(port: u32) -> bool {
+    WATCH_PORTS.get(port).is_some_and(|v| *v != 0)
+}
+
+#[inline(always)]
+fn watched_addr(family: u16, a: &[u8; 16]) -> bool {
+    watch::Addr::of(family, a).is_some_and(|k| unsafe { WATCH_ADDRS.get(k) }.is_some())
+}
+
+#[inline(always)]
+pub fn count_filtered(kind: EventKind) {
+    if let Some(n) = FILTERED.get_ptr_mut(kind.index() as u32) {
+        unsafe { *n += 1 };
+    }
+}
+
+/// Drops (and counts) an event in the host namespace whose connection touches no container:
+/// neither end is a watched port or a container's address.
+#[inline(always)]
+pub fn out_of_scope(kind: EventKind, netns: u32, t: &Tuple) -> bool {
+    if !is_host(netns)
+        || (watched_port(watch::ANY_PORT)
+            && (watched_port(u32::from(t.sport)) || watched_port(u32::from(t.dport))))
+        || watched_addr(t.family, &t.daddr)
+        || watched_addr(t.family, &t.saddr)
+    {
+        return false;
+    }
+    count_filtered(kind);
+    true
+}
 
 /// Reads a configuration value; volatile so the compiler cannot fold the load-time default.
 #[inline(always)]
@@ -50,11 +102,20 @@ const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const BPF_RB_AVAIL_DATA: u64 = 0;
 const BPF_RB_RING_SIZE: u64 = 1;
 
+/// Submits per CPU since the fill level was last looked at.
+#[map]
+static SUBMITS: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
 /// Commits a record without waking the reader, unless the buffer is an eighth full: the agent
-/// drains on a short timer, so a busy host costs one wakeup per batch, not one per event.
+/// drains on a short timer, so a busy host costs one wakeup per batch, not one per event. The
+/// fill level (two helper calls) is looked at on every 16th record of a CPU only.
 #[inline(always)]
 pub fn submit<T>(entry: RingBufEntry<T>) {
-    let full_enough = EVENTS.query(BPF_RB_AVAIL_DATA) >= EVENTS.query(BPF_RB_RING_SIZE) / 8;
+    let look = SUBMITS.get_ptr_mut(0).is_none_or(|n| unsafe {
+        *n = (*n).wrapping_add(1);
+        *n % 16 == 0
+    });
+    let full_enough = look && EVENTS.query(BPF_RB_AVAIL_DATA) >= EVENTS.query(BPF_RB_RING_SIZE) / 8;
     entry.submit(if full_enough {
         BPF_RB_FORCE_WAKEUP
     } else {
@@ -64,14 +125,26 @@ pub fn submit<T>(entry: RingBufEntry<T>) {
 
 #[inline(always)]
 pub fn fill_header(h: &mut Header, kind: EventKind, netns: u32) {
+    fill_header_task(h, kind, netns, true);
+}
+
+/// `fill_header`, with the task's cgroup and command only when `task` (each a helper call;
+/// left zero otherwise).
+#[inline(always)]
+pub fn fill_header_task(h: &mut Header, kind: EventKind, netns: u32, task: bool) {
     let pid_tgid = bpf_get_current_pid_tgid();
     h.ts_ns = unsafe { bpf_ktime_get_ns() };
-    h.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     h.kind = kind as u32;
     h.pid = pid_tgid as u32;
     h.tgid = (pid_tgid >> 32) as u32;
     h.netns = netns;
-    h.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    if task {
+        h.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+        h.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    } else {
+        h.cgroup_id = 0;
+        h.comm = [0; 16];
+    }
 }
 
 /// Bytes of a tracepoint record copied at once. Every fixed field the programs read lies within

@@ -14,8 +14,8 @@ use tokio::{
 };
 
 use crate::{
-    capture::{self, Capture, event::Event, reader::Reader},
-    cli::Cli,
+    capture::{self, Capture, event::Event, reader::Reader, watch::Watch},
+    cli::{Cli, HostTraffic},
     correlate::{
         SECOND,
         stops::{self, Tracker},
@@ -23,7 +23,7 @@ use crate::{
     },
     enrich::{
         Enricher,
-        host::Procfs,
+        host::{Procfs, netns_inode},
         kube::{self, KubeMetrics, Store},
     },
     export::{api::monotonic_now, http, metrics::Metrics},
@@ -52,6 +52,8 @@ pub enum StartupError {
     Thread(std::io::Error),
     #[error(transparent)]
     Capture(#[from] capture::CaptureError),
+    #[error("cannot tell the host's network namespace from {path}: {detail}")]
+    HostNetns { path: PathBuf, detail: String },
     #[error("no probe could attach on this kernel; see the lines above for why")]
     NothingAttached,
     #[error(transparent)]
@@ -139,6 +141,20 @@ fn preflight(cli: &Cli) -> Result<(), StartupError> {
     Ok(())
 }
 
+/// The agent's own network namespace inode: the host's, since the agent runs in it.
+fn own_netns(procfs_root: &Path) -> Result<u32, StartupError> {
+    let path = procfs_root.join("self/ns/net");
+    let link = std::fs::read_link(&path).map_err(|e| StartupError::HostNetns {
+        path: path.clone(),
+        detail: e.to_string(),
+    })?;
+    let link = link.to_string_lossy();
+    netns_inode(&link).ok_or_else(|| StartupError::HostNetns {
+        path,
+        detail: format!("unexpected link {link}"),
+    })
+}
+
 fn kernel_release(procfs_root: &Path) -> String {
     std::fs::read_to_string(procfs_root.join("sys/kernel/osrelease"))
         .map(|s| s.trim().to_string())
@@ -151,9 +167,28 @@ const TICK: Duration = Duration::from_millis(100);
 /// Runs the pipeline on its own thread: its procfs reads block (a namespace's TCP table can
 /// take the kernel most of a second to print), and must hold up neither the reader, which
 /// would leave events in the ring buffer until it overflows, nor the HTTP server.
-fn consume(rx: std::sync::mpsc::Receiver<Event>, mut pipeline: Pipeline<Procfs>) {
+fn consume(
+    rx: std::sync::mpsc::Receiver<Event>,
+    mut pipeline: Pipeline<Procfs>,
+    mut watch: Watch,
+    metrics: Arc<Metrics>,
+) {
     use std::sync::mpsc::RecvTimeoutError;
+    // The kernel keeps host-namespace traffic only for what the pipeline knows of
+    // containers: after each step that may have changed it.
+    let mut sync_watch = |pipeline: &mut Pipeline<Procfs>| {
+        if let Some(set) = pipeline.watch_update() {
+            match watch.apply(&set) {
+                Ok(a) => {
+                    tracing::debug!(addresses = a.addrs, ports = a.ports, "watch maps updated");
+                    metrics.watch_applied(a.addrs, a.ports, a.refused);
+                }
+                Err(e) => tracing::warn!(error = %e, "updating the watch maps failed"),
+            }
+        }
+    };
     pipeline.start();
+    sync_watch(&mut pipeline);
     tracing::info!(
         containers = pipeline.container_count(),
         "containers found at start-up"
@@ -163,6 +198,8 @@ fn consume(rx: std::sync::mpsc::Receiver<Event>, mut pipeline: Pipeline<Procfs>)
         match rx.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
             Ok(ev) => {
                 pipeline.event(&ev);
+                // A new container or listener widens the watch at once, not a tick later.
+                sync_watch(&mut pipeline);
                 if Instant::now() < next_tick {
                     continue;
                 }
@@ -180,6 +217,7 @@ fn consume(rx: std::sync::mpsc::Receiver<Event>, mut pipeline: Pipeline<Procfs>)
             }
         }
         pipeline.tick(monotonic_now());
+        sync_watch(&mut pipeline);
         next_tick = Instant::now() + TICK;
     }
 }
@@ -237,10 +275,16 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
     let server = tokio::spawn(http::serve(listener, state.clone(), shutdown_rx.clone()));
     tracing::info!(listen = %cli.listen, "serving /metrics, /api/v1/stops, /api/v1/deploys, /healthz, /readyz");
 
+    // The agent runs in the host's network namespace (hostNetwork in the DaemonSet).
+    let host_netns = match cli.host_traffic {
+        HostTraffic::All => None,
+        HostTraffic::Containers => Some(own_netns(&cli.procfs_root)?),
+    };
     let mut capture = Capture::load(&capture::Options {
         ring_buffer_bytes: cli.ring_buffer_bytes,
         btf_path: cli.btf.clone(),
         only: None,
+        host_netns,
     })?;
     for st in &capture.statuses {
         if st.chosen().is_some() {
@@ -261,12 +305,16 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         metrics.clone(),
         tx,
     )?;
+    let watch = capture.take_watch()?;
     let reader = tokio::spawn(reader.run(shutdown_rx.clone()));
     let mut enricher = Enricher::new(Procfs {
         proc_root: cli.procfs_root.clone(),
         cgroup_root: cli.cgroupfs_root.clone(),
         host_root: cli.host_root.clone(),
     });
+    if let Some(ns) = host_netns {
+        enricher = enricher.with_host_netns(ns);
+    }
     if let Some(store) = kube_store {
         // Give the first list a moment, so containers found at start-up get their pods'
         // names at once rather than a second later.
@@ -287,7 +335,10 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
     );
     let consumer = std::thread::Builder::new()
         .name("pipeline".into())
-        .spawn(move || consume(rx, pipeline))
+        .spawn({
+            let metrics = metrics.clone();
+            move || consume(rx, pipeline, watch, metrics)
+        })
         .map_err(StartupError::Thread)?;
     state.ready.store(true, Ordering::Relaxed);
     tracing::info!("ready");

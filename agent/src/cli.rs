@@ -11,6 +11,18 @@ pub enum LogFormat {
     Json,
 }
 
+/// Which of the host network namespace's connections are captured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HostTraffic {
+    /// Only those that touch a container: to or from a container's address, or to a
+    /// host-network container's listener. The rest (node services, loopback chatter) is
+    /// dropped in the kernel, before it costs a ring-buffer record, and counted in
+    /// drainwatch_events_filtered_total.
+    Containers,
+    /// Every connection, as for a container (costs more kernel time on busy hosts).
+    All,
+}
+
 /// Whether pod metadata comes from the Kubernetes API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum KubeMode {
@@ -70,6 +82,11 @@ pub struct Cli {
     /// that do not fit are counted in drainwatch_events_lost_total{stage="ringbuf"}.
     #[arg(long, env = "DRAINWATCH_RING_BUFFER_BYTES", default_value_t = 1 << 20)]
     pub ring_buffer_bytes: u32,
+
+    /// Which connections of the host's own network namespace to capture (containers'
+    /// namespaces are always captured whole).
+    #[arg(long, env = "DRAINWATCH_HOST_TRAFFIC", value_enum, default_value_t = HostTraffic::Containers)]
+    pub host_traffic: HostTraffic,
 
     /// Capacity of the queue between the ring-buffer reader and the pipeline, in events.
     #[arg(long, env = "DRAINWATCH_QUEUE_EVENTS", default_value_t = 65536)]

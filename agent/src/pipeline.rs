@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::{
-    capture::event::Event,
+    capture::{event::Event, watch::WatchSet},
     correlate::{
         Mono, Observation,
         stops::{Emitted, Tracker},
@@ -27,6 +27,7 @@ pub struct Pipeline<H> {
     metrics: Arc<Metrics>,
     retention: Mono,
     ticks: u64,
+    watch_generation: Option<u64>,
 }
 
 impl<H: HostView> Pipeline<H> {
@@ -44,6 +45,7 @@ impl<H: HostView> Pipeline<H> {
             metrics,
             retention,
             ticks: 0,
+            watch_generation: None,
         }
     }
 
@@ -51,6 +53,16 @@ impl<H: HostView> Pipeline<H> {
     pub fn start(&mut self) {
         let obs = self.enricher.scan();
         self.feed(obs, crate::export::api::monotonic_now(), false);
+    }
+
+    /// The host-namespace watch set, when it may have changed since the last call.
+    pub fn watch_update(&mut self) -> Option<WatchSet> {
+        let generation = self.enricher.watch_generation();
+        if self.watch_generation == Some(generation) {
+            return None;
+        }
+        self.watch_generation = Some(generation);
+        Some(self.enricher.watch_set())
     }
 
     pub fn container_count(&self) -> usize {

@@ -122,6 +122,9 @@ pub struct Config {
     pub cgroup_rmdir: cgroup_rmdir::Fields,
     pub kfree_skb: kfree_skb::Fields,
     pub sys_exit_accept: sys_exit_accept::Fields,
+    /// Network namespace inode of the host (the agent's own). Connections in it that touch no
+    /// container (see `watch`) are counted and dropped in the kernel; 0 passes everything.
+    pub host_netns: u32,
 }
 
 impl Config {
@@ -137,10 +140,11 @@ impl Config {
         cgroup_rmdir: cgroup_rmdir::Fields::ABSENT,
         kfree_skb: kfree_skb::Fields::ABSENT,
         sys_exit_accept: sys_exit_accept::Fields::ABSENT,
+        host_netns: 0,
     };
 }
 
 pod!(Config, KernelOffsets, AddrFields);
 
 // No implicit padding: the agent writes these bytes verbatim into the program's global.
-const _: () = assert!(core::mem::size_of::<Config>() == 260);
+const _: () = assert!(core::mem::size_of::<Config>() == 272);

@@ -44,6 +44,16 @@ pub struct Fields {
     pub counters_old: u32,
     /// New states that need `sk_max_ack_backlog` (entering LISTEN).
     pub backlog_new: u32,
+    /// With `backlog_new` (LISTEN): a listener opening (to LISTEN) or closing (from LISTEN to
+    /// these, CLOSE) passes the host-namespace filter even when it touches no container: a
+    /// listener may belong to a host-network container, which only the agent can tell, and
+    /// listeners open and close rarely. (A passive child's first step, LISTEN to SYN_RECV,
+    /// is not a listener closing.)
+    pub listener_closed_new: u32,
+    /// New states entered in process context whose events the agent attributes by task
+    /// (connect(): SYN_SENT, listen(): LISTEN): only these read the task's cgroup and command
+    /// (two helper calls); other transitions mostly run in softirq, for an unrelated task.
+    pub task_new: u32,
     pub _pad: u32,
 }
 
@@ -57,6 +67,8 @@ impl Fields {
         emit_old: u32::MAX,
         counters_old: u32::MAX,
         backlog_new: u32::MAX,
+        listener_closed_new: u32::MAX,
+        task_new: u32::MAX,
         _pad: 0,
     };
 }

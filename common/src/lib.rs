@@ -27,6 +27,7 @@ pub mod signal_generate;
 pub mod sys_exit_accept;
 pub mod tcp_receive_reset;
 pub mod tcp_send_reset;
+pub mod watch;
 
 /// Which hook produced an event; the first field of every record.
 #[repr(u32)]
@@ -76,14 +77,17 @@ pub const TASK_COMM_LEN: usize = 16;
 pub struct Header {
     /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC nanoseconds.
     pub ts_ns: u64,
-    /// v2 cgroup id of the current task; 0 in softirq context, where the task is unrelated.
+    /// v2 cgroup id of the current task. 0 where a program leaves it out (state changes that
+    /// mostly run in softirq, for an unrelated task).
     pub cgroup_id: u64,
     pub kind: u32,
-    /// Thread id and thread-group id of the current task (0 in softirq context).
+    /// Thread id and thread-group id of the current task (in softirq, whichever task the
+    /// packet interrupted).
     pub pid: u32,
     pub tgid: u32,
     /// Network namespace inode: of the socket when there is one, else of the current task.
     pub netns: u32,
+    /// The current task's command; empty where `cgroup_id` is left out.
     pub comm: [u8; TASK_COMM_LEN],
 }
 

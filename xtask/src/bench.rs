@@ -2,10 +2,13 @@
 //! same run (these machines are shared and noisy: an absolute time alone means little).
 //!
 //! - Churn: loopback connect/accept/close, refused connects and aborts (`bench/src/bin/churn.rs`)
-//!   with nothing attached, with the agent, and with a minimal bpftrace tracer (`count()` on the
-//!   same tracepoints), interleaved over rounds; the median of each.
+//!   with nothing attached, with the agent, with the agent keeping every event
+//!   (`--host-traffic all`: the loopback churn touches no container, so by default the
+//!   programs drop it before reserving a record; kept, it costs what a container's own
+//!   connections cost), and with a minimal bpftrace tracer (`count()` on the same
+//!   tracepoints), interleaved over rounds; the median of each.
 //! - Kernel cost: `run_time_ns / run_cnt` of each program (`kernel.bpf_stats_enabled`) during
-//!   the churn, the agent's beside bpftrace's on the same tracepoint.
+//!   the churn, the agent's beside bpftrace's on the same tracepoint, in both agent modes.
 //! - Userspace: events/s through decode → enrich → correlate → export on one core against
 //!   decode alone, and the loss through the agent's queue at 2× that rate and at 200,000/s
 //!   (`bench/src/bin/pipeline.rs`).
@@ -120,15 +123,25 @@ pub fn run(settings: &Settings) -> Result<()> {
     let stats = BpfStats::enable()?;
     let mut rows = Vec::new();
 
-    // Churn: off / agent / bpftrace, interleaved.
-    let (mut off, mut on, mut trace) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut agent_costs, mut trace_costs) = (Costs::default(), Costs::default());
+    // Churn: off / agent / agent keeping all host traffic / bpftrace, interleaved.
+    let (mut off, mut on, mut all, mut trace) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut agent_costs, mut all_costs, mut trace_costs) =
+        (Costs::default(), Costs::default(), Costs::default());
     let mut agent_churn_cpu = Vec::new();
     for round in 0..plan.rounds {
         eprintln!("[bench] churn round {}/{}", round + 1, plan.rounds);
         off.push(churn(&bin, &plan, 0.0)?);
         {
-            let agent = Agent::start(&bin)?;
+            // The loopback churn touches no container: the default drops it in the kernel.
+            // With `--host-traffic all` every event is kept, which is what a container's own
+            // connections cost.
+            let agent = Agent::start(&bin, &["--host-traffic", "all"])?;
+            let before = stats.snapshot(agent.pid())?;
+            all.push(churn(&bin, &plan, 0.0)?);
+            all_costs.add(&before, &stats.snapshot(agent.pid())?);
+        }
+        {
+            let agent = Agent::start(&bin, &[])?;
             let before = stats.snapshot(agent.pid())?;
             let cpu0 = agent.cpu_seconds()?;
             let t = Instant::now();
@@ -143,7 +156,7 @@ pub fn run(settings: &Settings) -> Result<()> {
             trace_costs.add(&before, &stats.snapshot(tracer.pid())?);
         }
     }
-    let (off, on, trace) = (median(&off), median(&on), median(&trace));
+    let (off, on, all, trace) = (median(&off), median(&on), median(&all), median(&trace));
     let ratio_on = on / off;
     let ratio_trace = trace / off;
     rows.push(Row {
@@ -162,6 +175,28 @@ pub fn run(settings: &Settings) -> Result<()> {
         budget: "agent within 2 points of it".into(),
         verdict: Verdict::of(ratio_trace - ratio_on <= 0.02),
     });
+    rows.push(Row {
+        figure: "churn throughput, agent keeping every event (`--host-traffic all`)".into(),
+        value: format!("{all:.0}"),
+        baseline: format!("{off:.0} (nothing attached)"),
+        ratio: pct(all / off),
+        budget: "-".into(),
+        verdict: Verdict::Info,
+    });
+    for (tp, (ns, runs)) in &all_costs.per_run() {
+        if !HOT.contains(&tp.as_str()) {
+            continue;
+        }
+        let reference = trace_costs.per_run().get(tp).map(|(n, _)| *n);
+        rows.push(Row {
+            figure: format!("kernel cost per run, every event kept: {tp} ({runs} runs)"),
+            value: format!("{ns:.0} ns"),
+            baseline: reference.map_or("-".into(), |r| format!("{r:.0} ns (bpftrace)")),
+            ratio: reference.map_or("-".into(), |r| format!("{:.1}×", ns / r)),
+            budget: "-".into(),
+            verdict: Verdict::Info,
+        });
+    }
     for (tp, (ns, runs)) in &agent_costs.per_run() {
         let reference = trace_costs.per_run().get(tp).map(|(n, _)| *n);
         let hot = HOT.contains(&tp.as_str());
@@ -226,7 +261,7 @@ pub fn run(settings: &Settings) -> Result<()> {
     // Footprint.
     eprintln!("[bench] footprint");
     let rest = {
-        let agent = Agent::start(&bin)?;
+        let agent = Agent::start(&bin, &[])?;
         std::thread::sleep(Duration::from_secs(1));
         let (cpu0, t) = (agent.cpu_seconds()?, Instant::now());
         std::thread::sleep(Duration::from_secs_f64(plan.phase_secs * 2.0));
@@ -362,7 +397,8 @@ fn document(table: &str, plan: &Plan) -> Result<String> {
     Ok(format!(
         "# Benchmarks\n\n\
         Written by `cargo xtask bench` on {date_trim}: kernel {kernel_trim}, {cpus} CPUs. \
-        Churn phases of {secs} s, {rounds} interleaved rounds (off, agent, bpftrace), medians. \
+        Churn phases of {secs} s, {rounds} interleaved rounds (off, agent, agent keeping \
+        every event, bpftrace), medians. \
         Every figure sits beside a baseline measured in the same run; absolute numbers move \
         with whatever else the machine does.\n\n{table}\n\
         How each figure is measured: see the module documentation of `xtask/src/bench.rs`. \
@@ -383,12 +419,13 @@ struct Agent {
 }
 
 impl Agent {
-    fn start(bin: &Path) -> Result<Self> {
+    fn start(bin: &Path, extra: &[&str]) -> Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
         let child = Command::new(bin.join("drainwatch"))
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

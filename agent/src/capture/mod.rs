@@ -7,6 +7,7 @@ pub mod hooks;
 pub mod plan;
 pub mod reader;
 pub mod tracefs;
+pub mod watch;
 
 use std::{collections::BTreeMap, path::PathBuf};
 
@@ -49,6 +50,9 @@ pub struct Options {
     pub btf_path: String,
     /// Only these signals (plan names); all when `None`. Tests use it to isolate one hook.
     pub only: Option<Vec<&'static str>>,
+    /// The host's network namespace inode: its connections that touch no container are
+    /// dropped in the kernel (the `watch` maps say which do). `None` keeps everything.
+    pub host_netns: Option<u32>,
 }
 
 impl Default for Options {
@@ -57,6 +61,7 @@ impl Default for Options {
             ring_buffer_bytes: 1 << 20,
             btf_path: "/sys/kernel/btf/vmlinux".into(),
             only: None,
+            host_netns: None,
         }
     }
 }
@@ -194,6 +199,7 @@ impl Capture {
         let (kernel, _missing_members) = btf::kernel_offsets(&btf);
         let mut config = Config::UNSET;
         config.kernel = kernel;
+        config.host_netns = opts.host_netns.unwrap_or(0);
         let mut names = KernelNames::default();
         let (infos, res) = resolve_tracepoints(&events_dir, &mut config, &mut names);
 
@@ -255,6 +261,11 @@ impl Capture {
     /// Takes the ring buffer and loss counters for the reader; call once.
     pub fn take_reader_maps(&mut self) -> Result<reader::Maps, CaptureError> {
         reader::Maps::take(&mut self.ebpf)
+    }
+
+    /// Takes the maps that say which host-namespace traffic to keep; call once.
+    pub fn take_watch(&mut self) -> Result<watch::Watch, CaptureError> {
+        watch::Watch::take(&mut self.ebpf)
     }
 
     pub fn all_attached(&self) -> bool {

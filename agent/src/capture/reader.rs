@@ -4,6 +4,7 @@
 //! `queue` (the consumer fell behind).
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
+use drainwatch_common::EventKind;
 use tokio::{io::unix::AsyncFd, sync::watch};
 
 use super::{
@@ -15,6 +16,8 @@ use crate::export::metrics::{LossStage, Metrics};
 pub struct Maps {
     pub ring: RingBuf<MapData>,
     pub lost: PerCpuArray<MapData, u64>,
+    /// Events dropped in the kernel as out of scope, per kind (not a loss: counted apart).
+    pub filtered: PerCpuArray<MapData, u64>,
 }
 
 impl Maps {
@@ -23,9 +26,13 @@ impl Maps {
             .take_map("EVENTS")
             .ok_or(CaptureError::NoMap("EVENTS"))?;
         let lost = ebpf.take_map("LOST").ok_or(CaptureError::NoMap("LOST"))?;
+        let filtered = ebpf
+            .take_map("FILTERED")
+            .ok_or(CaptureError::NoMap("FILTERED"))?;
         Ok(Self {
             ring: RingBuf::try_from(ring)?,
             lost: PerCpuArray::try_from(lost)?,
+            filtered: PerCpuArray::try_from(filtered)?,
         })
     }
 
@@ -46,6 +53,8 @@ pub struct Reader {
     ring: AsyncFd<RingBuf<MapData>>,
     lost: PerCpuArray<MapData, u64>,
     lost_seen: u64,
+    filtered: PerCpuArray<MapData, u64>,
+    filtered_seen: [u64; EventKind::COUNT as usize],
     names: KernelNames,
     metrics: std::sync::Arc<Metrics>,
     tx: std::sync::mpsc::SyncSender<Event>,
@@ -64,6 +73,8 @@ impl Reader {
             ring: unsafe { AsyncFd::register(maps.ring) }.map_err(std::io::Error::from)?,
             lost: maps.lost,
             lost_seen: 0,
+            filtered: maps.filtered,
+            filtered_seen: [0; EventKind::COUNT as usize],
             names,
             metrics,
             tx,
@@ -92,8 +103,20 @@ impl Reader {
         n
     }
 
-    /// Brings the `ringbuf` loss counter up to the kernel's per-CPU totals.
+    /// Brings the `ringbuf` loss counter and the filtered counters up to the kernel's
+    /// per-CPU totals.
     pub fn poll_lost(&mut self) {
+        for kind in EventKind::ALL {
+            let i = kind.index();
+            let Ok(per_cpu) = self.filtered.get(&(i as u32), 0) else {
+                continue;
+            };
+            let total: u64 = per_cpu.iter().sum();
+            if total > self.filtered_seen[i] {
+                self.metrics.filtered(kind, total - self.filtered_seen[i]);
+                self.filtered_seen[i] = total;
+            }
+        }
         let total: u64 = self
             .lost
             .iter()

@@ -15,7 +15,10 @@ use super::{
     netstat::{ListenCounters, NetstatError, parse_listen_counters},
 };
 use crate::{
-    capture::event::{Event, ExitStatus, Named},
+    capture::{
+        event::{Event, ExitStatus, Named},
+        watch::WatchSet,
+    },
     correlate::{
         ContainerIdentity, ExitInfo, Mono, Observation, Sender, retries::Proxy, storms::Workload,
     },
@@ -132,6 +135,10 @@ pub struct Enricher<H> {
     kube: Option<SharedStore>,
     /// The store's generation the identities were last checked against.
     kube_generation: Option<u64>,
+    /// The host's network namespace, where only traffic touching a container is captured.
+    host_netns: Option<u32>,
+    /// Bumped whenever addresses or listeners behind `watch_set` may have changed.
+    watch_generation: u64,
 }
 
 fn state(n: &Option<Named>) -> &str {
@@ -163,7 +170,40 @@ impl<H: HostView> Enricher<H> {
             not_containers: HashSet::new(),
             kube: None,
             kube_generation: None,
+            host_netns: None,
+            watch_generation: 0,
         }
+    }
+
+    /// The host's network namespace (the agent's own), for `watch_set`.
+    pub fn with_host_netns(mut self, netns: u32) -> Self {
+        self.host_netns = Some(netns);
+        self
+    }
+
+    /// Changes whenever `watch_set` may have.
+    pub fn watch_generation(&self) -> u64 {
+        self.watch_generation
+    }
+
+    /// What the kernel must keep of the host namespace's traffic: every container address
+    /// outside the host namespace (a host-network container's addresses are the host's), and
+    /// the ports of listeners in it that containers own or owned (refused connects to them
+    /// still count).
+    pub fn watch_set(&self) -> WatchSet {
+        let mut set = WatchSet::default();
+        let Some(host) = self.host_netns else {
+            return set;
+        };
+        for (ip, key) in &self.by_ip {
+            if self.containers.get(key).and_then(|c| c.netns) != Some(host) {
+                set.addrs.insert(*ip);
+            }
+        }
+        let ports = self.listeners.keys().chain(self.closed_listeners.keys());
+        set.ports
+            .extend(ports.filter(|(ns, _)| *ns == host).map(|(_, port)| *port));
+        set
     }
 
     /// Names containers from the Kubernetes API's pods where the store knows them.
@@ -223,6 +263,7 @@ impl<H: HostView> Enricher<H> {
         if expired.is_empty() {
             return;
         }
+        self.watch_generation += 1;
         self.containers.retain(|k, _| !expired.contains(k));
         self.by_pid.retain(|_, k| !expired.contains(k));
         self.by_cgroup.retain(|_, k| !expired.contains(k));
@@ -314,6 +355,7 @@ impl<H: HostView> Enricher<H> {
         if let Some(id) = self.host.cgroup_v2_id(path) {
             self.by_cgroup.insert(id, key.to_string());
         }
+        self.watch_generation += 1;
         let ips = main_pid.map(|p| self.host.local_ips(p)).unwrap_or_default();
         for ip in &ips {
             self.by_ip.insert(*ip, key.to_string());
@@ -509,6 +551,9 @@ impl<H: HostView> Enricher<H> {
         let Some(conn) = s.conn else { return };
         if self.on_upstream(s, old, new, conn, out) {
             return;
+        }
+        if old == "TCP_LISTEN" || new == "TCP_LISTEN" {
+            self.watch_generation += 1;
         }
         match (old, new) {
             ("TCP_CLOSE", "TCP_LISTEN") => {

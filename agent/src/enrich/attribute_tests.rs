@@ -729,3 +729,75 @@ fn a_container_restarted_in_place_is_adopted_again_with_its_new_main_process() {
         "the new main process's exit counts"
     );
 }
+
+#[test]
+fn the_watch_set_holds_container_addresses_outside_the_host_namespace() {
+    let mut e = enricher().with_host_netns(HOST_NS);
+    let before = e.watch_generation();
+    e.scan();
+    assert_ne!(
+        e.watch_generation(),
+        before,
+        "a new container may change it"
+    );
+    let set = e.watch_set();
+    assert_eq!(
+        set.addrs.into_iter().collect::<Vec<_>>(),
+        ["10.88.0.5".parse::<IpAddr>().unwrap()]
+    );
+    assert!(
+        set.ports.is_empty(),
+        "its listeners are in its own namespace"
+    );
+    // Without a host namespace to filter there is nothing to say.
+    let mut all = enricher();
+    all.scan();
+    assert_eq!(all.watch_set(), Default::default());
+}
+
+#[test]
+fn a_host_network_containers_listeners_are_watched_until_it_is_forgotten() {
+    let host_proc = |pid, ppid, comm: &str, ns_pid| ProcInfo {
+        netns: Some(HOST_NS),
+        ..proc(pid, ppid, comm, ns_pid, true)
+    };
+    let mut e = Enricher::new(FakeHost {
+        procs: vec![
+            host_proc(100, 90, "catatonit", 1),
+            host_proc(101, 100, "python3", 2),
+        ],
+    })
+    .with_host_netns(HOST_NS);
+    e.scan();
+    let set = e.watch_set();
+    assert!(
+        set.addrs.is_empty(),
+        "its addresses are the host's: {set:?}"
+    );
+    assert_eq!(set.ports.into_iter().collect::<Vec<_>>(), [8080]);
+
+    // Closed, it still counts refused connects: still watched.
+    let generation = e.watch_generation();
+    e.on_event(&state(
+        0xf1,
+        HOST_NS,
+        "TCP_LISTEN",
+        "TCP_CLOSE",
+        conn("0.0.0.0:8080", "0.0.0.0:0"),
+        TcpCounters::default(),
+    ));
+    assert_ne!(e.watch_generation(), generation);
+    assert_eq!(e.watch_set().ports.into_iter().collect::<Vec<_>>(), [8080]);
+
+    let mut rmdir = CgroupRemoved {
+        meta: meta(0, HOST_NS, 0),
+        id: 777,
+        hierarchy: 0,
+        level: 2,
+        path: path(),
+    };
+    rmdir.meta.ts_ns = 1_000;
+    e.on_event(&Event::CgroupRemoved(rmdir));
+    e.expire(1_000 + 300, 300);
+    assert_eq!(e.watch_set(), Default::default());
+}

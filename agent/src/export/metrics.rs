@@ -173,6 +173,11 @@ struct SignalLabels {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct MapLabels {
+    map: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct FileLabels {
     file: String,
 }
@@ -186,6 +191,9 @@ struct BuildLabels {
 pub struct Metrics {
     pub registry: Registry,
     events: Family<KindLabels, Counter>,
+    filtered: Family<KindLabels, Counter>,
+    watch_refused: Counter,
+    watch_entries: Family<MapLabels, Gauge>,
     lost: Family<StageLabels, Counter>,
     probe_attached: Family<ProbeLabels, Gauge>,
     probe_degraded: Family<SignalLabels, Gauge>,
@@ -197,6 +205,9 @@ impl Metrics {
     pub fn new(kernel: &str) -> Self {
         let mut registry = Registry::default();
         let events = Family::<KindLabels, Counter>::default();
+        let filtered = Family::<KindLabels, Counter>::default();
+        let watch_refused = Counter::default();
+        let watch_entries = Family::<MapLabels, Gauge>::default();
         let lost = Family::<StageLabels, Counter>::default();
         let probe_attached = Family::<ProbeLabels, Gauge>::default();
         let probe_degraded = Family::<SignalLabels, Gauge>::default();
@@ -206,6 +217,24 @@ impl Metrics {
             "Events received from the kernel, by hook",
             events.clone(),
         );
+        registry.register(
+            "drainwatch_events_filtered",
+            "Events dropped in the kernel as out of scope, by hook: host-namespace connections that touch no container (--host-traffic all keeps them)",
+            filtered.clone(),
+        );
+        registry.register(
+            "drainwatch_watch_map_full",
+            "Container addresses the kernel's watch map had no room for: host-side traffic to them is not captured",
+            watch_refused.clone(),
+        );
+        registry.register(
+            "drainwatch_watch_entries",
+            "What the kernel keeps the host namespace's connections for: container addresses, and ports of host-network containers' listeners",
+            watch_entries.clone(),
+        );
+        for map in ["addresses", "ports"] {
+            let _ = watch_entries.get_or_create(&MapLabels { map: map.into() });
+        }
         registry.register(
             "drainwatch_events_lost",
             "Events lost before processing, by stage: ringbuf (kernel could not reserve), queue (consumer behind), decode (malformed record)",
@@ -404,6 +433,9 @@ impl Metrics {
             let _ = events.get_or_create(&KindLabels {
                 kind: kind_name(k).into(),
             });
+            let _ = filtered.get_or_create(&KindLabels {
+                kind: kind_name(k).into(),
+            });
         }
         for s in LossStage::ALL {
             let _ = lost.get_or_create(&StageLabels {
@@ -416,6 +448,9 @@ impl Metrics {
         Self {
             registry,
             events,
+            filtered,
+            watch_refused,
+            watch_entries,
             lost,
             probe_attached,
             probe_degraded,
@@ -734,6 +769,24 @@ impl Metrics {
                 kind: kind_name(kind).into(),
             })
             .inc();
+    }
+
+    pub fn filtered(&self, kind: EventKind, n: u64) {
+        self.filtered
+            .get_or_create(&KindLabels {
+                kind: kind_name(kind).into(),
+            })
+            .inc_by(n);
+    }
+
+    /// After the watch maps were updated: what they hold, and what did not fit.
+    pub fn watch_applied(&self, addresses: usize, ports: usize, refused: u64) {
+        self.watch_refused.inc_by(refused);
+        for (map, n) in [("addresses", addresses), ("ports", ports)] {
+            self.watch_entries
+                .get_or_create(&MapLabels { map: map.into() })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     pub fn lost(&self, stage: LossStage, n: u64) {

@@ -215,6 +215,9 @@ pub struct BackendOpts {
     /// bridge, podman removes the bridge too and the address would route off the host: send
     /// nothing to it after the exit.
     pub netns_holder: bool,
+    /// `--network host`: the server listens in the host's namespace, on 127.0.0.1 among
+    /// others (no holder then).
+    pub host_network: bool,
     /// `--drain-delay` for `Drain` (default 5 s in backend.py) and `Slow` (default 0).
     pub drain_delay: Option<Duration>,
     /// `--crash-after` for `Crash`: seconds after start. [`Backend::crash_at`] works regardless.
@@ -242,6 +245,7 @@ impl Default for BackendOpts {
             port: 8080,
             init: true,
             netns_holder: true,
+            host_network: false,
             drain_delay: None,
             crash_after: None,
             ready_timeout: Duration::from_secs(10),
@@ -365,7 +369,7 @@ impl Backend {
         };
         // From here on, `b`'s Drop removes whatever was created if a step panics.
         let label = format!("drainwatch.lab={}", std::process::id());
-        if opts.netns_holder {
+        if opts.netns_holder && !opts.host_network {
             let holder = format!("{container}-net");
             let mut args = vec!["run", "-d", "--name", &holder, "--label", &label];
             args.extend(ULIMITS);
@@ -377,7 +381,10 @@ impl Backend {
         let (py, mounts) = python();
         let script = format!("{}:/lab/backend.py:ro", backend_script().display());
         let logs = format!("{}:/lab/log", log_dir.display());
-        let network = b.holder.as_ref().map(|h| format!("container:{h}"));
+        let network = match &b.holder {
+            Some(h) => Some(format!("container:{h}")),
+            None => opts.host_network.then(|| "host".to_string()),
+        };
         let port = opts.port.to_string();
         let drain = opts.drain_delay.map(|d| d.as_secs_f64().to_string());
         let crash_after = opts.crash_after.map(|d| d.as_secs_f64().to_string());
@@ -439,11 +446,15 @@ impl Backend {
         // that a test counting resets would see), then one /health that must answer 200.
         let deadline = Instant::now() + opts.ready_timeout;
         b.await_listening(0, deadline);
-        let ip_of = b.holder.clone().unwrap_or_else(|| container.clone());
-        let ip = inspect(&ip_of, "{{.NetworkSettings.IPAddress}}").expect("inspect the address");
-        b.ip = ip
-            .parse()
-            .unwrap_or_else(|_| panic!("container address {ip:?} is not IPv4"));
+        b.ip = if opts.host_network {
+            Ipv4Addr::LOCALHOST
+        } else {
+            let ip_of = b.holder.clone().unwrap_or_else(|| container.clone());
+            let ip =
+                inspect(&ip_of, "{{.NetworkSettings.IPAddress}}").expect("inspect the address");
+            ip.parse()
+                .unwrap_or_else(|_| panic!("container address {ip:?} is not IPv4"))
+        };
         if mode == Mode::Gate {
             // Not HTTP: one connection that must be greeted.
             loop {

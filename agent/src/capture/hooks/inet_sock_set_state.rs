@@ -22,6 +22,8 @@ pub fn fields(r: &mut Resolver) -> Fields {
     f.emit_old = mask(EMIT_OLD).unwrap_or(u32::MAX);
     f.counters_old = mask(&["TCP_ESTABLISHED", "TCP_CLOSE_WAIT"]).unwrap_or(u32::MAX);
     f.backlog_new = mask(&["TCP_LISTEN"]).unwrap_or(u32::MAX);
+    f.listener_closed_new = mask(&["TCP_CLOSE"]).unwrap_or(u32::MAX);
+    f.task_new = mask(&["TCP_SYN_SENT", "TCP_LISTEN"]).unwrap_or(u32::MAX);
     f
 }
 

@@ -1,0 +1,143 @@
+//! The maps that say which host-namespace traffic the programs keep (`drainwatch_common::watch`):
+//! kept equal to a `WatchSet` the enricher derives from what it knows of containers. A thin
+//! wrapper: it applies differences and reports entries the kernel would not take.
+
+use std::{collections::BTreeSet, net::IpAddr};
+
+use aya::maps::{Array, HashMap, MapData, MapError};
+use drainwatch_common::{
+    AF_INET, AF_INET6,
+    watch::{ANY_PORT, Addr},
+};
+
+use super::CaptureError;
+
+/// What the host namespace's traffic is kept for: containers' addresses (outside the host
+/// namespace) and ports of listeners that host-network containers own or owned.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchSet {
+    pub addrs: BTreeSet<IpAddr>,
+    pub ports: BTreeSet<u16>,
+}
+
+/// The map key for an address; `None` for those the programs never look up (loopback, unset).
+pub fn key(ip: IpAddr) -> Option<Addr> {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut a = [0; 16];
+            a[..4].copy_from_slice(&v4.octets());
+            Addr::of(AF_INET, &a)
+        }
+        IpAddr::V6(v6) => Addr::of(AF_INET6, &v6.octets()),
+    }
+}
+
+pub struct Watch {
+    ports: Array<MapData, u8>,
+    addrs: HashMap<MapData, Addr, u8>,
+    current: WatchSet,
+}
+
+/// How applying a set went: what the maps hold now, and addresses the kernel refused (the
+/// map is full).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    pub addrs: usize,
+    pub ports: usize,
+    pub refused: u64,
+}
+
+impl Watch {
+    pub(super) fn take(ebpf: &mut aya::Ebpf) -> Result<Self, CaptureError> {
+        let ports = ebpf
+            .take_map("WATCH_PORTS")
+            .ok_or(CaptureError::NoMap("WATCH_PORTS"))?;
+        let addrs = ebpf
+            .take_map("WATCH_ADDRS")
+            .ok_or(CaptureError::NoMap("WATCH_ADDRS"))?;
+        Ok(Self {
+            ports: Array::try_from(ports)?,
+            addrs: HashMap::try_from(addrs)?,
+            current: WatchSet::default(),
+        })
+    }
+
+    /// Makes the maps say `want`. An address the kernel refuses is left out (and retried on
+    /// the next call); other errors are returned after the rest is applied.
+    pub fn apply(&mut self, want: &WatchSet) -> Result<Applied, MapError> {
+        let mut applied = Applied::default();
+        let mut first_err = None;
+        let mut note = |r: Result<(), MapError>| {
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        };
+        for gone in self.current.addrs.difference(&want.addrs) {
+            if let Some(k) = key(*gone) {
+                note(self.addrs.remove(&k));
+            }
+        }
+        let mut addrs = BTreeSet::new();
+        for ip in &want.addrs {
+            let Some(k) = key(*ip) else { continue };
+            if self.current.addrs.contains(ip) {
+                addrs.insert(*ip);
+                continue;
+            }
+            match self.addrs.insert(k, 1, 0) {
+                Ok(()) => {
+                    addrs.insert(*ip);
+                }
+                // E2BIG: full. Counted, not fatal: that container's host-side traffic is missed.
+                Err(MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::E2BIG) =>
+                {
+                    applied.refused += 1;
+                }
+                Err(e) => note(Err(e)),
+            }
+        }
+        for gone in self.current.ports.difference(&want.ports) {
+            note(self.ports.set(u32::from(*gone), 0, 0));
+        }
+        for new in want.ports.difference(&self.current.ports) {
+            note(self.ports.set(u32::from(*new), 1, 0));
+        }
+        note(
+            self.ports
+                .set(ANY_PORT, u8::from(!want.ports.is_empty()), 0),
+        );
+        applied.addrs = addrs.len();
+        applied.ports = want.ports.len();
+        self.current = WatchSet {
+            addrs,
+            ports: want.ports.clone(),
+        };
+        first_err.map_or(Ok(applied), Err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_match_what_the_programs_look_up() {
+        let v4: IpAddr = "10.88.0.2".parse().unwrap();
+        let k = key(v4).unwrap();
+        assert_eq!(
+            (k.family, &k.addr[..4], &k.addr[4..]),
+            (AF_INET, &[10, 88, 0, 2][..], &[0; 12][..])
+        );
+        // A dual-stack socket reports the mapped form: the same key.
+        let mut mapped = [0u8; 16];
+        mapped[10..12].copy_from_slice(&[0xff, 0xff]);
+        mapped[12..].copy_from_slice(&[10, 88, 0, 2]);
+        assert_eq!(Addr::of(AF_INET6, &mapped), Some(k));
+        let v6: IpAddr = "fd00::5".parse().unwrap();
+        assert_eq!(key(v6).unwrap().family, AF_INET6);
+        for never in ["127.0.0.1", "0.0.0.0", "::1", "::", "::ffff:127.0.0.1"] {
+            assert_eq!(key(never.parse().unwrap()), None, "{never}");
+        }
+    }
+}
