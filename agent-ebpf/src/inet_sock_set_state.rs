@@ -1,12 +1,21 @@
-use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+//! `inet_sock_set_state`, two ways. Preferred: the BTF-typed raw tracepoint (tp_btf), which
+//! hands over the socket itself and builds no tracepoint record, and whose socket fields are
+//! plain loads. Fallback: the classic tracepoint, whose record carries the tuple and whose
+//! socket fields cost a helper call each. Both emit the same event through `emit`.
+
+use aya_ebpf::{
+    helpers::generated::bpf_skc_to_tcp_sock,
+    macros::{btf_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, TracePointContext},
+};
 use drainwatch_common::{
-    EventKind, Tuple,
+    AF_INET, AF_INET6, EventKind, Tuple,
     inet_sock_set_state::{Event, Fields},
 };
 
 use crate::util::{
-    CONFIG, IPPROTO_TCP, Record, cfg, fill_header_task, kread, out_of_scope, reserve, sock_netns,
-    submit, tp_tuple,
+    CONFIG, IPPROTO_TCP, Record, cfg, fill_header_task, kread, ld, out_of_scope, reserve,
+    sock_netns, submit, tp_tuple,
 };
 
 /// Whether `state` has its bit in `mask` (states outside 0..32 pass: no filter can name them).
@@ -15,6 +24,155 @@ fn in_mask(mask: u32, state: i32) -> bool {
     !(0..32).contains(&state) || mask & (1 << state) != 0
 }
 
+/// The socket-side reads of one state change, however the hook reaches them.
+trait Socket {
+    fn netns(&self) -> u32;
+    fn tuple(&self, t: &mut Tuple);
+    /// `tcp_sock` counters (`ev.bytes_received` ..= `ev.lsndtime`).
+    fn counters(&self, ev: &mut Event);
+    fn max_ack_backlog(&self) -> u32;
+}
+
+#[inline(always)]
+fn emit<S: Socket>(s: &S, f: &Fields, skaddr: u64, oldstate: i32, newstate: i32) -> Option<()> {
+    let netns = s.netns();
+    let mut tuple = Tuple::default();
+    s.tuple(&mut tuple);
+    let listener = in_mask(f.backlog_new, newstate)
+        || (in_mask(f.backlog_new, oldstate) && in_mask(f.listener_closed_new, newstate));
+    if !listener && out_of_scope(EventKind::InetSockSetState, netns, &tuple) {
+        return None;
+    }
+    let mut entry = reserve::<Event>(EventKind::InetSockSetState)?;
+    let ev = unsafe { entry.assume_init_mut() };
+    fill_header_task(
+        &mut ev.header,
+        EventKind::InetSockSetState,
+        netns,
+        in_mask(f.task_new, newstate),
+    );
+    ev.skaddr = skaddr;
+    ev.tuple = tuple;
+    ev.oldstate = oldstate;
+    ev.newstate = newstate;
+    // Only the transitions that need the counters (a connection leaving ESTABLISHED or
+    // CLOSE_WAIT: was a request pending?) read them.
+    if in_mask(f.counters_old, oldstate) {
+        s.counters(ev);
+    } else {
+        ev.bytes_received = 0;
+        ev.bytes_sent = 0;
+        ev.rcv_nxt = 0;
+        ev.copied_seq = 0;
+        ev.lrcvtime = 0;
+        ev.lsndtime = 0;
+    }
+    // listen() sets the limit before the socket enters LISTEN.
+    ev.max_ack_backlog = if in_mask(f.backlog_new, newstate) {
+        s.max_ack_backlog()
+    } else {
+        0
+    };
+    ev._pad = 0;
+    submit(entry);
+    Some(())
+}
+
+/// tp_btf: `inet_sock_set_state(const struct sock *sk, int oldstate, int newstate)`.
+#[btf_tracepoint(function = "inet_sock_set_state")]
+pub fn inet_sock_set_state_btf(ctx: BtfTracePointContext) -> i32 {
+    let sk: *const u8 = ctx.arg(0);
+    let oldstate: i32 = ctx.arg(1);
+    let newstate: i32 = ctx.arg(2);
+    let f: Fields = cfg(&CONFIG.inet_sock_set_state);
+    let k = &CONFIG.kernel;
+    if in_mask(f.emit_old, oldstate) && ld::<u16>(sk, cfg(&k.sock_protocol)) == Some(IPPROTO_TCP) {
+        let s = Direct { sk, newstate, f };
+        emit(&s, &f, sk as u64, oldstate, newstate);
+    }
+    0
+}
+
+struct Direct {
+    sk: *const u8,
+    newstate: i32,
+    f: Fields,
+}
+
+impl Direct {
+    /// The socket as a `tcp_sock`, for members past `struct sock` (one helper call).
+    #[inline(always)]
+    fn tcp(&self) -> *const u8 {
+        unsafe { bpf_skc_to_tcp_sock(self.sk as *mut _) as *const u8 }
+    }
+}
+
+impl Socket for Direct {
+    #[inline(always)]
+    fn netns(&self) -> u32 {
+        let k = &CONFIG.kernel;
+        ld::<*const u8>(self.sk, cfg(&k.sock_net))
+            .and_then(|net| ld::<u32>(net, cfg(&k.net_inum)))
+            .unwrap_or(0)
+    }
+
+    /// As the classic record has it: local = s*, remote = d*, ports in host order.
+    #[inline(always)]
+    fn tuple(&self, t: &mut Tuple) {
+        let (sk, k) = (self.sk, &CONFIG.kernel);
+        t.family = ld::<u16>(sk, cfg(&k.sock_family)).unwrap_or(0);
+        t.sport = ld::<u16>(sk, cfg(&k.sock_num)).unwrap_or(0);
+        t.dport = u16::from_be(ld::<u16>(sk, cfg(&k.sock_dport)).unwrap_or(0));
+        if t.family == AF_INET {
+            t.saddr[..4]
+                .copy_from_slice(&ld::<[u8; 4]>(sk, cfg(&k.sock_rcv_saddr)).unwrap_or([0; 4]));
+            t.daddr[..4].copy_from_slice(&ld::<[u8; 4]>(sk, cfg(&k.sock_daddr)).unwrap_or([0; 4]));
+        } else if t.family == AF_INET6 {
+            let (s, d) = (cfg(&k.sock_v6_rcv_saddr), cfg(&k.sock_v6_daddr));
+            let half = |off: u32| ld::<u64>(sk, off).unwrap_or(0).to_ne_bytes();
+            t.saddr[..8].copy_from_slice(&half(s));
+            t.saddr[8..].copy_from_slice(&half(s.wrapping_add(8)));
+            t.daddr[..8].copy_from_slice(&half(d));
+            t.daddr[8..].copy_from_slice(&half(d.wrapping_add(8)));
+        }
+        // Moving to CLOSE, the socket has already given up its port (`skc_num` is 0); the
+        // classic record takes it from `inet_sport`, which only `tcp_sock` reaches.
+        if t.sport == 0 && in_mask(self.f.listener_closed_new, self.newstate) {
+            let tp = self.tcp();
+            if !tp.is_null() {
+                t.sport = u16::from_be(ld::<u16>(tp, cfg(&k.tcp_inet_sport)).unwrap_or(0));
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn counters(&self, ev: &mut Event) {
+        let k = &CONFIG.kernel;
+        let tp = self.tcp();
+        if tp.is_null() {
+            ev.bytes_received = 0;
+            ev.bytes_sent = 0;
+            ev.rcv_nxt = 0;
+            ev.copied_seq = 0;
+            ev.lrcvtime = 0;
+            ev.lsndtime = 0;
+            return;
+        }
+        ev.bytes_received = ld::<u64>(tp, cfg(&k.tcp_bytes_received)).unwrap_or(0);
+        ev.bytes_sent = ld::<u64>(tp, cfg(&k.tcp_bytes_sent)).unwrap_or(0);
+        ev.rcv_nxt = ld::<u32>(tp, cfg(&k.tcp_rcv_nxt)).unwrap_or(0);
+        ev.copied_seq = ld::<u32>(tp, cfg(&k.tcp_copied_seq)).unwrap_or(0);
+        ev.lrcvtime = ld::<u32>(tp, cfg(&k.tcp_lrcvtime)).unwrap_or(0);
+        ev.lsndtime = ld::<u32>(tp, cfg(&k.tcp_lsndtime)).unwrap_or(0);
+    }
+
+    #[inline(always)]
+    fn max_ack_backlog(&self) -> u32 {
+        ld::<u32>(self.sk, cfg(&CONFIG.kernel.sock_max_ack_backlog)).unwrap_or(0)
+    }
+}
+
+/// The classic tracepoint, where tp_btf is unavailable.
 #[tracepoint]
 pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
     try_inet_sock_set_state(&ctx);
@@ -33,51 +191,49 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Option<()> {
         return None;
     }
     let skaddr = rec.get::<u64>(f.skaddr).unwrap_or(0);
-    let netns = sock_netns(skaddr);
-    let mut tuple = Tuple::default();
-    tp_tuple(&rec, &f.addr, &mut tuple);
-    let listener = in_mask(f.backlog_new, newstate)
-        || (in_mask(f.backlog_new, oldstate) && in_mask(f.listener_closed_new, newstate));
-    if !listener && out_of_scope(EventKind::InetSockSetState, netns, &tuple) {
-        return None;
+    emit(
+        &Probed {
+            rec: &rec,
+            skaddr,
+            f,
+        },
+        &f,
+        skaddr,
+        oldstate,
+        newstate,
+    )
+}
+
+struct Probed<'a> {
+    rec: &'a Record<'a>,
+    skaddr: u64,
+    f: Fields,
+}
+
+impl Socket for Probed<'_> {
+    #[inline(always)]
+    fn netns(&self) -> u32 {
+        sock_netns(self.skaddr)
     }
-    let mut entry = reserve::<Event>(EventKind::InetSockSetState)?;
-    let ev = unsafe { entry.assume_init_mut() };
-    fill_header_task(
-        &mut ev.header,
-        EventKind::InetSockSetState,
-        netns,
-        in_mask(f.task_new, newstate),
-    );
-    ev.skaddr = skaddr;
-    ev.tuple = tuple;
-    ev.oldstate = oldstate;
-    ev.newstate = newstate;
-    let k = &CONFIG.kernel;
-    // Helper calls are most of a program's cost: only the transitions that need the
-    // counters (a connection leaving ESTABLISHED or CLOSE_WAIT) read them.
-    if in_mask(f.counters_old, oldstate) {
-        ev.bytes_received = kread::<u64>(skaddr, cfg(&k.tcp_bytes_received)).unwrap_or(0);
-        ev.bytes_sent = kread::<u64>(skaddr, cfg(&k.tcp_bytes_sent)).unwrap_or(0);
-        ev.rcv_nxt = kread::<u32>(skaddr, cfg(&k.tcp_rcv_nxt)).unwrap_or(0);
-        ev.copied_seq = kread::<u32>(skaddr, cfg(&k.tcp_copied_seq)).unwrap_or(0);
-        ev.lrcvtime = kread::<u32>(skaddr, cfg(&k.tcp_lrcvtime)).unwrap_or(0);
-        ev.lsndtime = kread::<u32>(skaddr, cfg(&k.tcp_lsndtime)).unwrap_or(0);
-    } else {
-        ev.bytes_received = 0;
-        ev.bytes_sent = 0;
-        ev.rcv_nxt = 0;
-        ev.copied_seq = 0;
-        ev.lrcvtime = 0;
-        ev.lsndtime = 0;
+
+    #[inline(always)]
+    fn tuple(&self, t: &mut Tuple) {
+        tp_tuple(self.rec, &self.f.addr, t);
     }
-    // listen() sets the limit before the socket enters LISTEN.
-    ev.max_ack_backlog = if in_mask(f.backlog_new, newstate) {
-        kread::<u32>(skaddr, cfg(&k.sock_max_ack_backlog)).unwrap_or(0)
-    } else {
-        0
-    };
-    ev._pad = 0;
-    submit(entry);
-    Some(())
+
+    #[inline(always)]
+    fn counters(&self, ev: &mut Event) {
+        let (sk, k) = (self.skaddr, &CONFIG.kernel);
+        ev.bytes_received = kread::<u64>(sk, cfg(&k.tcp_bytes_received)).unwrap_or(0);
+        ev.bytes_sent = kread::<u64>(sk, cfg(&k.tcp_bytes_sent)).unwrap_or(0);
+        ev.rcv_nxt = kread::<u32>(sk, cfg(&k.tcp_rcv_nxt)).unwrap_or(0);
+        ev.copied_seq = kread::<u32>(sk, cfg(&k.tcp_copied_seq)).unwrap_or(0);
+        ev.lrcvtime = kread::<u32>(sk, cfg(&k.tcp_lrcvtime)).unwrap_or(0);
+        ev.lsndtime = kread::<u32>(sk, cfg(&k.tcp_lsndtime)).unwrap_or(0);
+    }
+
+    #[inline(always)]
+    fn max_ack_backlog(&self) -> u32 {
+        kread::<u32>(self.skaddr, cfg(&CONFIG.kernel.sock_max_ack_backlog)).unwrap_or(0)
+    }
 }

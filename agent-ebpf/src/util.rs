@@ -51,6 +51,13 @@ pub fn watched_port(port: u32) -> bool {
     WATCH_PORTS.get(port).is_some_and(|v| *v != 0)
 }
 
+/// Whether a socket's port is a watched one (0, a port not chosen yet or already given up,
+/// never is: index 0 is the "any" flag).
+#[inline(always)]
+fn watched_port_of(port: u16) -> bool {
+    port != 0 && watched_port(u32::from(port))
+}
+
 #[inline(always)]
 fn watched_addr(family: u16, a: &[u8; 16]) -> bool {
     watch::Addr::of(family, a).is_some_and(|k| unsafe { WATCH_ADDRS.get(k) }.is_some())
@@ -68,8 +75,7 @@ pub fn count_filtered(kind: EventKind) {
 #[inline(always)]
 pub fn out_of_scope(kind: EventKind, netns: u32, t: &Tuple) -> bool {
     if !is_host(netns)
-        || (watched_port(watch::ANY_PORT)
-            && (watched_port(u32::from(t.sport)) || watched_port(u32::from(t.dport))))
+        || (watched_port(watch::ANY_PORT) && (watched_port_of(t.sport) || watched_port_of(t.dport)))
         || watched_addr(t.family, &t.daddr)
         || watched_addr(t.family, &t.saddr)
     {
@@ -189,6 +195,17 @@ impl<'a> Record<'a> {
             _ => unsafe { self.ctx.read_at::<T>(off) }.ok(),
         }
     }
+}
+
+/// Loads a `T` at `base + off` from a BTF-typed pointer (a tp_btf argument, or a pointer
+/// loaded from one): a plain load, no helper call. The verifier accepts it because `off`
+/// comes from the frozen `CONFIG` (a known constant) and lies within the pointed-to struct.
+#[inline(always)]
+pub fn ld<T: Copy>(base: *const u8, off: u32) -> Option<T> {
+    if off == NO_OFFSET {
+        return None;
+    }
+    Some(unsafe { core::ptr::read_volatile(base.add(off as usize) as *const T) })
 }
 
 /// Reads a `T` at `base + off` in kernel memory; `None` for unresolved offsets or NULL bases.

@@ -285,6 +285,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         btf_path: cli.btf.clone(),
         only: None,
         host_netns,
+        skip_hooks: Vec::new(),
     })?;
     for st in &capture.statuses {
         if st.chosen().is_some() {

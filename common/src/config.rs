@@ -74,6 +74,11 @@ pub struct KernelOffsets {
     pub file_private_data: u32,
     pub socket_sk: u32,
     pub sock_max_ack_backlog: u32,
+    /// For the BTF-typed state-change program, which reads the socket itself.
+    pub sock_protocol: u32,
+    /// `tcp_sock` to `inet_sock.inet_sport`: the local port, still there when a socket moving
+    /// to CLOSE has already given up `skc_num`.
+    pub tcp_inet_sport: u32,
 }
 
 impl KernelOffsets {
@@ -106,6 +111,8 @@ impl KernelOffsets {
         file_private_data: NO_OFFSET,
         socket_sk: NO_OFFSET,
         sock_max_ack_backlog: NO_OFFSET,
+        sock_protocol: NO_OFFSET,
+        tcp_inet_sport: NO_OFFSET,
     };
 }
 
@@ -147,4 +154,4 @@ impl Config {
 pod!(Config, KernelOffsets, AddrFields);
 
 // No implicit padding: the agent writes these bytes verbatim into the program's global.
-const _: () = assert!(core::mem::size_of::<Config>() == 272);
+const _: () = assert!(core::mem::size_of::<Config>() == 280);

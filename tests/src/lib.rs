@@ -40,8 +40,22 @@ impl Harness {
         Self::start_with_queue(only, ring_bytes, 1 << 20)
     }
 
+    /// As `start`, without trying the hooks labelled `skip` (to reach a fallback).
+    pub fn start_skipping(only: &[&'static str], ring_bytes: u32, skip: &[&'static str]) -> Self {
+        Self::start_full(only, ring_bytes, 1 << 20, skip)
+    }
+
     /// As `start`, with a queue of `queue` events between reader and consumer.
     pub fn start_with_queue(only: &[&'static str], ring_bytes: u32, queue: usize) -> Self {
+        Self::start_full(only, ring_bytes, queue, &[])
+    }
+
+    fn start_full(
+        only: &[&'static str],
+        ring_bytes: u32,
+        queue: usize,
+        skip: &[&'static str],
+    ) -> Self {
         require_root();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -51,6 +65,7 @@ impl Harness {
         let mut capture = Capture::load(&capture::Options {
             ring_buffer_bytes: ring_bytes,
             only: Some(only.to_vec()),
+            skip_hooks: skip.to_vec(),
             ..Default::default()
         })
         .expect("loading the eBPF programs");

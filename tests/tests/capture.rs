@@ -85,21 +85,7 @@ fn an_aborted_connection_sends_a_reset_from_the_closing_process() {
     let client = TcpStream::connect(server_addr).unwrap();
     let client_addr = client.local_addr().unwrap();
     let (server_side, _) = listener.accept().unwrap();
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: valid fd and a correctly sized option value.
-    let rc = unsafe {
-        libc::setsockopt(
-            client.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(rc, 0);
+    abort_on_close(&client);
     drop(client); // close() with linger 0: RST instead of FIN
     let events = h.events();
     drop(server_side);
@@ -525,4 +511,113 @@ fn accept_returns_the_queued_connection_and_how_long_it_waited() {
         "accept wait {wait:.3}s, the test measured {:.3}s",
         waited.as_secs_f64()
     );
+}
+
+/// SO_LINGER 0: close() sends a RST instead of a FIN.
+fn abort_on_close(s: &TcpStream) {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: valid fd and a correctly sized option value.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0);
+}
+
+/// What a state change says, minus the time (each program reads its own clock).
+fn transitions(events: &[Event], ports: &[u16]) -> Vec<String> {
+    let mut out: Vec<String> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::StateChange(s)
+                if s.conn.is_some_and(|c| {
+                    ports.contains(&c.local.port()) || ports.contains(&c.remote.port())
+                }) =>
+            {
+                let c = s.counters;
+                Some(format!(
+                    "{:#x} {:?} {:?}->{:?} rx={} tx={} unread={} pending={} backlog={:?} ns={} task={}/{}/{}",
+                    s.skaddr,
+                    s.conn,
+                    s.old.as_ref().and_then(|n| n.name.clone()),
+                    s.new.as_ref().and_then(|n| n.name.clone()),
+                    c.bytes_received,
+                    c.bytes_sent,
+                    c.unread,
+                    c.request_pending(),
+                    s.max_ack_backlog,
+                    s.meta.netns,
+                    s.meta.tgid,
+                    s.meta.comm,
+                    s.meta.cgroup_id,
+                ))
+            }
+            _ => None,
+        })
+        .collect();
+    // Two ring buffers may order events of different CPUs differently.
+    out.sort();
+    out
+}
+
+#[test]
+fn the_btf_tracepoint_and_the_classic_one_report_the_same_state_changes() {
+    use std::io::{Read, Write};
+    let mut btf = Harness::start(&["socket_states"], RING);
+    let mut classic =
+        Harness::start_skipping(&["socket_states"], RING, &["tp_btf:inet_sock_set_state"]);
+    assert_eq!(
+        btf.capture.statuses[0].chosen(),
+        Some("tp_btf:inet_sock_set_state")
+    );
+    assert_eq!(
+        classic.capture.statuses[0].chosen(),
+        Some("tracepoint:sock:inet_sock_set_state")
+    );
+
+    // IPv4 and IPv6: an answered request, a cut one, an abort (linger 0), then the listeners
+    // close; and a connect to a closed port.
+    let mut ports = Vec::new();
+    for any in ["127.0.0.1:0", "[::1]:0"] {
+        let listener = TcpListener::bind(any).unwrap();
+        let server = listener.local_addr().unwrap();
+        ports.push(server.port());
+        let mut c1 = TcpStream::connect(server).unwrap();
+        let (mut s1, _) = listener.accept().unwrap();
+        c1.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let mut buf = [0u8; 64];
+        assert_eq!(s1.read(&mut buf).unwrap(), 18);
+        s1.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            .unwrap();
+        let _ = c1.read(&mut buf).unwrap();
+        drop((s1, c1));
+        let mut c2 = TcpStream::connect(server).unwrap();
+        let (mut s2, _) = listener.accept().unwrap();
+        c2.write_all(b"GET /slow HTTP/1.1\r\n\r\n").unwrap();
+        assert_eq!(s2.read(&mut buf).unwrap(), 22);
+        drop((s2, c2));
+        let c3 = TcpStream::connect(server).unwrap();
+        let (s3, _) = listener.accept().unwrap();
+        abort_on_close(&s3);
+        drop((s3, c3));
+        drop(listener);
+    }
+    let closed = closed_port();
+    ports.push(closed.port());
+    assert!(TcpStream::connect(closed).is_err());
+
+    let (a, b) = (
+        transitions(&btf.events(), &ports),
+        transitions(&classic.events(), &ports),
+    );
+    assert!(a.len() >= 30, "too few transitions seen: {a:#?}");
+    assert_eq!(a, b);
 }

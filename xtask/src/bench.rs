@@ -9,6 +9,9 @@
 //!   tracepoints), interleaved over rounds; the median of each.
 //! - Kernel cost: `run_time_ns / run_cnt` of each program (`kernel.bpf_stats_enabled`) during
 //!   the churn, the agent's beside bpftrace's on the same tracepoint, in both agent modes.
+//!   The agent takes TCP state changes from the BTF-typed raw tracepoint of
+//!   `sock:inet_sock_set_state` (no trace record built, plain loads); Debian's bpftrace 0.17
+//!   attaches only classic tracepoints, so its floor there includes building the record.
 //! - Userspace: events/s through decode → enrich → correlate → export on one core against
 //!   decode alone, and the loss through the agent's queue at 2× that rate and at 200,000/s
 //!   (`bench/src/bin/pipeline.rs`).

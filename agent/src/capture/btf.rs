@@ -141,6 +141,10 @@ const MEMBERS: &[(&str, &str, Slot)] = &[
     ("sock", "sk_max_ack_backlog", |k| {
         &mut k.sock_max_ack_backlog
     }),
+    ("sock", "sk_protocol", |k| &mut k.sock_protocol),
+    ("tcp_sock", "inet_conn.icsk_inet.inet_sport", |k| {
+        &mut k.tcp_inet_sport
+    }),
 ];
 
 /// Resolves every member the programs read. Unresolved ones stay `NO_OFFSET` and are listed

@@ -13,7 +13,7 @@ use std::{collections::BTreeMap, path::PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{KProbe, TracePoint},
+    programs::{BtfTracePoint, KProbe, TracePoint},
 };
 use drainwatch_common::config::{Config, KernelOffsets, NO_OFFSET};
 use event::KernelNames;
@@ -53,6 +53,9 @@ pub struct Options {
     /// The host's network namespace inode: its connections that touch no container are
     /// dropped in the kernel (the `watch` maps say which do). `None` keeps everything.
     pub host_netns: Option<u32>,
+    /// Hooks (by label) not to try: tests use it to exercise a fallback the kernel would
+    /// not otherwise need.
+    pub skip_hooks: Vec<&'static str>,
 }
 
 impl Default for Options {
@@ -62,6 +65,7 @@ impl Default for Options {
             btf_path: "/sys/kernel/btf/vmlinux".into(),
             only: None,
             host_netns: None,
+            skip_hooks: Vec::new(),
         }
     }
 }
@@ -196,7 +200,7 @@ impl Capture {
         }
         let events_dir = tracefs_events_dir()?;
         let btf = btf::load(&opts.btf_path)?;
-        let (kernel, _missing_members) = btf::kernel_offsets(&btf);
+        let (kernel, missing_members) = btf::kernel_offsets(&btf);
         let mut config = Config::UNSET;
         config.kernel = kernel;
         config.host_netns = opts.host_netns.unwrap_or(0);
@@ -227,6 +231,9 @@ impl Capture {
                 unavailable: p.unavailable,
             };
             for hook in p.hooks {
+                if opts.skip_hooks.contains(&hook.label().as_str()) {
+                    continue;
+                }
                 let result = match hook {
                     Hook::Tracepoint { name, degraded, .. } => attach_tracepoint(
                         &mut ebpf, &mut links, &infos, &res, hook,
@@ -237,6 +244,19 @@ impl Capture {
                         st.degraded.extend(degraded.map(String::from));
                         st.degraded.extend(btf_degradations(&kernel, name));
                     }),
+                    Hook::BtfTracepoint {
+                        name,
+                        program,
+                        offsets,
+                    } => attach_btf_tracepoint(
+                        &mut ebpf,
+                        &mut links,
+                        &opts.btf_path,
+                        (name, program),
+                        offsets,
+                        &missing_members,
+                    )
+                    .map(|()| st.degraded.extend(btf_degradations(&kernel, name))),
                     Hook::Kprobe { functions, ret: _ } => {
                         attach_kprobes(&mut ebpf, &mut links, functions)
                     }
@@ -329,6 +349,40 @@ fn attach_tracepoint(
     }
     links.extend(attached);
     Ok(res.missing_optional.get(name).cloned().unwrap_or_default())
+}
+
+fn attach_btf_tracepoint(
+    ebpf: &mut Ebpf,
+    links: &mut Vec<Box<dyn Send>>,
+    btf_path: &str,
+    (name, program): (&str, &str),
+    offsets: &[&str],
+    missing_members: &[String],
+) -> Result<(), String> {
+    let lacking: Vec<_> = offsets
+        .iter()
+        .filter(|o| missing_members.iter().any(|m| m == *o))
+        .collect();
+    if !lacking.is_empty() {
+        return Err(format!("BTF lacks {lacking:?}"));
+    }
+    let prog: &mut BtfTracePoint = ebpf
+        .program_mut(program)
+        .ok_or_else(|| format!("program {program} missing from the eBPF object"))?
+        .try_into()
+        .map_err(|e| format!("{e}"))?;
+    if prog.fd().is_err() {
+        // aya resolves the tracepoint's BTF type itself; the parse is dropped after loading.
+        let btf = aya::Btf::parse_file(btf_path, aya::Endianness::default())
+            .map_err(|e| format!("BTF: {e}"))?;
+        prog.load(name, &btf)
+            .map_err(|e| format!("load: {}", chain(&e)))?;
+    }
+    let id = prog
+        .attach()
+        .map_err(|e| format!("attach: {}", chain(&e)))?;
+    links.push(Box::new(prog.take_link(id).map_err(|e| format!("{e}"))?));
+    Ok(())
 }
 
 fn attach_kprobes(

@@ -17,6 +17,16 @@ pub enum Hook {
         /// Why the entry is only a fallback when it is the chosen one.
         degraded: Option<&'static str>,
     },
+    /// A BTF-typed raw tracepoint (tp_btf): the kernel passes the tracepoint's arguments
+    /// (`struct sock *` and the states, for `inet_sock_set_state`) without building a record,
+    /// and the program reads the socket with plain loads. It still takes its state numbering
+    /// from the classic tracepoint's format. `offsets` are BTF members it cannot do without.
+    BtfTracepoint {
+        /// The tracepoint; the program is `<name>_btf`.
+        name: &'static str,
+        program: &'static str,
+        offsets: &'static [&'static str],
+    },
     /// kprobes on every listed function (all must attach), or kretprobes when `ret`.
     Kprobe {
         functions: &'static [(&'static str, &'static str)],
@@ -41,6 +51,7 @@ impl Hook {
                 }
                 l
             }
+            Hook::BtfTracepoint { name, .. } => format!("tp_btf:{name}"),
             Hook::Kprobe { functions, ret } => {
                 let kind = if *ret { "kretprobe" } else { "kprobe" };
                 let names: Vec<_> = functions.iter().map(|(f, _)| *f).collect();
@@ -112,7 +123,18 @@ pub const PLAN: &[SignalPlan] = &[
     SignalPlan {
         signal: "socket_states",
         title: "socket states",
-        hooks: &[tp("sock", "inet_sock_set_state")],
+        hooks: &[
+            Hook::BtfTracepoint {
+                name: "inet_sock_set_state",
+                program: "inet_sock_set_state_btf",
+                offsets: &[
+                    "sock.sk_protocol",
+                    "sock.__sk_common.skc_net",
+                    "net.ns.inum",
+                ],
+            },
+            tp("sock", "inet_sock_set_state"),
+        ],
         unavailable: "needs tracepoint sock:inet_sock_set_state",
     },
     SignalPlan {
@@ -228,6 +250,15 @@ mod tests {
             "kprobe:tcp_v4_send_reset+tcp_v6_send_reset+tcp_send_active_reset"
         );
         assert_eq!(PLAN[0].hooks[0].label(), "tracepoint:tcp:tcp_send_reset");
+        let states = PLAN.iter().find(|p| p.signal == "socket_states").unwrap();
+        let labels: Vec<_> = states.hooks.iter().map(Hook::label).collect();
+        assert_eq!(
+            labels,
+            [
+                "tp_btf:inet_sock_set_state",
+                "tracepoint:sock:inet_sock_set_state"
+            ]
+        );
     }
 
     #[test]
