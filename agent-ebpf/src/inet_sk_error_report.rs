@@ -1,13 +1,47 @@
-use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    macros::{btf_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, TracePointContext},
+};
 use drainwatch_common::{
     EventKind, Tuple,
     inet_sk_error_report::{Event, Fields},
 };
 
 use crate::util::{
-    CONFIG, IPPROTO_TCP, Record, cfg, fill_header, out_of_scope, reserve, submit, task_netns,
-    tp_tuple,
+    CONFIG, IPPROTO_TCP, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, cfg, fill_header,
+    ld, out_of_scope, reserve, submit, task_netns, tp_tuple,
 };
+
+/// tp_btf: `inet_sk_error_report(const struct sock *sk)`; the socket read with plain loads,
+/// and its own network namespace (the classic record has no socket: the task's is used).
+#[btf_tracepoint(function = "inet_sk_error_report")]
+pub fn inet_sk_error_report_btf(ctx: BtfTracePointContext) -> i32 {
+    let sk: *const u8 = ctx.arg(0);
+    let k = &CONFIG.kernel;
+    if ld::<u16>(sk, cfg(&k.sock_protocol)) != Some(IPPROTO_TCP) {
+        return 0;
+    }
+    let netns = btf_sock_netns(sk);
+    let mut tuple = Tuple::default();
+    btf_sock_tuple(sk, &mut tuple);
+    // A failed connect has given up its port by now (tcp_done runs first).
+    if tuple.sport == 0 {
+        tuple.sport = btf_inet_sport(sk);
+    }
+    if out_of_scope(EventKind::InetSkErrorReport, netns, &tuple) {
+        return 0;
+    }
+    let Some(mut entry) = reserve::<Event>(EventKind::InetSkErrorReport) else {
+        return 0;
+    };
+    let ev = unsafe { entry.assume_init_mut() };
+    fill_header(&mut ev.header, EventKind::InetSkErrorReport, netns);
+    ev.tuple = tuple;
+    ev.error = ld::<i32>(sk, cfg(&k.sock_err)).unwrap_or(0);
+    ev._pad = 0;
+    submit(entry);
+    0
+}
 
 #[tracepoint]
 pub fn inet_sk_error_report(ctx: TracePointContext) -> u32 {

@@ -4,18 +4,17 @@
 //! socket fields cost a helper call each. Both emit the same event through `emit`.
 
 use aya_ebpf::{
-    helpers::generated::bpf_skc_to_tcp_sock,
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
 use drainwatch_common::{
-    AF_INET, AF_INET6, EventKind, Tuple,
+    EventKind, Tuple,
     inet_sock_set_state::{Event, Fields},
 };
 
 use crate::util::{
-    CONFIG, IPPROTO_TCP, Record, cfg, fill_header_task, kread, ld, out_of_scope, reserve,
-    sock_netns, submit, tp_tuple,
+    CONFIG, IPPROTO_TCP, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, btf_tcp_sock, cfg,
+    fill_header_task, kread, ld, out_of_scope, reserve, sock_netns, submit, tp_tuple,
 };
 
 /// Whether `state` has its bit in `mask` (states outside 0..32 pass: no filter can name them).
@@ -99,56 +98,24 @@ struct Direct {
     f: Fields,
 }
 
-impl Direct {
-    /// The socket as a `tcp_sock`, for members past `struct sock` (one helper call).
-    #[inline(always)]
-    fn tcp(&self) -> *const u8 {
-        unsafe { bpf_skc_to_tcp_sock(self.sk as *mut _) as *const u8 }
-    }
-}
-
 impl Socket for Direct {
     #[inline(always)]
     fn netns(&self) -> u32 {
-        let k = &CONFIG.kernel;
-        ld::<*const u8>(self.sk, cfg(&k.sock_net))
-            .and_then(|net| ld::<u32>(net, cfg(&k.net_inum)))
-            .unwrap_or(0)
+        btf_sock_netns(self.sk)
     }
 
-    /// As the classic record has it: local = s*, remote = d*, ports in host order.
     #[inline(always)]
     fn tuple(&self, t: &mut Tuple) {
-        let (sk, k) = (self.sk, &CONFIG.kernel);
-        t.family = ld::<u16>(sk, cfg(&k.sock_family)).unwrap_or(0);
-        t.sport = ld::<u16>(sk, cfg(&k.sock_num)).unwrap_or(0);
-        t.dport = u16::from_be(ld::<u16>(sk, cfg(&k.sock_dport)).unwrap_or(0));
-        if t.family == AF_INET {
-            t.saddr[..4]
-                .copy_from_slice(&ld::<[u8; 4]>(sk, cfg(&k.sock_rcv_saddr)).unwrap_or([0; 4]));
-            t.daddr[..4].copy_from_slice(&ld::<[u8; 4]>(sk, cfg(&k.sock_daddr)).unwrap_or([0; 4]));
-        } else if t.family == AF_INET6 {
-            let (s, d) = (cfg(&k.sock_v6_rcv_saddr), cfg(&k.sock_v6_daddr));
-            let half = |off: u32| ld::<u64>(sk, off).unwrap_or(0).to_ne_bytes();
-            t.saddr[..8].copy_from_slice(&half(s));
-            t.saddr[8..].copy_from_slice(&half(s.wrapping_add(8)));
-            t.daddr[..8].copy_from_slice(&half(d));
-            t.daddr[8..].copy_from_slice(&half(d.wrapping_add(8)));
-        }
-        // Moving to CLOSE, the socket has already given up its port (`skc_num` is 0); the
-        // classic record takes it from `inet_sport`, which only `tcp_sock` reaches.
+        btf_sock_tuple(self.sk, t);
         if t.sport == 0 && in_mask(self.f.listener_closed_new, self.newstate) {
-            let tp = self.tcp();
-            if !tp.is_null() {
-                t.sport = u16::from_be(ld::<u16>(tp, cfg(&k.tcp_inet_sport)).unwrap_or(0));
-            }
+            t.sport = btf_inet_sport(self.sk);
         }
     }
 
     #[inline(always)]
     fn counters(&self, ev: &mut Event) {
         let k = &CONFIG.kernel;
-        let tp = self.tcp();
+        let tp = btf_tcp_sock(self.sk);
         if tp.is_null() {
             ev.bytes_received = 0;
             ev.bytes_sent = 0;

@@ -1,13 +1,42 @@
-use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    helpers::generated::bpf_get_socket_cookie,
+    macros::{btf_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, TracePointContext},
+};
 use drainwatch_common::{
     EventKind, Tuple,
     tcp_receive_reset::{Event, Fields},
 };
 
 use crate::util::{
-    CONFIG, Record, cfg, fill_header, out_of_scope, reserve, sock_netns, sock_state, submit,
-    tp_tuple,
+    CONFIG, Record, btf_sock_netns, btf_sock_tuple, cfg, fill_header, ld, out_of_scope, reserve,
+    sock_netns, sock_state, submit, tp_tuple,
 };
+
+/// tp_btf: `tcp_receive_reset(struct sock *sk)`; the socket read with plain loads.
+#[btf_tracepoint(function = "tcp_receive_reset")]
+pub fn tcp_receive_reset_btf(ctx: BtfTracePointContext) -> i32 {
+    let sk: *const u8 = ctx.arg(0);
+    let netns = btf_sock_netns(sk);
+    let mut tuple = Tuple::default();
+    btf_sock_tuple(sk, &mut tuple);
+    if out_of_scope(EventKind::TcpReceiveReset, netns, &tuple) {
+        return 0;
+    }
+    let Some(mut entry) = reserve::<Event>(EventKind::TcpReceiveReset) else {
+        return 0;
+    };
+    let ev = unsafe { entry.assume_init_mut() };
+    fill_header(&mut ev.header, EventKind::TcpReceiveReset, netns);
+    ev.skaddr = sk as u64;
+    // As the classic record has it: the cookie, assigned on first use.
+    ev.sock_cookie = unsafe { bpf_get_socket_cookie(sk as *mut _) };
+    ev.tuple = tuple;
+    ev.state = ld::<u8>(sk, cfg(&CONFIG.kernel.sock_state)).map_or(-1, i32::from);
+    ev._pad = 0;
+    submit(entry);
+    0
+}
 
 #[tracepoint]
 pub fn tcp_receive_reset(ctx: TracePointContext) -> u32 {

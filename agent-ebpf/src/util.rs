@@ -6,6 +6,7 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
         bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_buf,
+        generated::bpf_skc_to_tcp_sock,
     },
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf, ring_buf::RingBufEntry},
@@ -206,6 +207,54 @@ pub fn ld<T: Copy>(base: *const u8, off: u32) -> Option<T> {
         return None;
     }
     Some(unsafe { core::ptr::read_volatile(base.add(off as usize) as *const T) })
+}
+
+/// Network namespace inode of a BTF-typed `struct sock` (plain loads).
+#[inline(always)]
+pub fn btf_sock_netns(sk: *const u8) -> u32 {
+    let k = &CONFIG.kernel;
+    ld::<*const u8>(sk, cfg(&k.sock_net))
+        .and_then(|net| ld::<u32>(net, cfg(&k.net_inum)))
+        .unwrap_or(0)
+}
+
+/// The 4-tuple of a BTF-typed `struct sock` as the classic TCP tracepoints record it: local =
+/// s*, remote = d*, ports in host order.
+#[inline(always)]
+pub fn btf_sock_tuple(sk: *const u8, t: &mut Tuple) {
+    let k = &CONFIG.kernel;
+    t.family = ld::<u16>(sk, cfg(&k.sock_family)).unwrap_or(0);
+    t.sport = ld::<u16>(sk, cfg(&k.sock_num)).unwrap_or(0);
+    t.dport = u16::from_be(ld::<u16>(sk, cfg(&k.sock_dport)).unwrap_or(0));
+    if t.family == AF_INET {
+        t.saddr[..4].copy_from_slice(&ld::<[u8; 4]>(sk, cfg(&k.sock_rcv_saddr)).unwrap_or([0; 4]));
+        t.daddr[..4].copy_from_slice(&ld::<[u8; 4]>(sk, cfg(&k.sock_daddr)).unwrap_or([0; 4]));
+    } else if t.family == AF_INET6 {
+        let (s, d) = (cfg(&k.sock_v6_rcv_saddr), cfg(&k.sock_v6_daddr));
+        let half = |off: u32| ld::<u64>(sk, off).unwrap_or(0).to_ne_bytes();
+        t.saddr[..8].copy_from_slice(&half(s));
+        t.saddr[8..].copy_from_slice(&half(s.wrapping_add(8)));
+        t.daddr[..8].copy_from_slice(&half(d));
+        t.daddr[8..].copy_from_slice(&half(d.wrapping_add(8)));
+    }
+}
+
+/// A BTF-typed socket as a `tcp_sock`, for members past `struct sock` (one helper call); NULL
+/// when it is not one.
+#[inline(always)]
+pub fn btf_tcp_sock(sk: *const u8) -> *const u8 {
+    unsafe { bpf_skc_to_tcp_sock(sk as *mut _) as *const u8 }
+}
+
+/// The local port from `inet_sock.inet_sport`: a socket that reached CLOSE has already given
+/// up `skc_num`, but the classic records take the port from here.
+#[inline(always)]
+pub fn btf_inet_sport(sk: *const u8) -> u16 {
+    let tp = btf_tcp_sock(sk);
+    if tp.is_null() {
+        return 0;
+    }
+    u16::from_be(ld::<u16>(tp, cfg(&CONFIG.kernel.tcp_inet_sport)).unwrap_or(0))
 }
 
 /// Reads a `T` at `base + off` in kernel memory; `None` for unresolved offsets or NULL bases.

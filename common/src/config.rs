@@ -79,6 +79,8 @@ pub struct KernelOffsets {
     /// `tcp_sock` to `inet_sock.inet_sport`: the local port, still there when a socket moving
     /// to CLOSE has already given up `skc_num`.
     pub tcp_inet_sport: u32,
+    /// `sock.sk_err`: the error `inet_sk_error_report` reports.
+    pub sock_err: u32,
 }
 
 impl KernelOffsets {
@@ -113,6 +115,7 @@ impl KernelOffsets {
         sock_max_ack_backlog: NO_OFFSET,
         sock_protocol: NO_OFFSET,
         tcp_inet_sport: NO_OFFSET,
+        sock_err: NO_OFFSET,
     };
 }
 
@@ -154,4 +157,4 @@ impl Config {
 pod!(Config, KernelOffsets, AddrFields);
 
 // No implicit padding: the agent writes these bytes verbatim into the program's global.
-const _: () = assert!(core::mem::size_of::<Config>() == 280);
+const _: () = assert!(core::mem::size_of::<Config>() == 284);

@@ -532,23 +532,25 @@ fn abort_on_close(s: &TcpStream) {
     assert_eq!(rc, 0);
 }
 
-/// What a state change says, minus the time (each program reads its own clock).
-fn transitions(events: &[Event], ports: &[u16]) -> Vec<String> {
+/// What the state changes, received resets and socket errors on `ports` say, minus the time
+/// (each program reads its own clock), one line each.
+fn observed(events: &[Event], ports: &[u16]) -> Vec<String> {
+    let mine = |c: &Option<drainwatch::capture::event::Endpoints>| {
+        c.is_some_and(|c| ports.contains(&c.local.port()) || ports.contains(&c.remote.port()))
+    };
+    let name =
+        |n: &Option<drainwatch::capture::event::Named>| n.as_ref().and_then(|n| n.name.clone());
     let mut out: Vec<String> = events
         .iter()
         .filter_map(|e| match e {
-            Event::StateChange(s)
-                if s.conn.is_some_and(|c| {
-                    ports.contains(&c.local.port()) || ports.contains(&c.remote.port())
-                }) =>
-            {
+            Event::StateChange(s) if mine(&s.conn) => {
                 let c = s.counters;
                 Some(format!(
-                    "{:#x} {:?} {:?}->{:?} rx={} tx={} unread={} pending={} backlog={:?} ns={} task={}/{}/{}",
+                    "state {:#x} {:?} {:?}->{:?} rx={} tx={} unread={} pending={} backlog={:?} ns={} task={}/{}/{}",
                     s.skaddr,
                     s.conn,
-                    s.old.as_ref().and_then(|n| n.name.clone()),
-                    s.new.as_ref().and_then(|n| n.name.clone()),
+                    name(&s.old),
+                    name(&s.new),
                     c.bytes_received,
                     c.bytes_sent,
                     c.unread,
@@ -560,6 +562,19 @@ fn transitions(events: &[Event], ports: &[u16]) -> Vec<String> {
                     s.meta.cgroup_id,
                 ))
             }
+            Event::ResetReceived(r) if mine(&r.conn) => Some(format!(
+                "rst-in {:#x} {:?} {:?} cookie={} ns={} task={}",
+                r.skaddr,
+                r.conn,
+                name(&r.state),
+                r.sock_cookie,
+                r.meta.netns,
+                r.meta.tgid,
+            )),
+            Event::SocketError(x) if mine(&x.conn) => Some(format!(
+                "error {:?} {} ns={} task={}",
+                x.conn, x.errno, x.meta.netns, x.meta.tgid,
+            )),
             _ => None,
         })
         .collect();
@@ -569,18 +584,41 @@ fn transitions(events: &[Event], ports: &[u16]) -> Vec<String> {
 }
 
 #[test]
-fn the_btf_tracepoint_and_the_classic_one_report_the_same_state_changes() {
+fn btf_tracepoints_and_the_classic_ones_report_the_same_events() {
     use std::io::{Read, Write};
-    let mut btf = Harness::start(&["socket_states"], RING);
-    let mut classic =
-        Harness::start_skipping(&["socket_states"], RING, &["tp_btf:inet_sock_set_state"]);
+    const SIGNALS: [&str; 3] = ["socket_states", "resets_received", "socket_errors"];
+    let mut btf = Harness::start(&SIGNALS, RING);
+    let mut classic = Harness::start_skipping(
+        &SIGNALS,
+        RING,
+        &[
+            "tp_btf:inet_sock_set_state",
+            "tp_btf:tcp_receive_reset",
+            "tp_btf:inet_sk_error_report",
+        ],
+    );
+    let chosen = |h: &Harness| -> Vec<String> {
+        h.capture
+            .statuses
+            .iter()
+            .map(|s| s.chosen().unwrap_or("none").to_string())
+            .collect()
+    };
     assert_eq!(
-        btf.capture.statuses[0].chosen(),
-        Some("tp_btf:inet_sock_set_state")
+        chosen(&btf),
+        [
+            "tp_btf:tcp_receive_reset",
+            "tp_btf:inet_sock_set_state",
+            "tp_btf:inet_sk_error_report"
+        ]
     );
     assert_eq!(
-        classic.capture.statuses[0].chosen(),
-        Some("tracepoint:sock:inet_sock_set_state")
+        chosen(&classic),
+        [
+            "tracepoint:tcp:tcp_receive_reset",
+            "tracepoint:sock:inet_sock_set_state",
+            "tracepoint:sock:inet_sk_error_report"
+        ]
     );
 
     // IPv4 and IPv6: an answered request, a cut one, an abort (linger 0), then the listeners
@@ -615,9 +653,13 @@ fn the_btf_tracepoint_and_the_classic_one_report_the_same_state_changes() {
     assert!(TcpStream::connect(closed).is_err());
 
     let (a, b) = (
-        transitions(&btf.events(), &ports),
-        transitions(&classic.events(), &ports),
+        observed(&btf.events(), &ports),
+        observed(&classic.events(), &ports),
     );
-    assert!(a.len() >= 30, "too few transitions seen: {a:#?}");
+    let count = |kind: &str| a.iter().filter(|l| l.starts_with(kind)).count();
+    // At least: per family, the aborted connection's reset and the client's ECONNRESET; the
+    // refused connect's reset and ECONNREFUSED.
+    assert!(count("state") >= 30, "too few transitions seen: {a:#?}");
+    assert!(count("rst-in") >= 3 && count("error") >= 3, "{a:#?}");
     assert_eq!(a, b);
 }

@@ -578,6 +578,8 @@ impl BpfStats {
             if !ids.contains(&id) {
                 continue;
             }
+            // The agent's tp_btf program for a tracepoint is `<tracepoint>_btf`.
+            let name = name.strip_suffix("_btf").unwrap_or(name);
             let hook = TRACEPOINTS
                 .iter()
                 .filter_map(|t| t.split_once(':').map(|x| x.1))

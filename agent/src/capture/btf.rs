@@ -142,6 +142,7 @@ const MEMBERS: &[(&str, &str, Slot)] = &[
         &mut k.sock_max_ack_backlog
     }),
     ("sock", "sk_protocol", |k| &mut k.sock_protocol),
+    ("sock", "sk_err", |k| &mut k.sock_err),
     ("tcp_sock", "inet_conn.icsk_inet.inet_sport", |k| {
         &mut k.tcp_inet_sport
     }),

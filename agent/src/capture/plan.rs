@@ -117,7 +117,14 @@ pub const PLAN: &[SignalPlan] = &[
     SignalPlan {
         signal: "resets_received",
         title: "resets received",
-        hooks: &[tp("tcp", "tcp_receive_reset")],
+        hooks: &[
+            Hook::BtfTracepoint {
+                name: "tcp_receive_reset",
+                program: "tcp_receive_reset_btf",
+                offsets: &["sock.__sk_common.skc_net", "net.ns.inum"],
+            },
+            tp("tcp", "tcp_receive_reset"),
+        ],
         unavailable: "needs tracepoint tcp:tcp_receive_reset",
     },
     SignalPlan {
@@ -140,7 +147,19 @@ pub const PLAN: &[SignalPlan] = &[
     SignalPlan {
         signal: "socket_errors",
         title: "socket errors",
-        hooks: &[tp("sock", "inet_sk_error_report")],
+        hooks: &[
+            Hook::BtfTracepoint {
+                name: "inet_sk_error_report",
+                program: "inet_sk_error_report_btf",
+                offsets: &[
+                    "sock.sk_protocol",
+                    "sock.sk_err",
+                    "sock.__sk_common.skc_net",
+                    "net.ns.inum",
+                ],
+            },
+            tp("sock", "inet_sk_error_report"),
+        ],
         unavailable: "needs tracepoint sock:inet_sk_error_report",
     },
     SignalPlan {
