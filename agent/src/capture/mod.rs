@@ -197,6 +197,9 @@ impl Capture {
         let events_dir = tracefs_events_dir()?;
         let btf = btf::load(&opts.btf_path)?;
         let (kernel, _missing_members) = btf::kernel_offsets(&btf);
+        // The parsed vmlinux BTF is several MiB and only needed for the offsets: free it
+        // before aya parses its own copy in `EbpfLoader::new`, so the two never coexist.
+        drop(btf);
         let mut config = Config::UNSET;
         config.kernel = kernel;
         config.host_netns = opts.host_netns.unwrap_or(0);
