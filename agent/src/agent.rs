@@ -28,6 +28,7 @@ use crate::{
     },
     export::{api::monotonic_now, http, metrics::Metrics},
     pipeline::Pipeline,
+    queue,
 };
 
 /// Start-up failures: each renders as one sentence, and the binary exits 2.
@@ -161,6 +162,21 @@ fn kernel_release(procfs_root: &Path) -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// Hands the allocator's free pages back to the kernel, once start-up is over (the capture
+/// is loaded before the pipeline thread starts, and this runs after its first scan).
+/// Start-up parses the kernel's BTF twice (ours for the offsets, aya's own in
+/// `EbpfLoader::new`) and loads the object: tens of MiB allocated and freed, which glibc
+/// keeps, because the few allocations that stay live are scattered through its heap and a
+/// heap only shrinks by itself from its top. Measured: 26 of the 38 MiB the agent held at
+/// rest. `malloc_trim(0)` returns every whole free page of every arena, wherever it lies.
+fn release_free_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim has no preconditions; it only walks the allocator's free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// How often the pipeline's periodic work runs.
 const TICK: Duration = Duration::from_millis(100);
 
@@ -168,12 +184,12 @@ const TICK: Duration = Duration::from_millis(100);
 /// take the kernel most of a second to print), and must hold up neither the reader, which
 /// would leave events in the ring buffer until it overflows, nor the HTTP server.
 fn consume(
-    rx: std::sync::mpsc::Receiver<Event>,
+    rx: queue::Receiver<Event>,
     mut pipeline: Pipeline<Procfs>,
     mut watch: Watch,
     metrics: Arc<Metrics>,
 ) {
-    use std::sync::mpsc::RecvTimeoutError;
+    use queue::RecvTimeoutError;
     // The kernel keeps host-namespace traffic only for what the pipeline knows of
     // containers: after each step that may have changed it.
     let mut sync_watch = |pipeline: &mut Pipeline<Procfs>| {
@@ -193,6 +209,7 @@ fn consume(
         containers = pipeline.container_count(),
         "containers found at start-up"
     );
+    release_free_memory();
     let mut next_tick = Instant::now() + TICK;
     loop {
         match rx.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
@@ -299,7 +316,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         return Err(StartupError::NothingAttached);
     }
 
-    let (tx, rx) = std::sync::mpsc::sync_channel(cli.queue_events.max(1));
+    let (tx, rx) = queue::bounded(cli.queue_events);
     let reader = Reader::new(
         capture.take_reader_maps()?,
         capture.names.clone(),

@@ -88,7 +88,8 @@ pub struct Cli {
     #[arg(long, env = "DRAINWATCH_HOST_TRAFFIC", value_enum, default_value_t = HostTraffic::Containers)]
     pub host_traffic: HostTraffic,
 
-    /// Capacity of the queue between the ring-buffer reader and the pipeline, in events.
+    /// Capacity of the queue between the ring-buffer reader and the pipeline, in events
+    /// (memory is taken for the events queued, not for the whole capacity up front).
     #[arg(long, env = "DRAINWATCH_QUEUE_EVENTS", default_value_t = 65536)]
     pub queue_events: usize,
 

@@ -8,3 +8,4 @@ pub mod correlate;
 pub mod enrich;
 pub mod export;
 pub mod pipeline;
+pub mod queue;

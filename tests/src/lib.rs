@@ -28,7 +28,7 @@ pub fn require_root() {
 pub struct Harness {
     pub capture: Capture,
     pub reader: Reader,
-    pub rx: std::sync::mpsc::Receiver<Event>,
+    pub rx: drainwatch::queue::Receiver<Event>,
     pub metrics: Arc<Metrics>,
     // Keeps the reactor the ring buffer's AsyncFd is registered with.
     _rt: tokio::runtime::Runtime,
@@ -73,7 +73,7 @@ impl Harness {
             assert!(st.chosen().is_some(), "{}", st.summary());
         }
         let metrics = Arc::new(Metrics::new("test"));
-        let (tx, rx) = std::sync::mpsc::sync_channel(queue);
+        let (tx, rx) = drainwatch::queue::bounded(queue);
         let maps = capture.take_reader_maps().expect("ring buffer maps");
         let reader = Reader::new(maps, capture.names.clone(), metrics.clone(), tx).expect("reader");
         drop(_guard);

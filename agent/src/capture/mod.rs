@@ -201,6 +201,9 @@ impl Capture {
         let events_dir = tracefs_events_dir()?;
         let btf = btf::load(&opts.btf_path)?;
         let (kernel, missing_members) = btf::kernel_offsets(&btf);
+        // The parsed vmlinux BTF is several MiB and only needed for the offsets: free it
+        // before aya parses its own copy in `EbpfLoader::new`, so the two never coexist.
+        drop(btf);
         let mut config = Config::UNSET;
         config.kernel = kernel;
         config.host_netns = opts.host_netns.unwrap_or(0);
@@ -215,6 +218,8 @@ impl Capture {
 
         let mut statuses = Vec::new();
         let mut links = Vec::new();
+        // aya's parse of the kernel BTF, for tp_btf programs: made once, when first needed.
+        let mut aya_btf = None;
         for p in PLAN {
             if opts
                 .only
@@ -251,7 +256,7 @@ impl Capture {
                     } => attach_btf_tracepoint(
                         &mut ebpf,
                         &mut links,
-                        &opts.btf_path,
+                        (&opts.btf_path, &mut aya_btf),
                         (name, program),
                         offsets,
                         &missing_members,
@@ -354,7 +359,7 @@ fn attach_tracepoint(
 fn attach_btf_tracepoint(
     ebpf: &mut Ebpf,
     links: &mut Vec<Box<dyn Send>>,
-    btf_path: &str,
+    (btf_path, btf): (&str, &mut Option<aya::Btf>),
     (name, program): (&str, &str),
     offsets: &[&str],
     missing_members: &[String],
@@ -372,10 +377,15 @@ fn attach_btf_tracepoint(
         .try_into()
         .map_err(|e| format!("{e}"))?;
     if prog.fd().is_err() {
-        // aya resolves the tracepoint's BTF type itself; the parse is dropped after loading.
-        let btf = aya::Btf::parse_file(btf_path, aya::Endianness::default())
-            .map_err(|e| format!("BTF: {e}"))?;
-        prog.load(name, &btf)
+        // aya resolves the tracepoint's BTF type itself.
+        let btf = match btf {
+            Some(b) => b,
+            None => btf.insert(
+                aya::Btf::parse_file(btf_path, aya::Endianness::default())
+                    .map_err(|e| format!("BTF: {e}"))?,
+            ),
+        };
+        prog.load(name, btf)
             .map_err(|e| format!("load: {}", chain(&e)))?;
     }
     let id = prog

@@ -57,7 +57,7 @@ pub struct Reader {
     filtered_seen: [u64; EventKind::COUNT as usize],
     names: KernelNames,
     metrics: std::sync::Arc<Metrics>,
-    tx: std::sync::mpsc::SyncSender<Event>,
+    tx: crate::queue::Sender<Event>,
 }
 
 impl Reader {
@@ -65,7 +65,7 @@ impl Reader {
         maps: Maps,
         names: KernelNames,
         metrics: std::sync::Arc<Metrics>,
-        tx: std::sync::mpsc::SyncSender<Event>,
+        tx: crate::queue::Sender<Event>,
     ) -> Result<Self, CaptureError> {
         Ok(Self {
             // SAFETY: the RingBuf owns its map fd and keeps it open, unchanged, for as long as

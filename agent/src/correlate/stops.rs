@@ -239,12 +239,26 @@ impl Default for Config {
     }
 }
 
+/// When an open inbound connection's handshake was seen: 8 bytes where `Option<Mono>` takes
+/// 16, in an entry kept per open connection. `Mono::MAX`, a time no kernel clock reaches,
+/// stands for a connection found by a scan (handshake unseen).
+#[derive(Debug, Clone, Copy)]
+struct Opened(Mono);
+
+impl Opened {
+    const SCANNED: Opened = Opened(Mono::MAX);
+
+    fn at(self) -> Option<Mono> {
+        (self.0 != Mono::MAX).then_some(self.0)
+    }
+}
+
 #[derive(Debug, Default)]
 struct ContainerState {
     identity: ContainerIdentity,
     listeners: Vec<ListenerTimeline>,
-    /// Open inbound connections, with when their handshake was seen (`None`: found by a scan).
-    inbound: HashMap<u64, Option<Mono>>,
+    /// Open inbound connections, with when their handshake was seen.
+    inbound: HashMap<u64, Opened>,
     last_accept_at: Option<Mono>,
     /// Index into `Tracker::stops` of the stop in progress.
     stop: Option<usize>,
@@ -445,7 +459,7 @@ impl Tracker {
                 }
             }
             for sock in inbound {
-                c.inbound.entry(sock).or_insert(None);
+                c.inbound.entry(sock).or_insert(Opened::SCANNED);
             }
             return;
         }
@@ -528,7 +542,7 @@ impl Tracker {
                 if c.inbound.contains_key(&sock) {
                     return; // duplicate
                 }
-                c.inbound.insert(sock, Some(now));
+                c.inbound.insert(sock, Opened(now));
                 c.last_accept_at = Some(now);
                 let after_sigterm = self
                     .stop_mut(&key)
@@ -556,7 +570,7 @@ impl Tracker {
                 if !by_container {
                     return; // closed by the peer
                 }
-                let open_for = opened.and_then(|o| now.checked_sub(o));
+                let open_for = opened.at().and_then(|o| now.checked_sub(o));
                 if self.stop_mut(&key).is_some() {
                     self.count(
                         &key,

@@ -316,7 +316,7 @@ fn capacity(seconds: f64, containers: u32) -> serde_json::Value {
 fn loss(seconds: f64, containers: u32, rate: f64) -> serde_json::Value {
     let names = Arc::new(names());
     // The agent's queue: a bounded channel the reader `try_send`s into.
-    let (tx, rx) = std::sync::mpsc::sync_channel::<event::Event>(QUEUE);
+    let (tx, rx) = drainwatch::queue::bounded::<event::Event>(QUEUE);
     let consumer = std::thread::spawn(move || {
         let mut p = pipeline(containers);
         let mut last_tick = Instant::now();
