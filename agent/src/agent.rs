@@ -306,6 +306,14 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
     })?;
     for st in &capture.statuses {
         if st.chosen().is_some() {
+            // Why a preferred hook was passed over, for whoever wonders.
+            for (hook, err) in st
+                .tried
+                .iter()
+                .filter_map(|(h, r)| Some((h, r.as_ref().err()?)))
+            {
+                tracing::debug!(signal = st.signal, hook, error = err, "hook not used");
+            }
             tracing::info!("{}", st.summary());
         } else {
             tracing::warn!("{}", st.summary());

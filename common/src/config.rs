@@ -81,6 +81,10 @@ pub struct KernelOffsets {
     pub tcp_inet_sport: u32,
     /// `sock.sk_err`: the error `inet_sk_error_report` reports.
     pub sock_err: u32,
+    /// `sk_buff` members the tp_btf reset program reads a socket-less RST's packet through.
+    pub skb_head: u32,
+    pub skb_data: u32,
+    pub skb_network_header: u32,
 }
 
 impl KernelOffsets {
@@ -116,6 +120,9 @@ impl KernelOffsets {
         sock_protocol: NO_OFFSET,
         tcp_inet_sport: NO_OFFSET,
         sock_err: NO_OFFSET,
+        skb_head: NO_OFFSET,
+        skb_data: NO_OFFSET,
+        skb_network_header: NO_OFFSET,
     };
 }
 
@@ -157,4 +164,4 @@ impl Config {
 pod!(Config, KernelOffsets, AddrFields);
 
 // No implicit padding: the agent writes these bytes verbatim into the program's global.
-const _: () = assert!(core::mem::size_of::<Config>() == 284);
+const _: () = assert!(core::mem::size_of::<Config>() == 300);

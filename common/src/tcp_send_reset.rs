@@ -33,6 +33,9 @@ pub struct Fields {
     pub sockaddr_daddr: u16,
     /// Before 6.10: separate family, port and address fields.
     pub addr: AddrFields,
+    /// For the tp_btf program: bit `1 << state` for the states of sockets that are not full
+    /// sockets (TIME_WAIT, NEW_SYN_RECV), whose RSTs the tracepoint describes from the packet.
+    pub not_full_states: u32,
 }
 
 impl Fields {
@@ -44,6 +47,7 @@ impl Fields {
         sockaddr_saddr: NO_FIELD,
         sockaddr_daddr: NO_FIELD,
         addr: AddrFields::ABSENT,
+        not_full_states: 0,
     };
 }
 

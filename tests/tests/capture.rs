@@ -562,6 +562,15 @@ fn observed(events: &[Event], ports: &[u16]) -> Vec<String> {
                     s.meta.cgroup_id,
                 ))
             }
+            Event::ResetSent(r) if mine(&r.conn) => Some(format!(
+                "rst-out {:#x} {:?} {:?} {:?} ns={} task={}",
+                r.skaddr,
+                r.conn,
+                name(&r.state),
+                name(&r.reason),
+                r.meta.netns,
+                r.meta.tgid,
+            )),
             Event::ResetReceived(r) if mine(&r.conn) => Some(format!(
                 "rst-in {:#x} {:?} {:?} cookie={} ns={} task={}",
                 r.skaddr,
@@ -586,14 +595,20 @@ fn observed(events: &[Event], ports: &[u16]) -> Vec<String> {
 #[test]
 fn btf_tracepoints_and_the_classic_ones_report_the_same_events() {
     use std::io::{Read, Write};
-    const SIGNALS: [&str; 3] = ["socket_states", "resets_received", "socket_errors"];
+    const SIGNALS: [&str; 4] = [
+        "resets_sent",
+        "resets_received",
+        "socket_states",
+        "socket_errors",
+    ];
     let mut btf = Harness::start(&SIGNALS, RING);
     let mut classic = Harness::start_skipping(
         &SIGNALS,
         RING,
         &[
-            "tp_btf:inet_sock_set_state",
+            "tp_btf:tcp_send_reset",
             "tp_btf:tcp_receive_reset",
+            "tp_btf:inet_sock_set_state",
             "tp_btf:inet_sk_error_report",
         ],
     );
@@ -607,6 +622,7 @@ fn btf_tracepoints_and_the_classic_ones_report_the_same_events() {
     assert_eq!(
         chosen(&btf),
         [
+            "tp_btf:tcp_send_reset",
             "tp_btf:tcp_receive_reset",
             "tp_btf:inet_sock_set_state",
             "tp_btf:inet_sk_error_report"
@@ -615,6 +631,7 @@ fn btf_tracepoints_and_the_classic_ones_report_the_same_events() {
     assert_eq!(
         chosen(&classic),
         [
+            "tracepoint:tcp:tcp_send_reset",
             "tracepoint:tcp:tcp_receive_reset",
             "tracepoint:sock:inet_sock_set_state",
             "tracepoint:sock:inet_sk_error_report"
@@ -657,9 +674,13 @@ fn btf_tracepoints_and_the_classic_ones_report_the_same_events() {
         observed(&classic.events(), &ports),
     );
     let count = |kind: &str| a.iter().filter(|l| l.starts_with(kind)).count();
-    // At least: per family, the aborted connection's reset and the client's ECONNRESET; the
-    // refused connect's reset and ECONNREFUSED.
+    // At least: per family, the aborted connection's reset (sent and received) and the
+    // client's ECONNRESET; the refused connect's socket-less reset, its receipt and
+    // ECONNREFUSED.
     assert!(count("state") >= 30, "too few transitions seen: {a:#?}");
-    assert!(count("rst-in") >= 3 && count("error") >= 3, "{a:#?}");
+    assert!(
+        count("rst-out") >= 3 && count("rst-in") >= 3 && count("error") >= 3,
+        "{a:#?}"
+    );
     assert_eq!(a, b);
 }

@@ -143,6 +143,9 @@ const MEMBERS: &[(&str, &str, Slot)] = &[
     }),
     ("sock", "sk_protocol", |k| &mut k.sock_protocol),
     ("sock", "sk_err", |k| &mut k.sock_err),
+    ("sk_buff", "head", |k| &mut k.skb_head),
+    ("sk_buff", "data", |k| &mut k.skb_data),
+    ("sk_buff", "network_header", |k| &mut k.skb_network_header),
     ("tcp_sock", "inet_conn.icsk_inet.inet_sport", |k| {
         &mut k.tcp_inet_sport
     }),

@@ -86,6 +86,21 @@ pub const PLAN: &[SignalPlan] = &[
         signal: "resets_sent",
         title: "resets sent",
         hooks: &[
+            // 6.10+: `tcp_send_reset(sk, skb, reason)`, whose BTF prototype an older kernel's
+            // two-argument one fails to load against.
+            Hook::BtfTracepoint {
+                name: "tcp_send_reset",
+                program: "tcp_send_reset_btf",
+                offsets: &[
+                    "sock.__sk_common.skc_net",
+                    "net.ns.inum",
+                    "sk_buff.dev",
+                    "net_device.nd_net",
+                    "sk_buff.head",
+                    "sk_buff.data",
+                    "sk_buff.network_header",
+                ],
+            },
             // 6.10+ fires for socket-less resets too (and carries the reason): `reason` marks it.
             Hook::Tracepoint {
                 category: "tcp",
@@ -265,10 +280,11 @@ mod tests {
             assert!(seen.insert(p.signal), "duplicate {}", p.signal);
         }
         assert_eq!(
-            PLAN[0].hooks[1].label(),
+            PLAN[0].hooks[2].label(),
             "kprobe:tcp_v4_send_reset+tcp_v6_send_reset+tcp_send_active_reset"
         );
-        assert_eq!(PLAN[0].hooks[0].label(), "tracepoint:tcp:tcp_send_reset");
+        assert_eq!(PLAN[0].hooks[0].label(), "tp_btf:tcp_send_reset");
+        assert_eq!(PLAN[0].hooks[1].label(), "tracepoint:tcp:tcp_send_reset");
         let states = PLAN.iter().find(|p| p.signal == "socket_states").unwrap();
         let labels: Vec<_> = states.hooks.iter().map(Hook::label).collect();
         assert_eq!(

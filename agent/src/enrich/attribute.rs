@@ -47,6 +47,8 @@ const INIT_SHIMS: &[&str] = &[
 struct Container {
     identity: ContainerIdentity,
     main_pid: Option<u32>,
+    /// The container's PID 1 (an init shim or the main process itself).
+    init_pid: Option<u32>,
     netns: Option<u32>,
     /// Its listening sockets' inodes as of the last full listen-path sample.
     listener_inodes: HashSet<u64>,
@@ -355,9 +357,12 @@ impl<H: HostView> Enricher<H> {
                 self.not_containers.remove(&p.pid);
             }
             // Known, and still the same run: a container restarted in place (same id) has a
-            // new main process and is adopted again.
+            // new PID 1 and is adopted again. A run is its PID 1, not its main process: while
+            // the main process exits, a scan may find the init shim alone, which is no restart.
             let known = self.containers.get(&key).is_some_and(|c| {
-                c.gone_at.is_none() && c.main_pid.is_some_and(|m| procs.iter().any(|p| p.pid == m))
+                let alive =
+                    |pid: Option<u32>| pid.is_some_and(|m| procs.iter().any(|p| p.pid == m));
+                c.gone_at.is_none() && (alive(c.init_pid) || alive(c.main_pid))
             });
             if known {
                 continue;
@@ -436,6 +441,7 @@ impl<H: HostView> Enricher<H> {
             Container {
                 identity: identity.clone(),
                 main_pid,
+                init_pid: procs.iter().find(|p| p.ns_pid == Some(1)).map(|p| p.pid),
                 netns,
                 listener_inodes: HashSet::new(),
                 sampled: false,

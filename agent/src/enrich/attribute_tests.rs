@@ -731,6 +731,23 @@ fn a_container_restarted_in_place_is_adopted_again_with_its_new_main_process() {
 }
 
 #[test]
+fn a_scan_while_the_main_process_exits_is_no_restart() {
+    let mut e = enricher();
+    e.scan();
+    // The server is gone from /proc; its init shim is still there, about to exit.
+    e.host_mut().procs.retain(|p| p.pid != 101);
+    assert!(e.scan().is_empty(), "the same run: nothing adopted again");
+    let exit = Event::Exit(Exit {
+        meta: meta(101, NS, 777),
+        status: ExitStatus::Exited(1),
+    });
+    assert!(
+        matches!(e.on_event(&exit).as_slice(), [O::Exit { .. }]),
+        "the server is still the main process"
+    );
+}
+
+#[test]
 fn the_watch_set_holds_container_addresses_outside_the_host_namespace() {
     let mut e = enricher().with_host_netns(HOST_NS);
     let before = e.watch_generation();

@@ -22,6 +22,11 @@ pub fn fields(r: &mut Resolver) -> Fields {
     } else {
         f.addr = r.addr();
     }
+    f.not_full_states = ["TCP_TIME_WAIT", "TCP_NEW_SYN_RECV"]
+        .iter()
+        .filter_map(|n| r.format().symbol_value("state", n))
+        .filter(|v| *v < 32)
+        .fold(0, |m, v| m | 1 << v);
     f
 }
 
