@@ -1,12 +1,62 @@
-use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    macros::{btf_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, TracePointContext},
+};
 use drainwatch_common::{
     EventKind, Tuple,
     kfree_skb::{Event, Fields},
 };
 
 use crate::util::{
-    CONFIG, Record, cfg, fill_header, reserve, skb_netns, sock_netns, sock_tuple, submit,
+    CONFIG, Record, btf_sock_netns, btf_sock_tuple, cfg, fill_header, ld, reserve, skb_netns,
+    sock_netns, sock_tuple, submit,
 };
+
+/// tp_btf, 6.11+: `kfree_skb(struct sk_buff *skb, void *location, enum skb_drop_reason reason,
+/// struct sock *rx_sk)`.
+#[btf_tracepoint(function = "kfree_skb")]
+pub fn kfree_skb_btf(ctx: BtfTracePointContext) -> i32 {
+    let reason: u32 = ctx.arg(2);
+    // Every freed packet passes here: leave before anything else.
+    if reason != cfg(&CONFIG.kfree_skb.listen_overflow) {
+        return 0;
+    }
+    let skb: *const u8 = ctx.arg(0);
+    let rx_sk: *const u8 = ctx.arg(3);
+    let k = &CONFIG.kernel;
+    let mut tuple = Tuple::default();
+    // Either may be NULL (the verifier insists on the checks before any arithmetic).
+    let netns = if !rx_sk.is_null() {
+        btf_sock_tuple(rx_sk, &mut tuple);
+        btf_sock_netns(rx_sk)
+    } else if !skb.is_null() {
+        ld::<*const u8>(skb, cfg(&k.skb_dev))
+            .filter(|dev| !dev.is_null())
+            .and_then(|dev| ld::<*const u8>(dev, cfg(&k.net_device_nd_net)))
+            .filter(|net| !net.is_null())
+            .and_then(|net| ld::<u32>(net, cfg(&k.net_inum)))
+            .unwrap_or(0)
+    } else {
+        0
+    };
+    let protocol = if skb.is_null() {
+        0
+    } else {
+        ld::<u16>(skb, cfg(&k.skb_protocol)).map_or(0, |p| u32::from(u16::from_be(p)))
+    };
+    let Some(mut entry) = reserve::<Event>(EventKind::KfreeSkb) else {
+        return 0;
+    };
+    let ev = unsafe { entry.assume_init_mut() };
+    fill_header(&mut ev.header, EventKind::KfreeSkb, netns);
+    ev.skbaddr = skb as u64;
+    ev.rx_sk = rx_sk as u64;
+    ev.tuple = tuple;
+    ev.reason = reason;
+    ev.protocol = protocol;
+    submit(entry);
+    0
+}
 
 #[tracepoint]
 pub fn kfree_skb(ctx: TracePointContext) -> u32 {

@@ -4,7 +4,7 @@ use drainwatch_common::{EventKind, watch};
 
 use crate::{
     inet_csk_accept::emit_accepted,
-    util::{CONFIG, Record, cfg, count_filtered, is_host, kread, task_netns, watched_port},
+    util::{CONFIG, Record, cfg, count_filtered, current_netns, is_host, kread, watched_port},
 };
 
 /// Attached to both `sys_exit_accept4` and `sys_exit_accept` (same layout).
@@ -40,7 +40,7 @@ fn try_sys_exit_accept(ctx: &TracePointContext) -> Option<()> {
     }
     // In the host namespace only host-network containers' listeners matter, and while there
     // are none the walk to the socket is skipped.
-    if is_host(task_netns()) && !watched_port(watch::ANY_PORT) {
+    if is_host(current_netns()) && !watched_port(watch::ANY_PORT) {
         count_filtered(EventKind::InetCskAccept);
         return None;
     }

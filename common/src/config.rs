@@ -85,6 +85,7 @@ pub struct KernelOffsets {
     pub skb_head: u32,
     pub skb_data: u32,
     pub skb_network_header: u32,
+    pub skb_protocol: u32,
 }
 
 impl KernelOffsets {
@@ -123,6 +124,7 @@ impl KernelOffsets {
         skb_head: NO_OFFSET,
         skb_data: NO_OFFSET,
         skb_network_header: NO_OFFSET,
+        skb_protocol: NO_OFFSET,
     };
 }
 
@@ -164,4 +166,4 @@ impl Config {
 pod!(Config, KernelOffsets, AddrFields);
 
 // No implicit padding: the agent writes these bytes verbatim into the program's global.
-const _: () = assert!(core::mem::size_of::<Config>() == 300);
+const _: () = assert!(core::mem::size_of::<Config>() == 304);

@@ -338,6 +338,13 @@ fn ipv6_resets_carry_ipv6_addresses() {
 fn a_full_accept_queue_is_a_listen_overflow_on_that_listener() {
     const BACKLOG: i32 = 2;
     let mut h = Harness::start(&["listen_overflows"], RING);
+    // The same drop through the classic tracepoint, which tp_btf is preferred over.
+    let mut classic = Harness::start_skipping(&["listen_overflows"], RING, &["tp_btf:kfree_skb"]);
+    assert_eq!(h.capture.statuses[0].chosen(), Some("tp_btf:kfree_skb"));
+    assert_eq!(
+        classic.capture.statuses[0].chosen(),
+        Some("tracepoint:skb:kfree_skb")
+    );
     // A listener that never accepts, with TCP_DEFER_ACCEPT: a bare handshake ACK is ignored and
     // a client's first data segment completes its handshake. The kernel drops a SYN outright
     // (no drop reason) when the accept queue is already full, so each SYN must arrive while it
@@ -390,6 +397,17 @@ fn a_full_accept_queue_is_a_listen_overflow_on_that_listener() {
         assert_eq!(o.reason.name.as_deref(), Some("TCP_LISTEN_OVERFLOW"));
         assert_eq!(o.meta.netns, own_netns());
     }
+    let same = |e: &Event| match e {
+        Event::ListenOverflow(o) if o.listener == Some(listener) => {
+            Some((o.listener, o.reason.clone(), o.meta.netns, o.meta.tgid))
+        }
+        _ => None,
+    };
+    assert_eq!(
+        classic.events().iter().filter_map(same).collect::<Vec<_>>(),
+        events.iter().filter_map(same).collect::<Vec<_>>(),
+        "the classic tracepoint saw the same drop"
+    );
 }
 
 /// The server side's last state change out of ESTABLISHED, for the connection from `client`.

@@ -8,7 +8,9 @@
 //!   connections cost), and with a minimal bpftrace tracer (`count()` on the same
 //!   tracepoints), interleaved over rounds; the median of each.
 //! - Kernel cost: `run_time_ns / run_cnt` of each program (`kernel.bpf_stats_enabled`) during
-//!   the churn, the agent's beside bpftrace's on the same tracepoint, in both agent modes.
+//!   a churn phase of its own (the statistics add two clock reads to every run, so the
+//!   throughput phases run without them), the agent's beside bpftrace's on the same
+//!   tracepoint, in both agent modes.
 //!   The agent takes TCP state changes from the BTF-typed raw tracepoint of
 //!   `sock:inet_sock_set_state` (no trace record built, plain loads); Debian's bpftrace 0.17
 //!   attaches only classic tracepoints, so its floor there includes building the record.
@@ -123,40 +125,58 @@ pub fn run(settings: &Settings) -> Result<()> {
         "drainwatch-bench",
     ]))?;
     let bin = target_dir(&root).join("release");
-    let stats = BpfStats::enable()?;
+    let stats = BpfStats::keep()?;
     let mut rows = Vec::new();
 
-    // Churn: off / agent / agent keeping all host traffic / bpftrace, interleaved.
+    // Churn: off / agent / agent keeping all host traffic / bpftrace, interleaved. Throughput
+    // is measured with BPF statistics off (as in production: they add two clock reads to
+    // every program run), then the kernel cost per run in a second phase with them on.
     let (mut off, mut on, mut all, mut trace) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut agent_costs, mut all_costs, mut trace_costs) =
         (Costs::default(), Costs::default(), Costs::default());
     let mut agent_churn_cpu = Vec::new();
+    let cost_plan = Plan {
+        phase_secs: plan.phase_secs / 2.0,
+        ..plan
+    };
+    // The throughput phase, then the cost phase, against programs `pid` holds.
+    let measure = |pid: u32, costs: &mut Costs| -> Result<f64> {
+        stats.set(false)?;
+        let rate = churn(&bin, &plan, 0.0)?;
+        stats.set(true)?;
+        let before = stats.snapshot(pid)?;
+        churn(&bin, &cost_plan, 0.0)?;
+        costs.add(&before, &stats.snapshot(pid)?);
+        stats.set(false)?;
+        Ok(rate)
+    };
     for round in 0..plan.rounds {
         eprintln!("[bench] churn round {}/{}", round + 1, plan.rounds);
+        stats.set(false)?;
         off.push(churn(&bin, &plan, 0.0)?);
         {
             // The loopback churn touches no container: the default drops it in the kernel.
             // With `--host-traffic all` every event is kept, which is what a container's own
             // connections cost.
             let agent = Agent::start(&bin, &["--host-traffic", "all"])?;
-            let before = stats.snapshot(agent.pid())?;
-            all.push(churn(&bin, &plan, 0.0)?);
-            all_costs.add(&before, &stats.snapshot(agent.pid())?);
+            all.push(measure(agent.pid(), &mut all_costs)?);
         }
         {
             let agent = Agent::start(&bin, &[])?;
-            let before = stats.snapshot(agent.pid())?;
             let cpu0 = agent.cpu_seconds()?;
             let t = Instant::now();
+            stats.set(false)?;
             on.push(churn(&bin, &plan, 0.0)?);
             agent_churn_cpu.push((agent.cpu_seconds()? - cpu0) / t.elapsed().as_secs_f64());
+            stats.set(true)?;
+            let before = stats.snapshot(agent.pid())?;
+            churn(&bin, &cost_plan, 0.0)?;
             agent_costs.add(&before, &stats.snapshot(agent.pid())?);
+            stats.set(false)?;
         }
         {
             let tracer = Bpftrace::start()?;
-            let before = stats.snapshot(tracer.pid())?;
-            trace.push(churn(&bin, &plan, 0.0)?);
-            trace_costs.add(&before, &stats.snapshot(tracer.pid())?);
+            trace.push(measure(tracer.pid(), &mut trace_costs)?);
         }
     }
     let (off, on, all, trace) = (median(&off), median(&on), median(&all), median(&trace));
@@ -401,7 +421,9 @@ fn document(table: &str, plan: &Plan) -> Result<String> {
         "# Benchmarks\n\n\
         Written by `cargo xtask bench` on {date_trim}: kernel {kernel_trim}, {cpus} CPUs. \
         Churn phases of {secs} s, {rounds} interleaved rounds (off, agent, agent keeping \
-        every event, bpftrace), medians. \
+        every event, bpftrace), medians; throughput with `kernel.bpf_stats_enabled` off, as in \
+        production, and the kernel cost per run from a following phase of half the length with \
+        it on. \
         Every figure sits beside a baseline measured in the same run; absolute numbers move \
         with whatever else the machine does.\n\n{table}\n\
         How each figure is measured: see the module documentation of `xtask/src/bench.rs`. \
@@ -551,10 +573,14 @@ const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
 type Snapshot = std::collections::BTreeMap<String, (u64, u64)>;
 
 impl BpfStats {
-    fn enable() -> Result<Self> {
+    /// Restores the setting found on drop.
+    fn keep() -> Result<Self> {
         let before = std::fs::read_to_string(BPF_STATS).context("reading bpf_stats_enabled")?;
-        std::fs::write(BPF_STATS, "1").context("enabling bpf_stats")?;
         Ok(Self { before })
+    }
+
+    fn set(&self, on: bool) -> Result<()> {
+        std::fs::write(BPF_STATS, if on { "1" } else { "0" }).context("setting bpf_stats_enabled")
     }
 
     /// The run-time counters of the programs `pid` holds, by program name: the hook for both

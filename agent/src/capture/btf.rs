@@ -146,6 +146,7 @@ const MEMBERS: &[(&str, &str, Slot)] = &[
     ("sk_buff", "head", |k| &mut k.skb_head),
     ("sk_buff", "data", |k| &mut k.skb_data),
     ("sk_buff", "network_header", |k| &mut k.skb_network_header),
+    ("sk_buff", "protocol", |k| &mut k.skb_protocol),
     ("tcp_sock", "inet_conn.icsk_inet.inet_sport", |k| {
         &mut k.tcp_inet_sport
     }),

@@ -198,7 +198,17 @@ pub const PLAN: &[SignalPlan] = &[
     SignalPlan {
         signal: "listen_overflows",
         title: "listen overflows",
-        hooks: &[tp("skb", "kfree_skb")],
+        hooks: &[
+            // 6.11+: `kfree_skb(skb, location, reason, rx_sk)`; an older kernel's prototype
+            // (no `rx_sk`) fails to load against it. Every freed packet runs it: the reason
+            // check comes first, with no trace record built.
+            Hook::BtfTracepoint {
+                name: "kfree_skb",
+                program: "kfree_skb_btf",
+                offsets: &["sock.__sk_common.skc_net", "net.ns.inum"],
+            },
+            tp("skb", "kfree_skb"),
+        ],
         unavailable: "needs tracepoint skb:kfree_skb with drop reason TCP_LISTEN_OVERFLOW",
     },
     SignalPlan {
