@@ -302,7 +302,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         btf_path: cli.btf.clone(),
         only: None,
         host_netns,
-        skip_hooks: Vec::new(),
+        skip_hooks: cli.skip_hooks.clone(),
     })?;
     for st in &capture.statuses {
         if st.chosen().is_some() {

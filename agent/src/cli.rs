@@ -88,6 +88,16 @@ pub struct Cli {
     #[arg(long, env = "DRAINWATCH_HOST_TRAFFIC", value_enum, default_value_t = HostTraffic::Containers)]
     pub host_traffic: HostTraffic,
 
+    /// Hooks not to try, by the label the start-up log and drainwatch_probe_attached show
+    /// (e.g. tp_btf:kfree_skb): the next hook for that signal is used instead. For a hook that
+    /// misbehaves on some kernel, or to measure what one costs.
+    #[arg(
+        long = "skip-hook",
+        env = "DRAINWATCH_SKIP_HOOKS",
+        value_delimiter = ','
+    )]
+    pub skip_hooks: Vec<String>,
+
     /// Capacity of the queue between the ring-buffer reader and the pipeline, in events
     /// (memory is taken for the events queued, not for the whole capacity up front).
     #[arg(long, env = "DRAINWATCH_QUEUE_EVENTS", default_value_t = 65536)]

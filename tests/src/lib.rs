@@ -65,7 +65,7 @@ impl Harness {
         let mut capture = Capture::load(&capture::Options {
             ring_buffer_bytes: ring_bytes,
             only: Some(only.to_vec()),
-            skip_hooks: skip.to_vec(),
+            skip_hooks: skip.iter().map(|s| s.to_string()).collect(),
             ..Default::default()
         })
         .expect("loading the eBPF programs");

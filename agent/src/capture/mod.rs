@@ -55,7 +55,7 @@ pub struct Options {
     pub host_netns: Option<u32>,
     /// Hooks (by label) not to try: tests use it to exercise a fallback the kernel would
     /// not otherwise need.
-    pub skip_hooks: Vec<&'static str>,
+    pub skip_hooks: Vec<String>,
 }
 
 impl Default for Options {
@@ -236,7 +236,7 @@ impl Capture {
                 unavailable: p.unavailable,
             };
             for hook in p.hooks {
-                if opts.skip_hooks.contains(&hook.label().as_str()) {
+                if opts.skip_hooks.contains(&hook.label()) {
                     continue;
                 }
                 let result = match hook {
