@@ -142,18 +142,27 @@ fn preflight(cli: &Cli) -> Result<(), StartupError> {
     Ok(())
 }
 
-/// The agent's own network namespace inode: the host's, since the agent runs in it.
-fn own_netns(procfs_root: &Path) -> Result<u32, StartupError> {
-    let path = procfs_root.join("self/ns/net");
-    let link = std::fs::read_link(&path).map_err(|e| StartupError::HostNetns {
-        path: path.clone(),
-        detail: e.to_string(),
-    })?;
-    let link = link.to_string_lossy();
-    netns_inode(&link).ok_or_else(|| StartupError::HostNetns {
-        path,
-        detail: format!("unexpected link {link}"),
-    })
+/// The host's network namespace inode: PID 1's in the host's /proc (the DaemonSet has hostPID
+/// and CAP_SYS_PTRACE, but its own network namespace), else the agent's own (run on the host
+/// itself, where PID 1 may be out of reach). At worst that is a pod's, which only narrows the
+/// filter to the pod's own connections: nothing is lost.
+fn host_netns(procfs_root: &Path) -> Result<u32, StartupError> {
+    let mut last = None;
+    for pid in ["1", "self"] {
+        let path = procfs_root.join(pid).join("ns/net");
+        let detail = match std::fs::read_link(&path) {
+            Ok(link) => match netns_inode(&link.to_string_lossy()) {
+                Some(inode) => {
+                    tracing::info!(netns = inode, from = %path.display(), "host network namespace");
+                    return Ok(inode);
+                }
+                None => format!("unexpected link {}", link.display()),
+            },
+            Err(e) => e.to_string(),
+        };
+        last = Some(StartupError::HostNetns { path, detail });
+    }
+    Err(last.expect("two candidates were tried"))
 }
 
 fn kernel_release(procfs_root: &Path) -> String {
@@ -292,10 +301,9 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
     let server = tokio::spawn(http::serve(listener, state.clone(), shutdown_rx.clone()));
     tracing::info!(listen = %cli.listen, "serving /metrics, /api/v1/stops, /api/v1/deploys, /healthz, /readyz");
 
-    // The agent runs in the host's network namespace (hostNetwork in the DaemonSet).
     let host_netns = match cli.host_traffic {
         HostTraffic::All => None,
-        HostTraffic::Containers => Some(own_netns(&cli.procfs_root)?),
+        HostTraffic::Containers => Some(host_netns(&cli.procfs_root)?),
     };
     let mut capture = Capture::load(&capture::Options {
         ring_buffer_bytes: cli.ring_buffer_bytes,

@@ -42,7 +42,7 @@ fn metrics_pass_promtool_and_negotiate_openmetrics() {
         .map(|(_, v)| v.as_str());
     assert_eq!(ct, Some("text/plain; version=0.0.4; charset=utf-8"));
     for line in [
-        "drainwatch_probe_attached{signal=\"resets_sent\",hook=\"tracepoint:tcp:tcp_send_reset\"} 1",
+        "drainwatch_probe_attached{signal=\"resets_sent\",hook=\"tp_btf:tcp_send_reset\"} 1",
         "drainwatch_probe_attached{signal=\"accept_wait\",hook=\"kretprobe:inet_csk_accept\"} 0",
         "drainwatch_events_lost_total{stage=\"ringbuf\"} 0",
     ] {
