@@ -75,7 +75,7 @@ impl Settings {
         } else {
             Plan {
                 phase_secs: 6.0,
-                rounds: 3,
+                rounds: 5,
                 threads: 2,
                 capped_rate: 50_000.0,
             }
