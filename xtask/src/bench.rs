@@ -61,6 +61,8 @@ struct Plan {
     rounds: usize,
     threads: usize,
     capped_rate: f64,
+    /// The agent at rest: at 10 ms of CPU accounting resolution, 30 s resolve 0.03%.
+    rest_secs: f64,
 }
 
 impl Settings {
@@ -71,6 +73,7 @@ impl Settings {
                 rounds: 1,
                 threads: 2,
                 capped_rate: 50_000.0,
+                rest_secs: 2.0,
             }
         } else {
             Plan {
@@ -78,6 +81,7 @@ impl Settings {
                 rounds: 5,
                 threads: 2,
                 capped_rate: 50_000.0,
+                rest_secs: 30.0,
             }
         }
     }
@@ -285,9 +289,10 @@ pub fn run(settings: &Settings) -> Result<()> {
     eprintln!("[bench] footprint");
     let rest = {
         let agent = Agent::start(&bin, &[])?;
-        std::thread::sleep(Duration::from_secs(1));
+        // Past the start-up scan and its one-off work.
+        std::thread::sleep(Duration::from_secs(3));
         let (cpu0, t) = (agent.cpu_seconds()?, Instant::now());
-        std::thread::sleep(Duration::from_secs_f64(plan.phase_secs * 2.0));
+        std::thread::sleep(Duration::from_secs_f64(plan.rest_secs));
         let cpu = (agent.cpu_seconds()? - cpu0) / t.elapsed().as_secs_f64();
         let capped = {
             let cpu0 = agent.cpu_seconds()?;

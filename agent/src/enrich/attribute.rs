@@ -336,11 +336,8 @@ impl<H: HostView> Enricher<H> {
     /// Finds running containers (at start-up, then periodically): their processes, main
     /// process, namespace, addresses, listeners and open inbound connections.
     pub fn scan(&mut self) -> Vec<Observation> {
-        let mut groups: HashMap<String, (CgroupOwner, String, Vec<ProcInfo>)> = HashMap::new();
-        for p in self.host.processes() {
-            let Some(path) = p.cgroup_path.clone() else {
-                continue;
-            };
+        let mut groups: HashMap<String, (CgroupOwner, String, Vec<u32>)> = HashMap::new();
+        for (pid, path) in self.host.container_pids() {
             let Some(owner) = parse_cgroup_path(&path) else {
                 continue;
             };
@@ -348,23 +345,27 @@ impl<H: HostView> Enricher<H> {
                 .entry(owner.id.clone())
                 .or_insert_with(|| (owner, path, Vec::new()))
                 .2
-                .push(p);
+                .push(pid);
         }
         let mut out = Vec::new();
-        for (key, (owner, path, procs)) in groups {
-            for p in &procs {
-                self.by_pid.insert(p.pid, key.clone());
-                self.not_containers.remove(&p.pid);
+        for (key, (owner, path, pids)) in groups {
+            for pid in &pids {
+                self.by_pid.insert(*pid, key.clone());
+                self.not_containers.remove(pid);
             }
             // Known, and still the same run: a container restarted in place (same id) has a
             // new PID 1 and is adopted again. A run is its PID 1, not its main process: while
             // the main process exits, a scan may find the init shim alone, which is no restart.
             let known = self.containers.get(&key).is_some_and(|c| {
-                let alive =
-                    |pid: Option<u32>| pid.is_some_and(|m| procs.iter().any(|p| p.pid == m));
+                let alive = |pid: Option<u32>| pid.is_some_and(|m| pids.contains(&m));
                 c.gone_at.is_none() && (alive(c.init_pid) || alive(c.main_pid))
             });
             if known {
+                continue;
+            }
+            // Only a container to adopt needs its processes' details.
+            let procs: Vec<ProcInfo> = pids.iter().filter_map(|p| self.host.process(*p)).collect();
+            if procs.is_empty() {
                 continue;
             }
             out.extend(self.adopt(&key, &owner, &path, &procs));

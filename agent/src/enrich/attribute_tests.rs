@@ -33,8 +33,11 @@ struct FakeHost {
 }
 
 impl HostView for FakeHost {
-    fn processes(&self) -> Vec<ProcInfo> {
-        self.procs.clone()
+    fn container_pids(&self) -> Vec<(u32, String)> {
+        self.procs
+            .iter()
+            .filter_map(|p| Some((p.pid, p.cgroup_path.clone()?)))
+            .collect()
     }
     fn process(&self, pid: u32) -> Option<ProcInfo> {
         self.procs.iter().find(|p| p.pid == pid).cloned()

@@ -405,7 +405,7 @@ fn kubepods_path(id: &str) -> String {
 
 struct PodHost;
 
-impl HostView for PodHost {
+impl PodHost {
     fn processes(&self) -> Vec<ProcInfo> {
         let p = |pid, id: &str, comm: &str| ProcInfo {
             pid,
@@ -416,6 +416,15 @@ impl HostView for PodHost {
             cgroup_path: Some(kubepods_path(id)),
         };
         vec![p(200, SANDBOX_ID, "pause"), p(201, NGINX_ID, "nginx")]
+    }
+}
+
+impl HostView for PodHost {
+    fn container_pids(&self) -> Vec<(u32, String)> {
+        self.processes()
+            .into_iter()
+            .filter_map(|p| Some((p.pid, p.cgroup_path?)))
+            .collect()
     }
     fn process(&self, pid: u32) -> Option<ProcInfo> {
         self.processes().into_iter().find(|p| p.pid == pid)

@@ -64,22 +64,24 @@ fn index_of(pid_: u32) -> Option<u32> {
     pid_.checked_sub(100_000)
 }
 
+fn cgroup_path(i: u32) -> String {
+    format!("/libpod_parent/libpod-{}", container_id(i))
+}
+
 impl HostView for SynthHost {
-    fn processes(&self) -> Vec<ProcInfo> {
-        (0..self.n)
-            .map(|i| ProcInfo {
-                pid: pid(i),
-                ppid: 1,
-                comm: "server".into(),
-                ns_pid: Some(1),
-                netns: Some(netns(i)),
-                cgroup_path: Some(format!("/libpod_parent/libpod-{}", container_id(i))),
-            })
-            .collect()
+    fn container_pids(&self) -> Vec<(u32, String)> {
+        (0..self.n).map(|i| (pid(i), cgroup_path(i))).collect()
     }
     fn process(&self, p: u32) -> Option<ProcInfo> {
         let i = index_of(p).filter(|i| *i < self.n)?;
-        self.processes().into_iter().nth(i as usize)
+        Some(ProcInfo {
+            pid: p,
+            ppid: 1,
+            comm: "server".into(),
+            ns_pid: Some(1),
+            netns: Some(netns(i)),
+            cgroup_path: Some(cgroup_path(i)),
+        })
     }
     fn sockets(&self, p: u32) -> Vec<SocketEntry> {
         vec![SocketEntry {
