@@ -11,6 +11,9 @@ use crate::util::{CONFIG, Record, cfg, fill_header, reserve, submit, task_netns}
 
 #[tracepoint]
 pub fn cgroup_rmdir(ctx: TracePointContext) -> u32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
     try_cgroup_rmdir(&ctx);
     0
 }

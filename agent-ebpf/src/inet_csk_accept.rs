@@ -1,11 +1,14 @@
 use aya_ebpf::{macros::kretprobe, programs::RetProbeContext};
 use drainwatch_common::{EventKind, Tuple, inet_csk_accept::Event};
 
-use crate::util::{fill_header, out_of_scope, reserve, sock_netns, sock_tuple, submit};
+use crate::util::{fill_header, out_of_scope, reserve, sock_netns, sock_tuple, submit, zeroed};
 
 /// Needs kprobes: where they are missing the plan falls back to the accept syscall tracepoints.
 #[kretprobe]
 pub fn kretprobe_inet_csk_accept(ctx: RetProbeContext) -> u32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
     let sk = ctx.ret::<*const u8>() as u64;
     if sk != 0 {
         emit_accepted(sk);
@@ -17,7 +20,7 @@ pub fn kretprobe_inet_csk_accept(ctx: RetProbeContext) -> u32 {
 #[inline(always)]
 pub fn emit_accepted(sk: u64) -> Option<()> {
     let netns = sock_netns(sk);
-    let mut tuple = Tuple::default();
+    let mut tuple = zeroed::<Tuple>();
     sock_tuple(sk, &mut tuple);
     if out_of_scope(EventKind::InetCskAccept, netns, &tuple) {
         return None;

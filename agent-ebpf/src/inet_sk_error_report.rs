@@ -9,20 +9,23 @@ use drainwatch_common::{
 
 use crate::util::{
     CONFIG, IPPROTO_TCP, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, cfg, fill_header,
-    ld, out_of_scope, reserve, submit, task_netns, tp_tuple,
+    ld, out_of_scope, reserve, submit, task_netns, tp_tuple, zeroed,
 };
 
 /// tp_btf: `inet_sk_error_report(const struct sock *sk)`; the socket read with plain loads,
 /// and its own network namespace (the classic record has no socket: the task's is used).
 #[btf_tracepoint(function = "inet_sk_error_report")]
 pub fn inet_sk_error_report_btf(ctx: BtfTracePointContext) -> i32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
     let sk: *const u8 = ctx.arg(0);
     let k = &CONFIG.kernel;
     if ld::<u16>(sk, cfg(&k.sock_protocol)) != Some(IPPROTO_TCP) {
         return 0;
     }
     let netns = btf_sock_netns(sk);
-    let mut tuple = Tuple::default();
+    let mut tuple = zeroed::<Tuple>();
     btf_sock_tuple(sk, &mut tuple);
     // A failed connect has given up its port by now (tcp_done runs first).
     if tuple.sport == 0 {
@@ -45,6 +48,9 @@ pub fn inet_sk_error_report_btf(ctx: BtfTracePointContext) -> i32 {
 
 #[tracepoint]
 pub fn inet_sk_error_report(ctx: TracePointContext) -> u32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
     try_inet_sk_error_report(&ctx);
     0
 }
@@ -58,7 +64,7 @@ fn try_inet_sk_error_report(ctx: &TracePointContext) -> Option<()> {
     // The format has no socket pointer: the namespace is the current task's, which is the
     // socket owner's only in process context (userspace knows which case it has).
     let netns = task_netns();
-    let mut tuple = Tuple::default();
+    let mut tuple = zeroed::<Tuple>();
     tp_tuple(&rec, &f.addr, &mut tuple);
     if out_of_scope(EventKind::InetSkErrorReport, netns, &tuple) {
         return None;

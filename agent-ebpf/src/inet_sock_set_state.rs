@@ -14,13 +14,27 @@ use drainwatch_common::{
 
 use crate::util::{
     CONFIG, IPPROTO_TCP, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, btf_tcp_sock, cfg,
-    fill_header_task, kread, ld, out_of_scope, reserve, sock_netns, submit, tp_tuple,
+    fill_header_task, kread, ld, out_of_scope, reserve, sock_netns, submit, tp_tuple, zeroed,
 };
 
 /// Whether `state` has its bit in `mask` (states outside 0..32 pass: no filter can name them).
 #[inline(always)]
 fn in_mask(mask: u32, state: i32) -> bool {
     !(0..32).contains(&state) || mask & (1 << state) != 0
+}
+
+/// Zero counters, one store each: LLVM would merge plain stores into a byte-at-a-time
+/// `memset` call (see `util::zeroed`).
+#[inline(always)]
+fn no_counters(ev: &mut Event) {
+    unsafe {
+        core::ptr::write_volatile(&mut ev.bytes_received, 0);
+        core::ptr::write_volatile(&mut ev.bytes_sent, 0);
+        core::ptr::write_volatile(&mut ev.rcv_nxt, 0);
+        core::ptr::write_volatile(&mut ev.copied_seq, 0);
+        core::ptr::write_volatile(&mut ev.lrcvtime, 0);
+        core::ptr::write_volatile(&mut ev.lsndtime, 0);
+    }
 }
 
 /// The socket-side reads of one state change, however the hook reaches them.
@@ -35,7 +49,7 @@ trait Socket {
 #[inline(always)]
 fn emit<S: Socket>(s: &S, f: &Fields, skaddr: u64, oldstate: i32, newstate: i32) -> Option<()> {
     let netns = s.netns();
-    let mut tuple = Tuple::default();
+    let mut tuple = zeroed::<Tuple>();
     s.tuple(&mut tuple);
     let listener = in_mask(f.backlog_new, newstate)
         || (in_mask(f.backlog_new, oldstate) && in_mask(f.listener_closed_new, newstate));
@@ -59,12 +73,7 @@ fn emit<S: Socket>(s: &S, f: &Fields, skaddr: u64, oldstate: i32, newstate: i32)
     if in_mask(f.counters_old, oldstate) {
         s.counters(ev);
     } else {
-        ev.bytes_received = 0;
-        ev.bytes_sent = 0;
-        ev.rcv_nxt = 0;
-        ev.copied_seq = 0;
-        ev.lrcvtime = 0;
-        ev.lsndtime = 0;
+        no_counters(ev);
     }
     // listen() sets the limit before the socket enters LISTEN.
     ev.max_ack_backlog = if in_mask(f.backlog_new, newstate) {
@@ -80,6 +89,9 @@ fn emit<S: Socket>(s: &S, f: &Fields, skaddr: u64, oldstate: i32, newstate: i32)
 /// tp_btf: `inet_sock_set_state(const struct sock *sk, int oldstate, int newstate)`.
 #[btf_tracepoint(function = "inet_sock_set_state")]
 pub fn inet_sock_set_state_btf(ctx: BtfTracePointContext) -> i32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
     let sk: *const u8 = ctx.arg(0);
     let oldstate: i32 = ctx.arg(1);
     let newstate: i32 = ctx.arg(2);
@@ -117,12 +129,7 @@ impl Socket for Direct {
         let k = &CONFIG.kernel;
         let tp = btf_tcp_sock(self.sk);
         if tp.is_null() {
-            ev.bytes_received = 0;
-            ev.bytes_sent = 0;
-            ev.rcv_nxt = 0;
-            ev.copied_seq = 0;
-            ev.lrcvtime = 0;
-            ev.lsndtime = 0;
+            no_counters(ev);
             return;
         }
         ev.bytes_received = ld::<u64>(tp, cfg(&k.tcp_bytes_received)).unwrap_or(0);
@@ -142,6 +149,9 @@ impl Socket for Direct {
 /// The classic tracepoint, where tp_btf is unavailable.
 #[tracepoint]
 pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
     try_inet_sock_set_state(&ctx);
     0
 }

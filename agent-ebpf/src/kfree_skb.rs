@@ -9,13 +9,16 @@ use drainwatch_common::{
 
 use crate::util::{
     CONFIG, Record, btf_sock_netns, btf_sock_tuple, cfg, fill_header, ld, reserve, skb_netns,
-    sock_netns, sock_tuple, submit,
+    sock_netns, sock_tuple, submit, zeroed,
 };
 
 /// tp_btf, 6.11+: `kfree_skb(struct sk_buff *skb, void *location, enum skb_drop_reason reason,
 /// struct sock *rx_sk)`.
 #[btf_tracepoint(function = "kfree_skb")]
 pub fn kfree_skb_btf(ctx: BtfTracePointContext) -> i32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
     let reason: u32 = ctx.arg(2);
     // Every freed packet passes here: leave before anything else.
     if reason != cfg(&CONFIG.kfree_skb.listen_overflow) {
@@ -24,7 +27,7 @@ pub fn kfree_skb_btf(ctx: BtfTracePointContext) -> i32 {
     let skb: *const u8 = ctx.arg(0);
     let rx_sk: *const u8 = ctx.arg(3);
     let k = &CONFIG.kernel;
-    let mut tuple = Tuple::default();
+    let mut tuple = zeroed::<Tuple>();
     // Either may be NULL (the verifier insists on the checks before any arithmetic).
     let netns = if !rx_sk.is_null() {
         btf_sock_tuple(rx_sk, &mut tuple);
@@ -60,6 +63,9 @@ pub fn kfree_skb_btf(ctx: BtfTracePointContext) -> i32 {
 
 #[tracepoint]
 pub fn kfree_skb(ctx: TracePointContext) -> u32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
     try_kfree_skb(&ctx);
     0
 }
@@ -84,7 +90,7 @@ fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
     fill_header(&mut ev.header, EventKind::KfreeSkb, netns);
     ev.skbaddr = skbaddr;
     ev.rx_sk = rx_sk;
-    ev.tuple = Tuple::default();
+    ev.tuple = zeroed::<Tuple>();
     sock_tuple(rx_sk, &mut ev.tuple);
     ev.reason = reason;
     ev.protocol = rec.get::<u16>(f.protocol).map_or(0, u32::from);

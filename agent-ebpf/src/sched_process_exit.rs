@@ -9,6 +9,9 @@ use crate::util::{CONFIG, Record, cfg, fill_header, kread, reserve, submit, task
 
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
     try_sched_process_exit(&ctx);
     0
 }

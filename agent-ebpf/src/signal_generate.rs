@@ -8,6 +8,9 @@ use crate::util::{CONFIG, Record, cfg, fill_header, reserve, submit, task_netns}
 
 #[tracepoint]
 pub fn signal_generate(ctx: TracePointContext) -> u32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
     try_signal_generate(&ctx);
     0
 }

@@ -10,6 +10,9 @@ use crate::{
 /// Attached to both `sys_exit_accept4` and `sys_exit_accept` (same layout).
 #[tracepoint]
 pub fn sys_exit_accept(ctx: TracePointContext) -> u32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
     try_sys_exit_accept(&ctx);
     0
 }

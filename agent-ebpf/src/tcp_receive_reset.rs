@@ -10,15 +10,18 @@ use drainwatch_common::{
 
 use crate::util::{
     CONFIG, Record, btf_sock_netns, btf_sock_tuple, cfg, fill_header, ld, out_of_scope, reserve,
-    sock_netns, sock_state, submit, tp_tuple,
+    sock_netns, sock_state, submit, tp_tuple, zeroed,
 };
 
 /// tp_btf: `tcp_receive_reset(struct sock *sk)`; the socket read with plain loads.
 #[btf_tracepoint(function = "tcp_receive_reset")]
 pub fn tcp_receive_reset_btf(ctx: BtfTracePointContext) -> i32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
     let sk: *const u8 = ctx.arg(0);
     let netns = btf_sock_netns(sk);
-    let mut tuple = Tuple::default();
+    let mut tuple = zeroed::<Tuple>();
     btf_sock_tuple(sk, &mut tuple);
     if out_of_scope(EventKind::TcpReceiveReset, netns, &tuple) {
         return 0;
@@ -40,6 +43,9 @@ pub fn tcp_receive_reset_btf(ctx: BtfTracePointContext) -> i32 {
 
 #[tracepoint]
 pub fn tcp_receive_reset(ctx: TracePointContext) -> u32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
     try_tcp_receive_reset(&ctx);
     0
 }
@@ -49,7 +55,7 @@ fn try_tcp_receive_reset(ctx: &TracePointContext) -> Option<()> {
     let f: Fields = cfg(&CONFIG.tcp_receive_reset);
     let skaddr = rec.get::<u64>(f.skaddr).unwrap_or(0);
     let netns = sock_netns(skaddr);
-    let mut tuple = Tuple::default();
+    let mut tuple = zeroed::<Tuple>();
     tp_tuple(&rec, &f.addr, &mut tuple);
     if out_of_scope(EventKind::TcpReceiveReset, netns, &tuple) {
         return None;

@@ -11,7 +11,7 @@ use drainwatch_common::{
 
 use crate::util::{
     CONFIG, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, cfg, fill_header, ld,
-    out_of_scope, reserve, skb_netns, sock_netns, sock_state, sock_tuple, submit, tp_tuple,
+    out_of_scope, reserve, skb_netns, sock_netns, sock_state, sock_tuple, submit, tp_tuple, zeroed,
 };
 
 /// tp_btf, 6.10+: `tcp_send_reset(const struct sock *sk, const struct sk_buff *skb, enum
@@ -19,12 +19,15 @@ use crate::util::{
 /// reversed from the packet answered (`skb->data` is its TCP header then).
 #[btf_tracepoint(function = "tcp_send_reset")]
 pub fn tcp_send_reset_btf(ctx: BtfTracePointContext) -> i32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
     let sk: *const u8 = ctx.arg(0);
     let skb: *const u8 = ctx.arg(1);
     let reason: u32 = ctx.arg(2);
     let k = &CONFIG.kernel;
     let f: Fields = cfg(&CONFIG.tcp_send_reset);
-    let mut tuple = Tuple::default();
+    let mut tuple = zeroed::<Tuple>();
     // Both may be NULL (the verifier insists on the checks before any arithmetic).
     let (netns, state) = if sk.is_null() {
         if skb.is_null() {
@@ -101,6 +104,9 @@ fn packet_tuple(skb: *const u8, t: &mut Tuple) {
 
 #[tracepoint]
 pub fn tcp_send_reset(ctx: TracePointContext) -> u32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
     try_tcp_send_reset(&ctx);
     0
 }
@@ -127,7 +133,7 @@ fn try_tcp_send_reset(ctx: &TracePointContext) -> Option<()> {
     } else {
         rec.get::<u64>(f.skbaddr).map_or(0, skb_netns)
     };
-    let mut tuple = Tuple::default();
+    let mut tuple = zeroed::<Tuple>();
     if f.sockaddr_saddr != NO_FIELD {
         let t = &mut tuple;
         let mut dfamily = 0;
@@ -171,7 +177,7 @@ fn probe_send_reset(ctx: &ProbeContext, has_skb: bool) -> Option<()> {
     } else {
         0
     };
-    let mut tuple = Tuple::default();
+    let mut tuple = zeroed::<Tuple>();
     sock_tuple(sk, &mut tuple);
     if out_of_scope(EventKind::TcpSendReset, netns, &tuple) {
         return None;
@@ -189,18 +195,27 @@ fn probe_send_reset(ctx: &ProbeContext, has_skb: bool) -> Option<()> {
 
 #[kprobe]
 pub fn kprobe_tcp_v4_send_reset(ctx: ProbeContext) -> u32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
     probe_send_reset(&ctx, true);
     0
 }
 
 #[kprobe]
 pub fn kprobe_tcp_v6_send_reset(ctx: ProbeContext) -> u32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
     probe_send_reset(&ctx, true);
     0
 }
 
 #[kprobe]
 pub fn kprobe_tcp_send_active_reset(ctx: ProbeContext) -> u32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
     probe_send_reset(&ctx, false);
     0
 }

@@ -4,9 +4,9 @@
 use aya_ebpf::{
     EbpfContext,
     helpers::{
-        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_buf,
-        generated::{bpf_get_current_task_btf, bpf_skc_to_tcp_sock},
+        bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_buf,
+        generated::{bpf_get_current_comm, bpf_get_current_task_btf, bpf_skc_to_tcp_sock},
     },
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf, ring_buf::RingBufEntry},
@@ -39,6 +39,12 @@ pub static FILTERED: PerCpuArray<u64> = PerCpuArray::with_max_entries(EventKind:
 pub static WATCH_PORTS: Array<u8> = Array::with_max_entries(watch::PORTS, 0);
 #[map]
 pub static WATCH_ADDRS: HashMap<watch::Addr, u8> = HashMap::with_max_entries(watch::ADDRS, 0);
+
+/// Whether the programs are to return at once (see `Config::attach_only`).
+#[inline(always)]
+pub fn attach_only() -> bool {
+    cfg(&CONFIG.attach_only) != 0
+}
 
 /// Whether `netns` is the host's and the filter is on.
 #[inline(always)]
@@ -84,6 +90,33 @@ pub fn out_of_scope(kind: EventKind, netns: u32, t: &Tuple) -> bool {
     }
     count_filtered(kind);
     true
+}
+
+/// An all-zero `T` (8-aligned, a whole number of words) built with word stores. LLVM's BPF
+/// backend lowers the zeroing of a byte array (`Tuple::default()`, `[0; 16]`) to a call to
+/// aya's byte-at-a-time `memset`: that was a third of the instructions a filtered event ran.
+/// Volatile, so the stores are not merged back into one.
+#[inline(always)]
+pub fn zeroed<T: Copy>() -> T {
+    const {
+        assert!(core::mem::size_of::<T>().is_multiple_of(8) && core::mem::align_of::<T>() >= 8);
+    }
+    let mut v = core::mem::MaybeUninit::<T>::uninit();
+    let p = v.as_mut_ptr() as *mut u64;
+    for i in 0..core::mem::size_of::<T>() / 8 {
+        unsafe { core::ptr::write_volatile(p.add(i), 0) };
+    }
+    unsafe { v.assume_init() }
+}
+
+/// Zeroes a 16-byte array inside an 8-aligned record (see [`zeroed`]).
+#[inline(always)]
+fn zero16(a: &mut [u8; 16]) {
+    let p = a.as_mut_ptr() as *mut u64;
+    unsafe {
+        core::ptr::write_volatile(p, 0);
+        core::ptr::write_volatile(p.add(1), 0);
+    }
 }
 
 /// Reads a configuration value; volatile so the compiler cannot fold the load-time default.
@@ -147,10 +180,13 @@ pub fn fill_header_task(h: &mut Header, kind: EventKind, netns: u32, task: bool)
     h.netns = netns;
     if task {
         h.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-        h.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+        // Straight into the record: the helper zero-fills on failure, and aya's wrapper would
+        // zero a stack copy with `memset` first.
+        let comm = h.comm.as_mut_ptr() as *mut core::ffi::c_void;
+        unsafe { bpf_get_current_comm(comm, h.comm.len() as u32) };
     } else {
         h.cgroup_id = 0;
-        h.comm = [0; 16];
+        zero16(&mut h.comm);
     }
 }
 
@@ -227,8 +263,10 @@ pub fn btf_sock_tuple(sk: *const u8, t: &mut Tuple) {
     t.sport = ld::<u16>(sk, cfg(&k.sock_num)).unwrap_or(0);
     t.dport = u16::from_be(ld::<u16>(sk, cfg(&k.sock_dport)).unwrap_or(0));
     if t.family == AF_INET {
-        t.saddr[..4].copy_from_slice(&ld::<[u8; 4]>(sk, cfg(&k.sock_rcv_saddr)).unwrap_or([0; 4]));
-        t.daddr[..4].copy_from_slice(&ld::<[u8; 4]>(sk, cfg(&k.sock_daddr)).unwrap_or([0; 4]));
+        // As u32: one load each (a `[u8; 4]` is loaded a byte at a time).
+        let v4 = |off: u32| ld::<u32>(sk, off).unwrap_or(0).to_ne_bytes();
+        t.saddr[..4].copy_from_slice(&v4(cfg(&k.sock_rcv_saddr)));
+        t.daddr[..4].copy_from_slice(&v4(cfg(&k.sock_daddr)));
     } else if t.family == AF_INET6 {
         let (s, d) = (cfg(&k.sock_v6_rcv_saddr), cfg(&k.sock_v6_daddr));
         let half = |off: u32| ld::<u64>(sk, off).unwrap_or(0).to_ne_bytes();

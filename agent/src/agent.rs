@@ -311,7 +311,11 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         only: None,
         host_netns,
         skip_hooks: cli.skip_hooks.clone(),
+        attach_only: cli.attach_only,
     })?;
+    if cli.attach_only {
+        tracing::warn!("--attach-only: the programs return at once, nothing is captured");
+    }
     for st in &capture.statuses {
         if st.chosen().is_some() {
             // Why a preferred hook was passed over, for whoever wonders.

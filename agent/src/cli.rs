@@ -98,6 +98,12 @@ pub struct Cli {
     )]
     pub skip_hooks: Vec<String>,
 
+    /// Attach every hook but have the programs return at once: no event is captured. Only
+    /// for `cargo xtask bench`, whose floor it is (what the hooks cost the kernel before any
+    /// of the programs' work).
+    #[arg(long, env = "DRAINWATCH_ATTACH_ONLY", hide = true)]
+    pub attach_only: bool,
+
     /// Capacity of the queue between the ring-buffer reader and the pipeline, in events
     /// (memory is taken for the events queued, not for the whole capacity up front).
     #[arg(long, env = "DRAINWATCH_QUEUE_EVENTS", default_value_t = 65536)]

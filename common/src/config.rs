@@ -144,6 +144,9 @@ pub struct Config {
     /// Network namespace inode of the host (the agent's own). Connections in it that touch no
     /// container (see `watch`) are counted and dropped in the kernel; 0 passes everything.
     pub host_netns: u32,
+    /// Non-zero: every program returns at once (`--attach-only`, a benchmark floor: what the
+    /// hooks cost the kernel before any of the programs' work).
+    pub attach_only: u32,
 }
 
 impl Config {
@@ -160,10 +163,11 @@ impl Config {
         kfree_skb: kfree_skb::Fields::ABSENT,
         sys_exit_accept: sys_exit_accept::Fields::ABSENT,
         host_netns: 0,
+        attach_only: 0,
     };
 }
 
 pod!(Config, KernelOffsets, AddrFields);
 
 // No implicit padding: the agent writes these bytes verbatim into the program's global.
-const _: () = assert!(core::mem::size_of::<Config>() == 304);
+const _: () = assert!(core::mem::size_of::<Config>() == 308);

@@ -95,8 +95,9 @@ pub const AF_INET: u16 = 2;
 pub const AF_INET6: u16 = 10;
 
 /// A TCP 4-tuple as the kernel reported it. IPv4 addresses use the first 4 bytes of the arrays.
-/// Ports are in host byte order.
-#[repr(C)]
+/// Ports are in host byte order. Aligned to 8 so that the eBPF side zeroes and copies it with
+/// word stores: at byte alignment LLVM's BPF backend calls an out-of-line memset instead.
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Tuple {
     pub family: u16,

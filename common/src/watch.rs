@@ -14,8 +14,9 @@ pub const ANY_PORT: u32 = 0;
 /// Capacity of `WATCH_ADDRS`: containers' addresses outside the host namespace.
 pub const ADDRS: u32 = 16384;
 
-/// A `WATCH_ADDRS` key: an IPv4 address (first 4 bytes, rest zero) or an IPv6 one.
-#[repr(C)]
+/// A `WATCH_ADDRS` key: an IPv4 address (first 4 bytes, rest zero) or an IPv6 one. Aligned to
+/// 4 for word stores on the eBPF side (see `Tuple`).
+#[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Addr {
     pub addr: [u8; 16],
@@ -30,8 +31,10 @@ impl Addr {
     #[inline(always)]
     pub fn of(family: u16, a: &[u8; 16]) -> Option<Self> {
         let v4 = |b: &[u8]| {
-            let mut addr = [0; 16];
-            addr[..4].copy_from_slice(b);
+            let b = [b[0], b[1], b[2], b[3]];
+            // Shifted into place rather than copied into a zeroed array, which the eBPF side
+            // would zero with a byte-at-a-time `memset` call.
+            let addr = (u128::from(u32::from_be_bytes(b)) << 96).to_be_bytes();
             (b[0] != 127 && b != [0, 0, 0, 0]).then_some(Self {
                 addr,
                 family: AF_INET,

@@ -2,7 +2,9 @@
 //! same run (these machines are shared and noisy: an absolute time alone means little).
 //!
 //! - Churn: loopback connect/accept/close, refused connects and aborts (`bench/src/bin/churn.rs`)
-//!   with nothing attached, with the agent, with the agent keeping every event
+//!   with nothing attached, with the agent, with the agent's hooks attached but its programs
+//!   returning at once (`--attach-only`: the floor that attaching these hooks costs on this
+//!   kernel, whatever the programs do), with the agent keeping every event
 //!   (`--host-traffic all`: the loopback churn touches no container, so by default the
 //!   programs drop it before reserving a record; kept, it costs what a container's own
 //!   connections cost), and with a minimal bpftrace tracer (`count()` on the same
@@ -136,8 +138,13 @@ pub fn run(settings: &Settings) -> Result<()> {
     // is measured with BPF statistics off (as in production: they add two clock reads to
     // every program run), then the kernel cost per run in a second phase with them on.
     let (mut off, mut on, mut all, mut trace) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut agent_costs, mut all_costs, mut trace_costs) =
-        (Costs::default(), Costs::default(), Costs::default());
+    let mut floor = Vec::new();
+    let (mut agent_costs, mut all_costs, mut trace_costs, mut floor_costs) = (
+        Costs::default(),
+        Costs::default(),
+        Costs::default(),
+        Costs::default(),
+    );
     let mut agent_churn_cpu = Vec::new();
     let cost_plan = Plan {
         phase_secs: plan.phase_secs / 2.0,
@@ -179,11 +186,26 @@ pub fn run(settings: &Settings) -> Result<()> {
             stats.set(false)?;
         }
         {
+            // The same hooks with programs that return at once: what attaching them costs
+            // the kernel before any of the programs' work.
+            let agent = Agent::start(&bin, &["--attach-only"])?;
+            floor.push(measure(agent.pid(), &mut floor_costs)?);
+            // The agent folds the kernel's per-CPU counters in every second: the churn ran
+            // long enough for a program that did any work to show.
+            let seen = agent.metric_sum("drainwatch_events_filtered_total")?
+                + agent.metric_sum("drainwatch_events_total")?;
+            ensure!(
+                seen == 0.0,
+                "--attach-only programs did work: {seen} events"
+            );
+        }
+        {
             let tracer = Bpftrace::start()?;
             trace.push(measure(tracer.pid(), &mut trace_costs)?);
         }
     }
     let (off, on, all, trace) = (median(&off), median(&on), median(&all), median(&trace));
+    let floor = median(&floor);
     let ratio_on = on / off;
     let ratio_trace = trace / off;
     rows.push(Row {
@@ -193,6 +215,26 @@ pub fn run(settings: &Settings) -> Result<()> {
         ratio: pct(ratio_on),
         budget: "≥ 95%".into(),
         verdict: Verdict::of(ratio_on >= 0.95),
+    });
+    rows.push(Row {
+        figure: "churn throughput, the agent's hooks with programs returning at once \
+                 (`--attach-only`)"
+            .into(),
+        value: format!("{floor:.0}"),
+        baseline: format!("{off:.0} (nothing attached)"),
+        ratio: pct(floor / off),
+        budget: "-".into(),
+        verdict: Verdict::Info,
+    });
+    rows.push(Row {
+        figure: "churn throughput, agent on against its hooks returning at once (the \
+                 programs' own work)"
+            .into(),
+        value: format!("{on:.0}"),
+        baseline: format!("{floor:.0} (`--attach-only`)"),
+        ratio: pct(on / floor),
+        budget: "-".into(),
+        verdict: Verdict::Info,
     });
     rows.push(Row {
         figure: "churn throughput, bpftrace count() on the same tracepoints".into(),
@@ -238,6 +280,19 @@ pub fn run(settings: &Settings) -> Result<()> {
             } else {
                 Verdict::Info
             },
+        });
+    }
+    if let Some((ns, runs)) = floor_costs.per_run().get("inet_sock_set_state") {
+        rows.push(Row {
+            figure: format!(
+                "kernel cost per run of a program returning at once: inet_sock_set_state \
+                 ({runs} runs)"
+            ),
+            value: format!("{ns:.0} ns"),
+            baseline: "-".into(),
+            ratio: "-".into(),
+            budget: "-".into(),
+            verdict: Verdict::Info,
         });
     }
     drop(stats);
@@ -446,6 +501,7 @@ fn document(table: &str, plan: &Plan) -> Result<String> {
 /// The release agent on a free port, killed on drop.
 struct Agent {
     child: Child,
+    port: u16,
 }
 
 impl Agent {
@@ -460,7 +516,7 @@ impl Agent {
             .stderr(Stdio::null())
             .spawn()
             .context("starting the agent")?;
-        let agent = Self { child };
+        let agent = Self { child, port };
         let deadline = Instant::now() + Duration::from_secs(30);
         while !ready(port) {
             ensure!(Instant::now() < deadline, "the agent was not ready in 30 s");
@@ -471,6 +527,16 @@ impl Agent {
 
     fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The sum of a metric's series on /metrics.
+    fn metric_sum(&self, name: &str) -> Result<f64> {
+        let text = get(self.port, "/metrics").context("scraping the agent")?;
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
     }
 
     fn cpu_seconds(&self) -> Result<f64> {
@@ -496,13 +562,19 @@ impl Drop for Agent {
 }
 
 fn ready(port: u16) -> bool {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    get(port, "/readyz").is_some_and(|r| r.starts_with("HTTP/1.1 200"))
+}
+
+fn get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut reply = String::new();
-    let _ = s.read_to_string(&mut reply);
-    reply.starts_with("HTTP/1.1 200")
+    s.read_to_string(&mut reply).ok()?;
+    Some(reply)
 }
 
 /// User + system CPU seconds of a process.

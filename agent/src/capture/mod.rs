@@ -56,6 +56,8 @@ pub struct Options {
     /// Hooks (by label) not to try: tests use it to exercise a fallback the kernel would
     /// not otherwise need.
     pub skip_hooks: Vec<String>,
+    /// Programs return at once (the benchmark's floor; see `Config::attach_only`).
+    pub attach_only: bool,
 }
 
 impl Default for Options {
@@ -66,6 +68,7 @@ impl Default for Options {
             only: None,
             host_netns: None,
             skip_hooks: Vec::new(),
+            attach_only: false,
         }
     }
 }
@@ -207,6 +210,7 @@ impl Capture {
         let mut config = Config::UNSET;
         config.kernel = kernel;
         config.host_netns = opts.host_netns.unwrap_or(0);
+        config.attach_only = u32::from(opts.attach_only);
         let mut names = KernelNames::default();
         let (infos, res) = resolve_tracepoints(&events_dir, &mut config, &mut names);
 
