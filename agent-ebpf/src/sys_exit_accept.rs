@@ -1,10 +1,10 @@
 use aya_ebpf::{helpers::bpf_get_current_task, macros::tracepoint, programs::TracePointContext};
 
-use drainwatch_common::{EventKind, watch};
+use drainwatch_common::{EventKind, config::NO_FIELD, watch};
 
 use crate::{
     inet_csk_accept::emit_accepted,
-    util::{CONFIG, Record, cfg, count_filtered, current_netns, is_host, kread, watched_port},
+    util::{CONFIG, cfg, count_filtered, current_netns, is_host, kread, watched_port},
 };
 
 /// Attached to both `sys_exit_accept4` and `sys_exit_accept` (same layout).
@@ -36,8 +36,12 @@ fn socket_of_fd(fd: u64) -> Option<u64> {
 }
 
 fn try_sys_exit_accept(ctx: &TracePointContext) -> Option<()> {
-    let rec = Record::load(ctx);
-    let ret = rec.get::<i64>(cfg(&CONFIG.sys_exit_accept.ret))?;
+    // One field: read alone, not through a `Record` (a 128-byte copy).
+    let off = cfg(&CONFIG.sys_exit_accept.ret);
+    if off == NO_FIELD {
+        return None;
+    }
+    let ret = unsafe { ctx.read_at::<i64>(usize::from(off)) }.ok()?;
     if ret < 0 {
         return None;
     }
