@@ -204,6 +204,20 @@ pub fn run(settings: &Settings) -> Result<()> {
             trace.push(measure(tracer.pid(), &mut trace_costs)?);
         }
     }
+    // Each round's ratio to that round's agent-off run: the spread says how far to trust the
+    // medians on a machine whose speed drifts.
+    let spread = |v: &[f64]| {
+        let r: Vec<f64> = v.iter().zip(&off).map(|(x, o)| x / o).collect();
+        let (lo, hi) = r
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
+        if r.len() > 1 {
+            format!(" (rounds {:.1}–{})", lo * 100.0, pct(hi))
+        } else {
+            String::new()
+        }
+    };
+    let (on_spread, floor_spread, trace_spread) = (spread(&on), spread(&floor), spread(&trace));
     let (off, on, all, trace) = (median(&off), median(&on), median(&all), median(&trace));
     let floor = median(&floor);
     let ratio_on = on / off;
@@ -212,7 +226,7 @@ pub fn run(settings: &Settings) -> Result<()> {
         figure: "churn throughput, agent on (connections/s)".into(),
         value: format!("{on:.0}"),
         baseline: format!("{off:.0} (nothing attached)"),
-        ratio: pct(ratio_on),
+        ratio: format!("{}{on_spread}", pct(ratio_on)),
         budget: "≥ 95%".into(),
         verdict: Verdict::of(ratio_on >= 0.95),
     });
@@ -222,7 +236,7 @@ pub fn run(settings: &Settings) -> Result<()> {
             .into(),
         value: format!("{floor:.0}"),
         baseline: format!("{off:.0} (nothing attached)"),
-        ratio: pct(floor / off),
+        ratio: format!("{}{floor_spread}", pct(floor / off)),
         budget: "-".into(),
         verdict: Verdict::Info,
     });
@@ -240,7 +254,7 @@ pub fn run(settings: &Settings) -> Result<()> {
         figure: "churn throughput, bpftrace count() on the same tracepoints".into(),
         value: format!("{trace:.0}"),
         baseline: format!("{off:.0} (nothing attached)"),
-        ratio: pct(ratio_trace),
+        ratio: format!("{}{trace_spread}", pct(ratio_trace)),
         budget: "agent within 2 points of it".into(),
         verdict: Verdict::of(ratio_trace - ratio_on <= 0.02),
     });
