@@ -51,8 +51,11 @@ fn emit<S: Socket>(s: &S, f: &Fields, skaddr: u64, oldstate: i32, newstate: i32)
     let netns = s.netns();
     let mut tuple = zeroed::<Tuple>();
     s.tuple(&mut tuple);
-    let listener = in_mask(f.backlog_new, newstate)
-        || (in_mask(f.backlog_new, oldstate) && in_mask(f.listener_closed_new, newstate));
+    // Each mask read where it is needed, through `cfg`: `f` is the frozen global itself on the
+    // tp_btf path, and copying all of it up front cost a dozen loads per run.
+    let backlog_new = cfg(&f.backlog_new);
+    let listener = in_mask(backlog_new, newstate)
+        || (in_mask(backlog_new, oldstate) && in_mask(cfg(&f.listener_closed_new), newstate));
     if !listener && out_of_scope(EventKind::InetSockSetState, netns, &tuple) {
         return None;
     }
@@ -62,7 +65,7 @@ fn emit<S: Socket>(s: &S, f: &Fields, skaddr: u64, oldstate: i32, newstate: i32)
         &mut ev.header,
         EventKind::InetSockSetState,
         netns,
-        in_mask(f.task_new, newstate),
+        in_mask(cfg(&f.task_new), newstate),
     );
     ev.skaddr = skaddr;
     ev.tuple = tuple;
@@ -70,13 +73,13 @@ fn emit<S: Socket>(s: &S, f: &Fields, skaddr: u64, oldstate: i32, newstate: i32)
     ev.newstate = newstate;
     // Only the transitions that need the counters (a connection leaving ESTABLISHED or
     // CLOSE_WAIT: was a request pending?) read them.
-    if in_mask(f.counters_old, oldstate) {
+    if in_mask(cfg(&f.counters_old), oldstate) {
         s.counters(ev);
     } else {
         no_counters(ev);
     }
     // listen() sets the limit before the socket enters LISTEN.
-    ev.max_ack_backlog = if in_mask(f.backlog_new, newstate) {
+    ev.max_ack_backlog = if in_mask(backlog_new, newstate) {
         s.max_ack_backlog()
     } else {
         0
@@ -95,11 +98,11 @@ pub fn inet_sock_set_state_btf(ctx: BtfTracePointContext) -> i32 {
     let sk: *const u8 = ctx.arg(0);
     let oldstate: i32 = ctx.arg(1);
     let newstate: i32 = ctx.arg(2);
-    let f: Fields = cfg(&CONFIG.inet_sock_set_state);
+    let f = &CONFIG.inet_sock_set_state;
     let k = &CONFIG.kernel;
-    if in_mask(f.emit_old, oldstate) && ld::<u16>(sk, cfg(&k.sock_protocol)) == Some(IPPROTO_TCP) {
+    if in_mask(cfg(&f.emit_old), oldstate) && ld::<u16>(sk, cfg(&k.sock_protocol)) == Some(IPPROTO_TCP) {
         let s = Direct { sk, newstate, f };
-        emit(&s, &f, sk as u64, oldstate, newstate);
+        emit(&s, f, sk as u64, oldstate, newstate);
     }
     0
 }
@@ -107,7 +110,7 @@ pub fn inet_sock_set_state_btf(ctx: BtfTracePointContext) -> i32 {
 struct Direct {
     sk: *const u8,
     newstate: i32,
-    f: Fields,
+    f: &'static Fields,
 }
 
 impl Socket for Direct {
@@ -119,7 +122,7 @@ impl Socket for Direct {
     #[inline(always)]
     fn tuple(&self, t: &mut Tuple) {
         btf_sock_tuple(self.sk, t);
-        if t.sport == 0 && in_mask(self.f.listener_closed_new, self.newstate) {
+        if t.sport == 0 && in_mask(cfg(&self.f.listener_closed_new), self.newstate) {
             t.sport = btf_inet_sport(self.sk);
         }
     }
