@@ -100,7 +100,9 @@ pub fn inet_sock_set_state_btf(ctx: BtfTracePointContext) -> i32 {
     let newstate: i32 = ctx.arg(2);
     let f = &CONFIG.inet_sock_set_state;
     let k = &CONFIG.kernel;
-    if in_mask(cfg(&f.emit_old), oldstate) && ld::<u16>(sk, cfg(&k.sock_protocol)) == Some(IPPROTO_TCP) {
+    if in_mask(cfg(&f.emit_old), oldstate)
+        && ld::<u16>(sk, cfg(&k.sock_protocol)) == Some(IPPROTO_TCP)
+    {
         let s = Direct { sk, newstate, f };
         emit(&s, f, sk as u64, oldstate, newstate);
     }
