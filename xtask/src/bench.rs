@@ -80,7 +80,7 @@ impl Settings {
         } else {
             Plan {
                 phase_secs: 6.0,
-                rounds: 5,
+                rounds: 7,
                 threads: 2,
                 capped_rate: 50_000.0,
                 rest_secs: 30.0,
