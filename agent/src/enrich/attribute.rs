@@ -43,6 +43,15 @@ const INIT_SHIMS: &[&str] = &[
     "dumb-init",
 ];
 
+/// The runtime's own processes while it creates a container: `runc init` and its first two
+/// stages (`runc:[0:PARENT]`, `runc:[1:CHILD]`) join the container's cgroup and exit within
+/// milliseconds, before the container's PID 1 (`runc:[2:INIT]`) execs the entrypoint.
+fn bootstrapping(p: &ProcInfo) -> bool {
+    matches!(p.comm.as_str(), "runc" | "crun")
+        || p.comm.starts_with("runc:[0")
+        || p.comm.starts_with("runc:[1")
+}
+
 #[derive(Debug, Default)]
 struct Container {
     identity: ContainerIdentity,
@@ -349,10 +358,6 @@ impl<H: HostView> Enricher<H> {
         }
         let mut out = Vec::new();
         for (key, (owner, path, pids)) in groups {
-            for pid in &pids {
-                self.by_pid.insert(*pid, key.clone());
-                self.not_containers.remove(pid);
-            }
             // Known, and still the same run: a container restarted in place (same id) has a
             // new PID 1 and is adopted again. A run is its PID 1, not its main process: while
             // the main process exits, a scan may find the init shim alone, which is no restart.
@@ -360,15 +365,26 @@ impl<H: HostView> Enricher<H> {
                 let alive = |pid: Option<u32>| pid.is_some_and(|m| pids.contains(&m));
                 c.gone_at.is_none() && (alive(c.init_pid) || alive(c.main_pid))
             });
-            if known {
-                continue;
-            }
             // Only a container to adopt needs its processes' details.
-            let procs: Vec<ProcInfo> = pids.iter().filter_map(|p| self.host.process(*p)).collect();
-            if procs.is_empty() {
+            let procs: Vec<ProcInfo> = if known {
+                Vec::new()
+            } else {
+                pids.iter().filter_map(|p| self.host.process(*p)).collect()
+            };
+            // Caught while the runtime creates it, its only processes are about to exit: a
+            // later scan or event adopts it once its PID 1 exists.
+            let created =
+                procs.iter().any(|p| p.ns_pid == Some(1)) || !procs.iter().any(bootstrapping);
+            if !known && (procs.is_empty() || !created) {
                 continue;
             }
-            out.extend(self.adopt(&key, &owner, &path, &procs));
+            for pid in &pids {
+                self.by_pid.insert(*pid, key.clone());
+                self.not_containers.remove(pid);
+            }
+            if !known {
+                out.extend(self.adopt(&key, &owner, &path, &procs));
+            }
         }
         out.extend(self.refresh_identities());
         out

@@ -751,6 +751,41 @@ fn a_scan_while_the_main_process_exits_is_no_restart() {
 }
 
 #[test]
+fn a_container_caught_while_runc_creates_it_is_adopted_once_its_pid_1_exists() {
+    // What a scan finds during `podman run` (seen on this machine): `runc init`, in the
+    // container's cgroup but not yet in its pid namespace, about to exit 0.
+    let mut e = Enricher::new(FakeHost {
+        procs: vec![proc(90, 80, "runc:[0:PARENT]", 90, true)],
+    });
+    assert!(e.scan().is_empty(), "nothing adopted while runc bootstraps");
+    let exit = Event::Exit(Exit {
+        meta: meta(90, NS, 777),
+        status: ExitStatus::Exited(0),
+    });
+    assert!(
+        e.on_event(&exit).is_empty(),
+        "runc's exit is not the container's"
+    );
+    e.host_mut().procs = vec![
+        proc(100, 80, "catatonit", 1, true),
+        proc(101, 100, "python3", 2, true),
+    ];
+    let obs = e.scan();
+    assert!(
+        matches!(obs.as_slice(), [O::Container { .. }]),
+        "adopted: {obs:#?}"
+    );
+    let exit = Event::Exit(Exit {
+        meta: meta(101, NS, 777),
+        status: ExitStatus::Exited(1),
+    });
+    assert!(
+        matches!(e.on_event(&exit).as_slice(), [O::Exit { .. }]),
+        "the server is its main process"
+    );
+}
+
+#[test]
 fn the_watch_set_holds_container_addresses_outside_the_host_namespace() {
     let mut e = enricher().with_host_netns(HOST_NS);
     let before = e.watch_generation();
