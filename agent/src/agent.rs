@@ -16,17 +16,14 @@ use tokio::{
 use crate::{
     capture::{self, Capture, event::Event, reader::Reader, watch::Watch},
     cli::{Cli, HostTraffic},
-    correlate::{
-        SECOND,
-        stops::{self, Tracker},
-        storms::Storms,
-    },
+    correlate::{Correlator, stops, storms},
     enrich::{
         Enricher,
         host::{Procfs, netns_inode},
         kube::{self, KubeMetrics, Store},
     },
-    export::{api::monotonic_now, http, metrics::Metrics},
+    export::{http, metrics::Metrics},
+    model::{SECOND, monotonic_now},
     pipeline::Pipeline,
     queue,
 };
@@ -271,16 +268,17 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         .as_ref()
         .map(|_| KubeMetrics::register(&mut metrics.registry));
     let metrics = Arc::new(metrics);
-    let tracker = Arc::new(std::sync::Mutex::new(Tracker::new(stops::Config {
-        retention: cli.retention_seconds * SECOND,
-        settle: cli.stop_settle_seconds * SECOND,
-        ..Default::default()
-    })));
-    let storms = Arc::new(std::sync::Mutex::new(Storms::default()));
+    let correlator = Arc::new(std::sync::Mutex::new(Correlator::new(
+        stops::Config {
+            retention: cli.retention_seconds * SECOND,
+            settle: cli.stop_settle_seconds * SECOND,
+            ..Default::default()
+        },
+        storms::Config::default(),
+    )));
     let state = Arc::new(http::State::new(
         metrics.clone(),
-        tracker.clone(),
-        storms.clone(),
+        correlator.clone(),
         cli.deploy_window_seconds * SECOND,
     ));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -366,8 +364,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
     }
     let pipeline = Pipeline::new(
         enricher,
-        tracker,
-        storms,
+        correlator,
         metrics.clone(),
         cli.retention_seconds * SECOND,
     );

@@ -7,5 +7,6 @@ pub mod cli;
 pub mod correlate;
 pub mod enrich;
 pub mod export;
+pub mod model;
 pub mod pipeline;
 pub mod queue;

@@ -1,29 +1,24 @@
-//! Enrich → correlate → export for one event at a time: attributes each event to a container,
-//! feeds the stop tracker and the storm detector, and turns what they report into metrics.
-//! Synchronous and free of I/O except the enricher's procfs reads, so the agent drives it from
-//! its event loop and the benchmark drives it directly.
+//! The pipeline for one event at a time, as a straight line: decode (done by the reader) →
+//! enrich (one call, observations) → correlate (one call, what happened) → telemetry (one
+//! call per emitted item). Synchronous and free of I/O except the enricher's procfs reads, so
+//! the agent drives it from its event loop and the benchmark drives it directly.
 
 use std::sync::{Arc, Mutex};
 
 use crate::{
     capture::{event::Event, watch::WatchSet},
-    correlate::{
-        Mono, Observation,
-        stops::{Emitted, Tracker},
-        storms::Storms,
-    },
-    enrich::{
-        Enricher,
-        attribute::{Fact, ListenSample},
-        host::HostView,
-    },
+    correlate::Correlator,
+    enrich::{Enricher, host::HostView},
     export::metrics::Metrics,
+    model::{Emitted, Mono, Observation, monotonic_now},
 };
+
+/// The correlator, shared with the HTTP server, which reads its stops and storms.
+pub type SharedCorrelator = Arc<Mutex<Correlator>>;
 
 pub struct Pipeline<H> {
     enricher: Enricher<H>,
-    tracker: Arc<Mutex<Tracker>>,
-    storms: Arc<Mutex<Storms>>,
+    correlator: SharedCorrelator,
     metrics: Arc<Metrics>,
     retention: Mono,
     ticks: u64,
@@ -33,15 +28,13 @@ pub struct Pipeline<H> {
 impl<H: HostView> Pipeline<H> {
     pub fn new(
         enricher: Enricher<H>,
-        tracker: Arc<Mutex<Tracker>>,
-        storms: Arc<Mutex<Storms>>,
+        correlator: SharedCorrelator,
         metrics: Arc<Metrics>,
         retention: Mono,
     ) -> Self {
         Self {
             enricher,
-            tracker,
-            storms,
+            correlator,
             metrics,
             retention,
             ticks: 0,
@@ -52,7 +45,7 @@ impl<H: HostView> Pipeline<H> {
     /// The start-up scan: containers, listeners and connections that already exist.
     pub fn start(&mut self) {
         let obs = self.enricher.scan();
-        self.feed(obs, crate::export::api::monotonic_now(), false);
+        self.correlate(monotonic_now(), obs, false);
     }
 
     /// The host-namespace watch set, when it may have changed since the last call.
@@ -71,137 +64,58 @@ impl<H: HostView> Pipeline<H> {
 
     /// One kernel event.
     pub fn event(&mut self, ev: &Event) {
-        let at = ev.meta().ts_ns;
         let obs = self.enricher.on_event(ev);
-        for (id, direction, reason) in self.enricher.resets(ev) {
-            self.metrics.connection_reset(&id, direction, &reason);
-        }
-        if let Some(fact) = self.enricher.listener_fact(ev) {
-            self.metrics.listener_fact(&fact);
-            if let Ok(mut s) = self.storms.lock() {
-                let w = (
-                    fact.container.namespace.clone(),
-                    fact.container.workload.clone(),
-                );
-                match fact.fact {
-                    Fact::Arrival => s.arrival(&w, &fact.container.name, fact.port, at),
-                    Fact::AcceptWait(secs) => s.accept_wait(&w, fact.port, secs, at),
-                    Fact::Overflow => s.overflow(&w, fact.port),
-                }
-            }
-        }
-        self.feed(obs, at, true);
-        self.emitted();
+        self.correlate(ev.meta().ts_ns, obs, true);
     }
 
-    /// Periodic work, called every 100 ms: the rest (rescan, expiry, the tracker's and the
-    /// storms' clocks) runs every second. The listen path is sampled every time for workloads
-    /// that are stopping or storming, and for all every ten seconds: a sample costs the kernel
-    /// a walk of the TCP hash table per listener's namespace (see `enrich/host.rs`).
+    /// Periodic work, called every 100 ms: the rest (rescan, expiry, the correlator's clock)
+    /// runs every second. The listen path is sampled every time for workloads that are
+    /// stopping or storming, and for all every ten seconds: a sample costs the kernel a walk
+    /// of the TCP hash table per listener's namespace (see `enrich/host.rs`).
     pub fn tick(&mut self, now: Mono) {
         self.ticks += 1;
         let second = self.ticks % 10 == 1;
         let full = self.ticks % 100 == 1;
         if second {
             self.enricher.expire(now, self.retention);
-            if let Ok(mut s) = self.storms.lock() {
-                for storm in s.tick(now) {
-                    self.metrics.storm(&storm);
-                }
-            }
             let obs = self.enricher.scan();
-            self.feed(obs, now, false);
-            if let Ok(mut t) = self.tracker.lock() {
-                t.tick(now);
-            }
+            self.correlate(now, obs, false);
+            let emitted = self.with_correlator(|c| c.tick(now));
+            self.record(&emitted);
         }
         // Containers found since the last sample are sampled at once too (see
         // `sample_listen_path`): their first sample is the baseline of a storm that may follow.
-        let hot = match self.storms.lock() {
-            Ok(s) if !full => s.hot_workloads(now),
-            _ => Default::default(),
+        let hot = if full {
+            Default::default()
+        } else {
+            self.with_correlator(|c| c.hot_workloads(now))
         };
         if full || !hot.is_empty() || self.enricher.has_unsampled() {
-            let sample = self.enricher.sample_listen_path((!full).then_some(&hot));
-            self.record_listen_sample(&sample, full);
-        }
-        self.emitted();
-    }
-
-    /// Feeds observations to the tracker; refused connections are also counted outside stops.
-    /// `event` marks observations of a kernel event, whose time says how far processing got.
-    fn feed(&self, obs: Vec<Observation>, at: Mono, event: bool) {
-        let Ok(mut t) = self.tracker.lock() else {
-            return;
-        };
-        for o in obs {
-            if let Observation::Container { identity, .. } = &o {
-                self.metrics.container_seen(identity);
+            let (sample, errors) = self.enricher.sample_listen_path((!full).then_some(&hot));
+            for e in &errors {
+                tracing::debug!(error = %e, "unreadable net/netstat");
+                self.metrics.procfs_error("netstat");
             }
-            if let Observation::Refused { key } = &o
-                && let Some(id) = t.identity(key)
-            {
-                self.metrics.refused_connection(id);
-            }
-            t.observe(at, o);
-        }
-        if event {
-            t.processed(at);
+            let emitted = self.with_correlator(|c| c.listen_sample(sample));
+            self.record(&emitted);
         }
     }
 
-    fn emitted(&self) {
-        let emitted = self
-            .tracker
+    fn correlate(&self, at: Mono, obs: Vec<Observation>, event: bool) {
+        let emitted = self.with_correlator(|c| c.observe(at, obs, event));
+        self.record(&emitted);
+    }
+
+    fn with_correlator<T: Default>(&self, f: impl FnOnce(&mut Correlator) -> T) -> T {
+        self.correlator
             .lock()
-            .map(|mut t| t.take_emitted())
-            .unwrap_or_default();
-        for e in emitted {
-            match e {
-                Emitted::Loss {
-                    container,
-                    kind,
-                    reason,
-                } => self.metrics.stop_loss(&container, kind, reason.as_deref()),
-                Emitted::Settled { stop } => self.metrics.stop_settled(&stop),
-                Emitted::StopBegan {
-                    container,
-                    stop_id,
-                    at,
-                } => {
-                    if let Ok(mut s) = self.storms.lock() {
-                        let w = (container.namespace.clone(), container.workload.clone());
-                        s.stopped(w, &stop_id, &container.name, at);
-                    }
-                }
-                Emitted::Retry {
-                    container,
-                    proxy,
-                    added_seconds,
-                } => self.metrics.retry(&container, &proxy, added_seconds),
-            }
-        }
+            .map(|mut c| f(&mut c))
+            .unwrap_or_default()
     }
 
-    fn record_listen_sample(&self, sample: &ListenSample, complete: bool) {
-        for e in &sample.errors {
-            tracing::debug!(error = %e, "unreadable net/netstat");
-            self.metrics.procfs_error("netstat");
-        }
-        self.metrics.accept_queues(&sample.queues, complete);
-        self.metrics.netns_listen_counters(&sample.netns);
-        let Ok(mut s) = self.storms.lock() else {
-            return;
-        };
-        for (c, port, depth, _) in &sample.queues {
-            s.queue_depth(&(c.namespace.clone(), c.workload.clone()), *port, *depth);
-        }
-        for (c, counters) in &sample.netns {
-            s.netns_counters(
-                &(c.namespace.clone(), c.workload.clone()),
-                &c.name,
-                *counters,
-            );
+    fn record(&self, emitted: &[Emitted]) {
+        for e in emitted {
+            self.metrics.record(e);
         }
     }
 }

@@ -60,7 +60,7 @@ fn connect_to_a_closed_port_is_a_socketless_reset_a_received_reset_and_econnrefu
     assert_eq!(received[0].conn.unwrap().local, client);
     assert_ne!(received[0].skaddr, 0);
     assert_eq!(
-        received[0].state.as_ref().and_then(|s| s.name.as_deref()),
+        received[0].state.and_then(|s| s.name()),
         Some("TCP_SYN_SENT")
     );
     assert_eq!(received[0].meta.netns, own_netns());
@@ -128,7 +128,7 @@ fn an_aborted_connection_sends_a_reset_from_the_closing_process() {
         .collect();
     assert_eq!(received.len(), 1, "the server side got it: {events:#?}");
     assert_eq!(
-        received[0].state.as_ref().and_then(|s| s.name.as_deref()),
+        received[0].state.and_then(|s| s.name()),
         Some("TCP_ESTABLISHED")
     );
 
@@ -136,14 +136,8 @@ fn an_aborted_connection_sends_a_reset_from_the_closing_process() {
         .iter()
         .filter_map(|e| match e {
             Event::StateChange(s) if s.skaddr == sent.skaddr => Some((
-                s.old
-                    .as_ref()
-                    .and_then(|n| n.name.clone())
-                    .unwrap_or_default(),
-                s.new
-                    .as_ref()
-                    .and_then(|n| n.name.clone())
-                    .unwrap_or_default(),
+                s.old.and_then(|n| n.name()).unwrap_or_default().to_string(),
+                s.new.and_then(|n| n.name()).unwrap_or_default().to_string(),
             )),
             _ => None,
         })
@@ -422,8 +416,7 @@ fn server_close(
             Event::StateChange(s)
                 if s.conn
                     .is_some_and(|c| c.local == server && c.remote == client)
-                    && s.old.as_ref().and_then(|n| n.name.as_deref())
-                        == Some("TCP_ESTABLISHED") =>
+                    && s.old.and_then(|n| n.name()) == Some("TCP_ESTABLISHED") =>
             {
                 Some(s.counters)
             }
@@ -498,8 +491,7 @@ fn accept_returns_the_queued_connection_and_how_long_it_waited() {
             Event::StateChange(s)
                 if s.conn
                     .is_some_and(|c| c.local == server && c.remote == peer)
-                    && s.new.as_ref().and_then(|n| n.name.as_deref())
-                        == Some("TCP_ESTABLISHED") =>
+                    && s.new.and_then(|n| n.name()) == Some("TCP_ESTABLISHED") =>
             {
                 Some((s.skaddr, s.meta.ts_ns))
             }
@@ -556,8 +548,7 @@ fn observed(events: &[Event], ports: &[u16]) -> Vec<String> {
     let mine = |c: &Option<drainwatch::capture::event::Endpoints>| {
         c.is_some_and(|c| ports.contains(&c.local.port()) || ports.contains(&c.remote.port()))
     };
-    let name =
-        |n: &Option<drainwatch::capture::event::Named>| n.as_ref().and_then(|n| n.name.clone());
+    let name = |n: &Option<drainwatch::model::TcpState>| n.and_then(|n| n.name());
     let mut out: Vec<String> = events
         .iter()
         .filter_map(|e| match e {
@@ -585,7 +576,7 @@ fn observed(events: &[Event], ports: &[u16]) -> Vec<String> {
                 r.skaddr,
                 r.conn,
                 name(&r.state),
-                name(&r.reason),
+                r.reason.as_ref().and_then(|n| n.name.clone()),
                 r.meta.netns,
                 r.meta.tgid,
             )),

@@ -9,6 +9,8 @@ use std::{
 
 use drainwatch_common::{AF_INET, AF_INET6, EventKind, Header, Tuple};
 
+pub use crate::model::TcpState;
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
     #[error("record of {got} bytes is shorter than the {want} a {kind} event needs")]
@@ -155,10 +157,10 @@ impl KernelNames {
         Self::lookup(&self.drop_reasons, v)
     }
     /// `None` for the -1 the programs write when no state was readable.
-    pub fn tcp_state(&self, v: i32) -> Option<Named> {
-        u32::try_from(v)
-            .ok()
-            .map(|v| Self::lookup(&self.tcp_states, v))
+    pub fn tcp_state(&self, v: i32) -> Option<TcpState> {
+        let v = u32::try_from(v).ok()?;
+        let name = self.tcp_states.get(&u64::from(v)).map(String::as_str);
+        Some(TcpState::from_kernel_name(name, v))
     }
 }
 
@@ -168,7 +170,7 @@ pub struct ResetSent {
     /// 0 when the RST answered a packet that matched no socket.
     pub skaddr: u64,
     pub conn: Option<Endpoints>,
-    pub state: Option<Named>,
+    pub state: Option<TcpState>,
     /// `None` on kernels before 6.10 (no reason in the tracepoint).
     pub reason: Option<Named>,
 }
@@ -179,7 +181,7 @@ pub struct ResetReceived {
     pub skaddr: u64,
     pub sock_cookie: u64,
     pub conn: Option<Endpoints>,
-    pub state: Option<Named>,
+    pub state: Option<TcpState>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,8 +189,8 @@ pub struct StateChange {
     pub meta: Meta,
     pub skaddr: u64,
     pub conn: Option<Endpoints>,
-    pub old: Option<Named>,
-    pub new: Option<Named>,
+    pub old: Option<TcpState>,
+    pub new: Option<TcpState>,
     pub counters: TcpCounters,
     /// Entering LISTEN: the accept queue's limit, when BTF gave its offset.
     pub max_ack_backlog: Option<u32>,

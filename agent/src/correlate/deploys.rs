@@ -3,30 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{
-    Mono,
-    stops::{Loss, Stop},
-};
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Deploy {
-    pub id: String,
-    pub namespace: String,
-    pub workload: String,
-    /// The workload's kind (Kubernetes API); "" when unknown.
-    pub workload_kind: String,
-    /// The revisions (pod template hashes) of the stopped containers, in order of their
-    /// stops: the rollout replaced these.
-    pub revisions: Vec<String>,
-    pub started_at: Mono,
-    /// Start of the last stop in the deploy.
-    pub last_stop_at: Mono,
-    pub stops: Vec<String>,
-    pub outcomes: BTreeMap<&'static str, u64>,
-    /// Stops whose main process has not exited yet.
-    pub in_progress: u64,
-    pub loss: Loss,
-}
+use crate::model::{Loss, Mono, deploy::Deploy, stop::Stop};
 
 /// Groups stops into deploys, newest first.
 pub fn group(stops: &[Stop], window: Mono) -> Vec<Deploy> {
@@ -68,7 +45,7 @@ pub fn group(stops: &[Stop], window: Mono) -> Vec<Deploy> {
             d.revisions.push(rev.clone());
         }
         match s.outcome() {
-            Some(o) => *d.outcomes.entry(o.as_str()).or_default() += 1,
+            Some(o) => *d.outcomes.entry(o).or_default() += 1,
             None => d.in_progress += 1,
         }
         d.loss.add(&s.loss);

@@ -1,172 +1,150 @@
 //! Correlate: turns attributed observations into container stop timelines, the connection loss
-//! each stop caused, and deploys. Pure: fed observations and a clock (kernel monotonic
-//! nanoseconds), no I/O, so every rule is unit-tested without a kernel.
+//! each stop caused, retry verdicts, reconnect storms and deploys. Pure: fed observations and a
+//! clock (kernel monotonic nanoseconds), no I/O, so every rule is unit-tested without a kernel.
+//! [`Correlator`] is its one entry point: observations in, [`Emitted`] out.
 
 pub mod deploys;
 pub mod retries;
 pub mod stops;
 pub mod storms;
 
-use std::net::SocketAddr;
+use std::collections::HashSet;
 
-use serde::Serialize;
+use crate::model::{
+    Emitted, Fact, ListenSample, Mono, Observation, Workload, stop::Stop, storm::Storm,
+};
 
-/// Kernel monotonic time, nanoseconds (`bpf_ktime_get_ns`).
-pub type Mono = u64;
-
-pub const SECOND: Mono = 1_000_000_000;
-
-/// Who a container is, as reports and metrics name it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize)]
-pub struct ContainerIdentity {
-    pub id: String,
-    pub runtime: String,
-    pub name: String,
-    pub namespace: String,
-    pub pod: String,
-    pub workload: String,
-    /// Kind of the owning workload (Deployment, StatefulSet, DaemonSet, Job, CronJob, …) from
-    /// the Kubernetes API; "" without it.
-    pub workload_kind: String,
-    /// The rollout the container belongs to: the pod template hash; "" when unknown.
-    pub revision: String,
-    /// The node its pod runs on (Kubernetes API); "" when unknown.
-    pub node: String,
-    /// What the pod spec says about stopping it; rendered on stop records, not part of the
-    /// container object.
-    #[serde(skip)]
-    pub stop_policy: StopPolicy,
+/// The stop tracker (with its retry matcher) and the storm detector behind one door.
+#[derive(Debug, Default)]
+pub struct Correlator {
+    tracker: stops::Tracker,
+    storms: storms::Storms,
 }
 
-/// What the pod spec (Kubernetes API) says about stopping a container; None when unknown.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct StopPolicy {
-    /// `terminationGracePeriodSeconds` (or the deletion's own grace period).
-    pub grace_configured_seconds: Option<i64>,
-    /// Whether the container has a preStop hook.
-    pub prestop: Option<bool>,
-}
-
-/// A process outside the container that sent it a stop signal.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Sender {
-    pub pid: u32,
-    pub comm: String,
-}
-
-/// How a container's main process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ExitInfo {
-    /// The shell's convention: exit code, or 128 + signal.
-    pub code: Option<i32>,
-    /// The signal that killed it, if one did.
-    pub signal: Option<i32>,
-}
-
-/// Something the attribution stage established about one container. `key` is the container id.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Observation {
-    /// The container exists (scan or first event). `listeners` and `inbound` seed state when
-    /// the agent starts while the container runs.
-    Container {
-        identity: ContainerIdentity,
-        listeners: Vec<SocketAddr>,
-        inbound: Vec<u64>,
-    },
-    /// A stop signal from outside the container.
-    Signal {
-        key: String,
-        sig: i32,
-        sender: Sender,
-    },
-    /// The container's main process exited.
-    Exit {
-        key: String,
-        exit: ExitInfo,
-    },
-    ListenerOpened {
-        key: String,
-        addr: SocketAddr,
-    },
-    ListenerClosed {
-        key: String,
-        addr: SocketAddr,
-    },
-    /// A connection to one of its listeners completed its handshake.
-    InboundEstablished {
-        key: String,
-        sock: u64,
-    },
-    /// An inbound connection ended. `by_container`: the container closed or reset it (not the
-    /// peer); `pending`: a request was waiting for an answer.
-    InboundClosed {
-        key: String,
-        sock: u64,
-        by_container: bool,
-        pending: bool,
-    },
-    /// The container's stack sent a RST on one of its connections.
-    ResetSent {
-        key: String,
-        reason: String,
-    },
-    /// A SYN to a listening address it had closed was answered with RST.
-    Refused {
-        key: String,
-    },
-    /// A connection attempt from this node to an address it held, after it was gone.
-    Unreachable {
-        key: String,
-    },
-    CgroupRemoved {
-        key: String,
-    },
-    /// What is known about who the container is changed (the Kubernetes API learned its
-    /// pod after it was adopted with the runtime's names, or its pod spec changed).
-    Identity {
-        identity: ContainerIdentity,
-    },
-    /// A proxy process on this node opened a connection to the container (`key`).
-    UpstreamOpened {
-        key: String,
-        sock: u64,
-        proxy: retries::Proxy,
-    },
-    /// That connection closed after the proxy sent `bytes_sent` bytes on it.
-    UpstreamClosed {
-        key: String,
-        sock: u64,
-        bytes_sent: u64,
-    },
-    /// The container cut a proxy's connection with a request of `request_bytes` pending.
-    UpstreamCut {
-        key: String,
-        proxy: retries::Proxy,
-        request_bytes: u64,
-        upstream_opened_at: Mono,
-    },
-}
-
-impl Observation {
-    pub fn key(&self) -> &str {
-        match self {
-            Observation::Container { identity, .. } | Observation::Identity { identity } => {
-                &identity.id
-            }
-            Observation::Signal { key, .. }
-            | Observation::Exit { key, .. }
-            | Observation::ListenerOpened { key, .. }
-            | Observation::ListenerClosed { key, .. }
-            | Observation::InboundEstablished { key, .. }
-            | Observation::InboundClosed { key, .. }
-            | Observation::ResetSent { key, .. }
-            | Observation::Refused { key }
-            | Observation::Unreachable { key }
-            | Observation::CgroupRemoved { key }
-            | Observation::UpstreamOpened { key, .. }
-            | Observation::UpstreamClosed { key, .. }
-            | Observation::UpstreamCut { key, .. } => key,
+impl Correlator {
+    pub fn new(tracker: stops::Config, storms: storms::Config) -> Self {
+        Self {
+            tracker: stops::Tracker::new(tracker),
+            storms: storms::Storms::new(storms),
         }
+    }
+
+    /// Feeds the observations of one kernel event (`event`: its time says how far processing
+    /// got) or of a scan, made at `at`.
+    pub fn observe(&mut self, at: Mono, obs: Vec<Observation>, event: bool) -> Vec<Emitted> {
+        let mut out = Vec::new();
+        for o in obs {
+            match &o {
+                Observation::Container { identity, .. } => out.push(Emitted::ContainerSeen {
+                    container: identity.clone(),
+                }),
+                Observation::Refused { key } => {
+                    if let Some(id) = self.tracker.identity(key) {
+                        out.push(Emitted::Refused {
+                            container: id.clone(),
+                        });
+                    }
+                }
+                Observation::Reset {
+                    container,
+                    direction,
+                    reason,
+                } => out.push(Emitted::Reset {
+                    container: container.clone(),
+                    direction: *direction,
+                    reason: reason.clone(),
+                }),
+                Observation::Listener {
+                    container,
+                    port,
+                    fact,
+                } => {
+                    let w = container.workload_key();
+                    match fact {
+                        Fact::Arrival => self.storms.arrival(&w, &container.name, *port, at),
+                        Fact::AcceptWait(secs) => self.storms.accept_wait(&w, *port, *secs, at),
+                        Fact::Overflow => self.storms.overflow(&w, *port),
+                    }
+                    out.push(Emitted::Listener {
+                        container: container.clone(),
+                        port: *port,
+                        fact: fact.clone(),
+                    });
+                    continue;
+                }
+                _ => {}
+            }
+            self.tracker.observe(at, o);
+        }
+        if event {
+            self.tracker.processed(at);
+        }
+        self.drain(&mut out);
+        out
+    }
+
+    /// Advances the clock (every second): storms that ended, stops that settled.
+    pub fn tick(&mut self, now: Mono) -> Vec<Emitted> {
+        let mut out: Vec<Emitted> = self
+            .storms
+            .tick(now)
+            .into_iter()
+            .map(|s| Emitted::Storm(Box::new(s)))
+            .collect();
+        self.tracker.tick(now);
+        self.drain(&mut out);
+        out
+    }
+
+    /// A sample of the listen path: queue depths and namespace counters for storms.
+    pub fn listen_sample(&mut self, sample: ListenSample) -> Vec<Emitted> {
+        for (c, port, depth, _) in &sample.queues {
+            self.storms.queue_depth(&c.workload_key(), *port, *depth);
+        }
+        for (c, counters) in &sample.netns {
+            self.storms
+                .netns_counters(&c.workload_key(), &c.name, *counters);
+        }
+        vec![Emitted::ListenSample(Box::new(sample))]
+    }
+
+    /// What the tracker reported since the last call; a stop's beginning also starts watching
+    /// its workload for a storm.
+    fn drain(&mut self, out: &mut Vec<Emitted>) {
+        for e in self.tracker.take_emitted() {
+            if let Emitted::StopBegan {
+                container,
+                stop_id,
+                at,
+            } = &e
+            {
+                self.storms
+                    .stopped(container.workload_key(), stop_id, &container.name, *at);
+            }
+            out.push(e);
+        }
+    }
+
+    /// Workloads whose listen path is sampled fast (a recent stop, or a storm in progress).
+    pub fn hot_workloads(&self, now: Mono) -> HashSet<Workload> {
+        self.storms.hot_workloads(now)
+    }
+
+    pub fn stops(&self) -> &[Stop] {
+        self.tracker.stops()
+    }
+
+    pub fn storms(&self) -> &[Storm] {
+        self.storms.storms()
+    }
+
+    /// The newest event time fed so far.
+    pub fn processed_until(&self) -> Mono {
+        self.tracker.processed_until()
+    }
+
+    pub fn tracker(&self) -> &stops::Tracker {
+        &self.tracker
     }
 }
 

@@ -8,14 +8,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{Mono, SECOND};
-
-/// A proxy process: its pid and the name metrics use (its workload, or its command name).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Proxy {
-    pub tgid: u32,
-    pub name: String,
-}
+pub use crate::model::Proxy;
+use crate::model::{Mono, SECOND};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cut {

@@ -1,220 +1,15 @@
-//! The stop state machine: one record per container stop, from the first stop signal (or the
-//! exit of a crash) to the cgroup's removal, with the connection loss attributed to it.
+//! The stop tracker: the state machine that builds one [`Stop`] record per container stop,
+//! from the first stop signal (or the exit of a crash) to the cgroup's removal, and attributes
+//! connection loss to it.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    net::SocketAddr,
+use std::collections::HashMap;
+
+use super::retries::{Cut, Matcher, Verdict};
+use crate::model::{
+    ContainerIdentity, Emitted, ExitInfo, Loss, LossKind, Mono, Observation, ResetDirection,
+    SECOND, Sender,
+    stop::{ListenerTimeline, LossEvent, MAX_LOSS_EVENTS, SIGINT, SIGKILL, SIGQUIT, SIGTERM, Stop},
 };
-
-use serde::Serialize;
-
-use super::{
-    ContainerIdentity, ExitInfo, Mono, Observation, SECOND, Sender,
-    retries::{Cut, Matcher, Verdict},
-};
-
-pub const SIGINT: i32 = 2;
-pub const SIGQUIT: i32 = 3;
-pub const SIGKILL: i32 = 9;
-pub const SIGTERM: i32 = 15;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    Crashed,
-    KilledAtDeadline,
-    ExitAtOnce,
-    ListenerClosedEarly,
-    Drained,
-}
-
-impl Outcome {
-    pub const ALL: [Outcome; 5] = [
-        Outcome::Crashed,
-        Outcome::KilledAtDeadline,
-        Outcome::ExitAtOnce,
-        Outcome::ListenerClosedEarly,
-        Outcome::Drained,
-    ];
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Crashed => "crashed",
-            Outcome::KilledAtDeadline => "killed_at_deadline",
-            Outcome::ExitAtOnce => "exit_at_once",
-            Outcome::ListenerClosedEarly => "listener_closed_early",
-            Outcome::Drained => "drained",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Loss {
-    pub inflight_cut: u64,
-    pub idle_closed: u64,
-    /// RSTs sent, by kernel reason.
-    pub resets_sent: BTreeMap<String, u64>,
-    pub refused: u64,
-    pub unreachable: u64,
-    pub accepted_after_sigterm: u64,
-    /// Cut requests a proxy re-sent to another backend (done twice, invisible to the client).
-    pub retry_duplicates: u64,
-    /// Cut requests no proxy re-sent (the client saw an error).
-    pub upstream_aborts: u64,
-}
-
-impl Loss {
-    pub fn add(&mut self, other: &Loss) {
-        self.inflight_cut += other.inflight_cut;
-        self.idle_closed += other.idle_closed;
-        for (r, n) in &other.resets_sent {
-            *self.resets_sent.entry(r.clone()).or_default() += n;
-        }
-        self.refused += other.refused;
-        self.unreachable += other.unreachable;
-        self.accepted_after_sigterm += other.accepted_after_sigterm;
-        self.retry_duplicates += other.retry_duplicates;
-        self.upstream_aborts += other.upstream_aborts;
-    }
-}
-
-/// Most loss events a stop keeps for its timeline; the counts in [`Loss`] stay exact beyond it.
-pub const MAX_LOSS_EVENTS: usize = 500;
-
-/// One counted loss (or connection routed to a stopping container), when it happened: what the
-/// deploy page draws on a stop's timeline and the verdict reads evidence from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LossEvent {
-    pub at: Mono,
-    /// A [`Loss`] field name: `inflight_cut`, `refused`, `unreachable`,
-    /// `accepted_after_sigterm`, `retry_duplicates` or `upstream_aborts` (at the cut's time).
-    pub kind: &'static str,
-    /// For a cut: how long the connection had been open, when its handshake was seen. With one
-    /// request per connection that is how long the request had been running.
-    pub open_for: Option<Mono>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListenerTimeline {
-    pub address: SocketAddr,
-    pub closed_at: Option<Mono>,
-}
-
-/// One container stop. Times are kernel monotonic; the export layer renders them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stop {
-    pub id: String,
-    pub container: ContainerIdentity,
-    /// The first stop signal: SIGTERM, or SIGINT/SIGQUIT for images that stop with those.
-    pub sigterm_at: Option<Mono>,
-    pub stop_signal: Option<i32>,
-    pub sigterm_sender: Option<Sender>,
-    pub sigkill_at: Option<Mono>,
-    pub exit_at: Option<Mono>,
-    pub exit: Option<ExitInfo>,
-    pub cgroup_removed_at: Option<Mono>,
-    pub listeners: Vec<ListenerTimeline>,
-    pub last_accept_at: Option<Mono>,
-    pub connections_at_sigterm: Option<u64>,
-    pub connections_at_exit: Option<u64>,
-    /// The pod's `terminationGracePeriodSeconds` (Kubernetes API); None when unknown.
-    pub grace_configured_seconds: Option<i64>,
-    /// Whether the container has a preStop hook (Kubernetes API); None when unknown.
-    pub prestop: Option<bool>,
-    pub loss: Loss,
-    /// Loss as it happened, oldest first, at most [`MAX_LOSS_EVENTS`].
-    pub events: Vec<LossEvent>,
-    /// Loss events not kept beyond the cap (still counted in `loss`).
-    pub events_dropped: u64,
-    /// The last connection routed to it after the stop signal: accepted, refused or unreachable.
-    pub last_routed_at: Option<Mono>,
-    /// Set once the record will not change any more (see `Tracker::tick`).
-    pub settled: bool,
-}
-
-impl Stop {
-    /// SIGTERM → SIGKILL, as observed.
-    pub fn grace_seconds(&self) -> Option<f64> {
-        Some(secs(self.sigkill_at?.checked_sub(self.sigterm_at?)?))
-    }
-
-    /// SIGTERM → exit.
-    pub fn drain_seconds(&self) -> Option<f64> {
-        Some(secs(self.exit_at?.checked_sub(self.sigterm_at?)?))
-    }
-
-    /// SIGTERM → the last connection routed to it after that, accepted or refused or
-    /// unreachable (how long routing kept sending).
-    pub fn routing_lag_seconds(&self) -> Option<f64> {
-        let term = self.sigterm_at?;
-        let last = self.last_accept_at.max(self.last_routed_at)?;
-        (last > term).then(|| secs(last - term))
-    }
-
-    /// `None` until the main process has exited.
-    pub fn outcome(&self) -> Option<Outcome> {
-        let exit = self.exit?;
-        let stop_first = self
-            .sigterm_at
-            .is_some_and(|t| self.exit_at.is_none_or(|e| t <= e));
-        let kill_first = self
-            .sigkill_at
-            .is_some_and(|t| self.exit_at.is_none_or(|e| t <= e));
-        Some(if !stop_first && !kill_first {
-            Outcome::Crashed
-        } else if stop_first && kill_first {
-            Outcome::KilledAtDeadline
-        } else if kill_first
-            || (exit.signal.is_some() && exit.signal == self.stop_signal)
-            || self.loss.inflight_cut > 0
-        {
-            Outcome::ExitAtOnce
-        } else if self.loss.refused > 0 {
-            Outcome::ListenerClosedEarly
-        } else {
-            Outcome::Drained
-        })
-    }
-
-    /// The moment the record started.
-    pub fn started_at(&self) -> Mono {
-        [self.sigterm_at, self.sigkill_at, self.exit_at]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(0)
-    }
-}
-
-fn secs(ns: Mono) -> f64 {
-    ns as f64 / SECOND as f64
-}
-
-/// What the tracker reports for metrics, as it happens.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Emitted {
-    /// Loss counted against a stop (`kind`: inflight_cut, refused, unreachable,
-    /// accepted_after_sigterm, idle_closed, or `resets_sent` with a reason).
-    Loss {
-        container: ContainerIdentity,
-        kind: &'static str,
-        reason: Option<String>,
-    },
-    /// A stop began (its first signal, or the exit of a crash).
-    StopBegan {
-        container: ContainerIdentity,
-        stop_id: String,
-        at: Mono,
-    },
-    /// A stop will not change any more.
-    Settled { stop: Box<Stop> },
-    /// What a proxy did about a request the container cut, stop or not.
-    Retry {
-        container: ContainerIdentity,
-        proxy: String,
-        /// `None` for an abort; the latency the retry added for a duplicate.
-        added_seconds: Option<f64>,
-    },
-}
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -365,7 +160,7 @@ impl Tracker {
     fn count(
         &mut self,
         key: &str,
-        kind: &'static str,
+        kind: LossKind,
         reason: Option<String>,
         at: Mono,
         open_for: Option<Mono>,
@@ -376,32 +171,17 @@ impl Tracker {
         if stop.settled {
             return;
         }
-        if matches!(kind, "accepted_after_sigterm" | "refused" | "unreachable") {
+        if kind.is_routed() {
             stop.last_routed_at = stop.last_routed_at.max(Some(at));
         }
-        if kind != "idle_closed" && kind != "resets_sent" {
+        if kind.on_timeline() {
             if stop.events.len() < MAX_LOSS_EVENTS {
                 stop.events.push(LossEvent { at, kind, open_for });
             } else {
                 stop.events_dropped += 1;
             }
         }
-        let l = &mut stop.loss;
-        match kind {
-            "inflight_cut" => l.inflight_cut += 1,
-            "idle_closed" => l.idle_closed += 1,
-            "refused" => l.refused += 1,
-            "unreachable" => l.unreachable += 1,
-            "accepted_after_sigterm" => l.accepted_after_sigterm += 1,
-            "retry_duplicates" => l.retry_duplicates += 1,
-            "upstream_aborts" => l.upstream_aborts += 1,
-            "resets_sent" => {
-                *l.resets_sent
-                    .entry(reason.clone().unwrap_or_default())
-                    .or_default() += 1
-            }
-            _ => return,
-        }
+        stop.loss.count(kind, reason.as_deref());
         let container = stop.container.clone();
         self.emitted.push(Emitted::Loss {
             container,
@@ -552,7 +332,7 @@ impl Tracker {
                     })
                     .unwrap_or(false);
                 if after_sigterm {
-                    self.count(&key, "accepted_after_sigterm", None, now, None);
+                    self.count(&key, LossKind::AcceptedAfterSigterm, None, now, None);
                 }
             }
             Observation::InboundClosed {
@@ -575,9 +355,9 @@ impl Tracker {
                     self.count(
                         &key,
                         if pending {
-                            "inflight_cut"
+                            LossKind::InflightCut
                         } else {
-                            "idle_closed"
+                            LossKind::IdleClosed
                         },
                         None,
                         now,
@@ -585,17 +365,20 @@ impl Tracker {
                     );
                 }
             }
-            Observation::ResetSent { reason, .. } => {
-                self.count(&key, "resets_sent", Some(reason), now, None)
-            }
-            Observation::Refused { .. } => self.count(&key, "refused", None, now, None),
+            Observation::Reset {
+                direction: ResetDirection::Sent,
+                reason,
+                ..
+            } => self.count(&key, LossKind::ResetsSent, Some(reason), now, None),
+            Observation::Reset { .. } | Observation::Listener { .. } => {}
+            Observation::Refused { .. } => self.count(&key, LossKind::Refused, None, now, None),
             Observation::Unreachable { .. } => {
                 let gone = self
                     .containers
                     .get(&key)
                     .is_some_and(|c| c.gone_at.is_some());
                 if gone {
-                    self.count(&key, "unreachable", None, now, None);
+                    self.count(&key, LossKind::Unreachable, None, now, None);
                 }
             }
             Observation::CgroupRemoved { .. } => {
@@ -666,9 +449,9 @@ impl Tracker {
             let key = d.cut.backend.clone();
             let (kind, added) = match d.verdict {
                 Verdict::Duplicate { added_seconds, .. } => {
-                    ("retry_duplicates", Some(added_seconds))
+                    (LossKind::RetryDuplicates, Some(added_seconds))
                 }
-                Verdict::Abort => ("upstream_aborts", None),
+                Verdict::Abort => (LossKind::UpstreamAborts, None),
             };
             if let Some(c) = self.containers.get(&key) {
                 self.emitted.push(Emitted::Retry {

@@ -3,8 +3,13 @@
 use std::net::SocketAddr;
 
 use super::{
-    ContainerIdentity, ExitInfo, Mono, Observation as O, SECOND, Sender, deploys, stops,
-    stops::{Config, Emitted, Outcome, SIGKILL, SIGTERM, Stop, Tracker},
+    deploys,
+    stops::{Config, Tracker},
+};
+use crate::model::{
+    ContainerIdentity, Emitted, ExitInfo, LossKind, Mono, Observation as O, ResetDirection, SECOND,
+    Sender,
+    stop::{self as stops, Outcome, SIGKILL, SIGTERM, Stop},
 };
 
 const T0: Mono = 1_000 * SECOND;
@@ -431,7 +436,7 @@ fn unreachable_counts_only_after_the_container_is_gone_and_stops_settle() {
             matches!(
                 e,
                 Emitted::Loss {
-                    kind: "unreachable",
+                    kind: LossKind::Unreachable,
                     ..
                 }
             )
@@ -627,7 +632,7 @@ fn stops_of_one_workload_within_ten_minutes_are_one_deploy() {
         .map(|d| (d.workload.as_str(), d.stops.len(), d.in_progress))
         .collect();
     assert_eq!(summary, [("web", 1, 1), ("api", 1, 1), ("web", 3, 0)]);
-    assert_eq!(d[2].outcomes.get("drained"), Some(&3));
+    assert_eq!(d[2].outcomes.get(&Outcome::Drained), Some(&3));
 }
 
 #[test]
@@ -671,8 +676,9 @@ fn loss_events_keep_their_times_and_routing_lag_counts_refused_attempts() {
     }
     t.observe(
         ms(3900),
-        O::ResetSent {
-            key: key(),
+        O::Reset {
+            container: std::sync::Arc::new(identity("c1", "web")),
+            direction: ResetDirection::Sent,
             reason: "NOT_SPECIFIED".into(),
         },
     );
@@ -680,7 +686,7 @@ fn loss_events_keep_their_times_and_routing_lag_counts_refused_attempts() {
     let events: Vec<_> = s
         .events
         .iter()
-        .map(|e| (e.at, e.kind, e.open_for))
+        .map(|e| (e.at, e.kind.as_str(), e.open_for))
         .collect();
     assert_eq!(
         events,
@@ -723,7 +729,7 @@ fn a_cut_of_a_connection_found_by_a_scan_has_no_age_and_events_are_capped() {
         t.observe(ms(20 + i), O::Refused { key: key() });
     }
     let s = only_stop(&t);
-    assert_eq!(s.events[0].kind, "inflight_cut");
+    assert_eq!(s.events[0].kind.as_str(), "inflight_cut");
     assert_eq!(s.events[0].open_for, None, "its handshake was never seen");
     assert_eq!(s.events.len(), stops::MAX_LOSS_EVENTS);
     assert_eq!(s.events_dropped, 6);
@@ -782,6 +788,9 @@ fn a_retry_is_drawn_at_the_cut_it_repeated() {
     t.tick(ms(2000));
     let s = only_stop(&t);
     assert_eq!(s.loss.retry_duplicates, 1);
-    let retry = s.events.iter().find(|e| e.kind == "retry_duplicates");
+    let retry = s
+        .events
+        .iter()
+        .find(|e| e.kind.as_str() == "retry_duplicates");
     assert_eq!(retry.map(|e| e.at), Some(ms(20)));
 }

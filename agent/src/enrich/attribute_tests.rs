@@ -17,7 +17,7 @@ use crate::{
         CgroupRemoved, Endpoints, Event, Exit, ExitStatus, Meta, Named, ResetSent, Signal,
         StateChange, TcpCounters,
     },
-    correlate::{ExitInfo, Observation as O},
+    model::{ExitInfo, Fact, Observation as O, ResetDirection, TcpState},
 };
 
 const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -127,6 +127,10 @@ fn named(name: &str) -> Option<Named> {
     })
 }
 
+fn tcp(name: &str) -> Option<TcpState> {
+    Some(TcpState::from_kernel_name(Some(name), 0))
+}
+
 fn conn(local: &str, remote: &str) -> Option<Endpoints> {
     Some(Endpoints {
         local: local.parse().unwrap(),
@@ -146,8 +150,8 @@ fn state(
         meta: meta(0, netns, 0),
         skaddr: sk,
         conn: c,
-        old: named(old),
-        new: named(new),
+        old: tcp(old),
+        new: tcp(new),
         counters,
         max_ack_backlog: None,
     })
@@ -312,7 +316,13 @@ fn inbound_connections_close_by_container_or_by_peer() {
     );
     assert!(matches!(
         e.on_event(&est).as_slice(),
-        [O::InboundEstablished { sock: 0xa1, .. }]
+        [
+            O::InboundEstablished { sock: 0xa1, .. },
+            O::Listener {
+                fact: Fact::Arrival,
+                ..
+            }
+        ]
     ));
     let cut = state(
         0xa1,
@@ -375,9 +385,8 @@ fn inbound_connections_close_by_container_or_by_peer() {
         reason: named("TCP_ABORT_ON_CLOSE"),
     });
     assert!(
-        matches!(e.on_event(&rst).as_slice(), [O::ResetSent { reason, .. }] if reason == "TCP_ABORT_ON_CLOSE")
+        matches!(e.on_event(&rst).as_slice(), [O::Reset { reason, direction: ResetDirection::Sent, .. }] if reason == "TCP_ABORT_ON_CLOSE")
     );
-    assert_eq!(e.resets(&rst).len(), 1);
 }
 
 #[test]
@@ -412,7 +421,7 @@ fn a_refused_connect_is_not_also_unreachable() {
         skaddr: 0xd1,
         sock_cookie: 0,
         conn: conn("10.88.0.1:41234", "10.88.0.5:8080"),
-        state: named("TCP_SYN_SENT"),
+        state: tcp("TCP_SYN_SENT"),
     });
     e.on_event(&rst);
     let closed = state(
@@ -532,8 +541,8 @@ fn a_proxy_connection_cut_with_a_request_pending_names_the_proxy() {
         matches!(obs.as_slice(), [O::UpstreamOpened { sock: 0xe1, proxy, .. }] if proxy.name == "nginx" && proxy.tgid == 60),
         "{obs:#?}"
     );
-    connect.old = named("TCP_SYN_SENT");
-    connect.new = named("TCP_ESTABLISHED");
+    connect.old = tcp("TCP_SYN_SENT");
+    connect.new = tcp("TCP_ESTABLISHED");
     connect.conn = conn("10.88.0.1:50000", "10.88.0.5:8080");
     assert!(e.on_event(&Event::StateChange(connect)).is_empty());
     // The container accepts it and is cut with the 120-byte request pending.
@@ -606,7 +615,6 @@ fn a_process_without_a_listener_is_no_proxy() {
 
 #[test]
 fn listener_facts_arrivals_accept_wait_overflows_and_queues() {
-    use super::attribute::{Fact, ListenerFact};
     let mut e = enricher();
     e.scan();
     let mut est = state(
@@ -620,10 +628,19 @@ fn listener_facts_arrivals_accept_wait_overflows_and_queues() {
     if let Event::StateChange(s) = &mut est {
         s.meta.ts_ns = 1_000_000_000;
     }
-    e.on_event(&est);
-    let fact = |f: Option<ListenerFact>| f.map(|f| (f.container.name, f.port, f.fact));
+    // The listener facts among what an event says.
+    let fact = |obs: Vec<O>| {
+        obs.into_iter().find_map(|o| match o {
+            O::Listener {
+                container,
+                port,
+                fact,
+            } => Some((container.name.clone(), port, fact)),
+            _ => None,
+        })
+    };
     assert_eq!(
-        fact(e.listener_fact(&est)),
+        fact(e.on_event(&est)),
         Some(("web-2".into(), 8080, Fact::Arrival))
     );
     let accept = |sk| {
@@ -637,12 +654,12 @@ fn listener_facts_arrivals_accept_wait_overflows_and_queues() {
         })
     };
     assert_eq!(
-        fact(e.listener_fact(&accept(0xa5))),
+        fact(e.on_event(&accept(0xa5))),
         Some(("web-2".into(), 8080, Fact::AcceptWait(0.25)))
     );
-    assert_eq!(fact(e.listener_fact(&accept(0xa5))), None, "accepted once");
+    assert_eq!(fact(e.on_event(&accept(0xa5))), None, "accepted once");
     assert_eq!(
-        fact(e.listener_fact(&accept(0xbad))),
+        fact(e.on_event(&accept(0xbad))),
         None,
         "not a container's connection"
     );
@@ -655,11 +672,11 @@ fn listener_facts_arrivals_accept_wait_overflows_and_queues() {
         },
     });
     assert_eq!(
-        fact(e.listener_fact(&overflow)),
+        fact(e.on_event(&overflow)),
         Some(("web-2".into(), 8080, Fact::Overflow))
     );
     // Queue depth and limit of its own listener only (not the sidecar's 9090).
-    let sample = e.sample_listen_path(None);
+    let (sample, _) = e.sample_listen_path(None);
     let q: Vec<_> = sample
         .queues
         .into_iter()
@@ -694,11 +711,11 @@ fn listener_facts_arrivals_accept_wait_overflows_and_queues() {
     e.on_event(&listen);
     // A fast sample of the workload reuses the listener found by the full one.
     let web: HashSet<_> = [(String::new(), "web".to_string())].into();
-    let fast = e.sample_listen_path(Some(&web));
+    let (fast, _) = e.sample_listen_path(Some(&web));
     assert_eq!(fast.queues.len(), 1);
     assert_eq!(fast.queues[0].3, Some(128));
     let other: HashSet<_> = [(String::new(), "api".to_string())].into();
-    let none = e.sample_listen_path(Some(&other));
+    let (none, _) = e.sample_listen_path(Some(&other));
     assert!(none.queues.is_empty() && none.netns.is_empty());
 }
 

@@ -37,7 +37,7 @@ use prometheus_client::{
 };
 use tokio::sync::watch as shutdown_watch;
 
-use crate::correlate::{ContainerIdentity, Mono, StopPolicy};
+use crate::model::{ContainerIdentity, Mono, StopPolicy};
 
 /// Why a pod could not be used, or the client not built.
 #[derive(Debug, thiserror::Error)]

@@ -24,8 +24,9 @@ use super::{
     runtime_meta::ContainerMeta,
 };
 use crate::{
-    correlate::{ContainerIdentity, Observation, SECOND, Sender, stops::Tracker},
-    export::api::{Clock, monotonic_now, stop_json},
+    correlate::stops::Tracker,
+    export::api::{Clock, stop_json},
+    model::{ContainerIdentity, Observation, SECOND, Sender, monotonic_now},
 };
 
 macro_rules! fixture {

@@ -5,12 +5,7 @@
 //! accept queue was full, including the ones the kernel frees without a drop reason
 //! (`skb:kfree_skb` never sees those); `ListenDrops` counts every drop on the listen path.
 
-/// A namespace's `TcpExt: ListenOverflows ListenDrops`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ListenCounters {
-    pub overflows: u64,
-    pub drops: u64,
-}
+pub use crate::model::ListenCounters;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum NetstatError {

@@ -3,12 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::correlate::{
-    Mono,
-    deploys::Deploy,
-    stops::{Loss, Stop},
-    storms::Storm,
-};
+use crate::model::{Loss, Mono, deploy::Deploy, monotonic_now, stop::Stop, storm::Storm};
 
 /// Converts kernel monotonic time to wall-clock time.
 #[derive(Debug, Clone, Copy)]
@@ -36,17 +31,6 @@ impl Clock {
     fn opt(&self, t: Option<Mono>) -> Value {
         t.map_or(Value::Null, |t| Value::String(self.rfc3339(t)))
     }
-}
-
-/// CLOCK_MONOTONIC now, the clock `bpf_ktime_get_ns` reads.
-pub fn monotonic_now() -> Mono {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn round3(x: Option<f64>) -> Value {
@@ -96,7 +80,7 @@ pub fn stop_json(s: &Stop, clock: &Clock) -> Value {
             "open_seconds": round3(e.open_for.map(|d| d as f64 / 1e9)),
         })).collect::<Vec<_>>(),
         "loss_events_dropped": s.events_dropped,
-        "outcome": s.outcome().map(|o| o.as_str()),
+        "outcome": s.outcome(),
     })
 }
 
@@ -174,7 +158,10 @@ pub fn deploys_json(deploys: &[Deploy], clock: &Clock) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::correlate::{ContainerIdentity, ExitInfo, SECOND, Sender, stops::ListenerTimeline};
+    use crate::model::{
+        ContainerIdentity, ExitInfo, LossKind, SECOND, Sender,
+        stop::{ListenerTimeline, LossEvent},
+    };
 
     #[test]
     fn a_stop_renders_with_the_promised_field_names() {
@@ -216,9 +203,9 @@ mod tests {
                 inflight_cut: 2,
                 ..Default::default()
             },
-            events: vec![crate::correlate::stops::LossEvent {
+            events: vec![LossEvent {
                 at: 10 * SECOND + 2_500_000,
-                kind: "inflight_cut",
+                kind: LossKind::InflightCut,
                 open_for: Some(1_250_000_000),
             }],
             events_dropped: 0,

@@ -19,7 +19,11 @@ use hyper_util::rt::TokioIo;
 use tokio::{net::TcpListener, sync::watch};
 
 use super::{api, metrics::Metrics, page};
-use crate::correlate::{Mono, deploys, stops::Tracker, storms::Storms};
+use crate::{
+    correlate::{Correlator, deploys},
+    model::{Mono, monotonic_now},
+    pipeline::SharedCorrelator,
+};
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -30,8 +34,7 @@ const PAGE_CSP: &str = "default-src 'none'; script-src 'self'; connect-src 'self
 pub struct State {
     pub metrics: Arc<Metrics>,
     pub ready: AtomicBool,
-    pub tracker: Arc<std::sync::Mutex<Tracker>>,
-    pub storms: Arc<std::sync::Mutex<Storms>>,
+    pub correlator: SharedCorrelator,
     pub clock: api::Clock,
     /// Stops of one workload this close together are one deploy.
     pub deploy_window: Mono,
@@ -40,17 +43,11 @@ pub struct State {
 }
 
 impl State {
-    pub fn new(
-        metrics: Arc<Metrics>,
-        tracker: Arc<std::sync::Mutex<Tracker>>,
-        storms: Arc<std::sync::Mutex<Storms>>,
-        deploy_window: Mono,
-    ) -> Self {
+    pub fn new(metrics: Arc<Metrics>, correlator: SharedCorrelator, deploy_window: Mono) -> Self {
         Self {
             metrics,
             ready: AtomicBool::new(false),
-            tracker,
-            storms,
+            correlator,
             clock: api::Clock::now(),
             deploy_window,
             host: hostname(),
@@ -59,8 +56,7 @@ impl State {
 
     /// The deploy page from the same JSON the report API serves.
     fn page(&self) -> Response<Full<Bytes>> {
-        // Tracker, then storms: the order `/api/v1/storms` takes them in.
-        let Ok(t) = self.tracker.lock() else {
+        let Ok(t) = self.correlator.lock() else {
             return respond(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "text/plain",
@@ -70,22 +66,12 @@ impl State {
         let grouped = deploys::group(t.stops(), self.deploy_window);
         let deploys = api::deploys_json(&grouped, &self.clock);
         let stops = api::stops_json(t.stops(), &self.clock);
-        let Ok(storms) = self
-            .storms
-            .lock()
-            .map(|s| api::storms_json(s.storms(), &grouped, &self.clock))
-        else {
-            return respond(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "text/plain",
-                "state unavailable\n",
-            );
-        };
+        let storms = api::storms_json(t.storms(), &grouped, &self.clock);
         drop(t);
         let info = page::PageInfo {
             host: self.host.clone(),
             version: env!("CARGO_PKG_VERSION").into(),
-            rendered_at: self.clock.rfc3339(api::monotonic_now()),
+            rendered_at: self.clock.rfc3339(monotonic_now()),
         };
         let html = page::render(&deploys, &stops, &storms, &info);
         let mut r = respond(StatusCode::OK, "text/html; charset=utf-8", html);
@@ -93,8 +79,8 @@ impl State {
         r
     }
 
-    fn json(&self, f: impl FnOnce(&Tracker) -> serde_json::Value) -> Response<Full<Bytes>> {
-        let Ok(t) = self.tracker.lock() else {
+    fn json(&self, f: impl FnOnce(&Correlator) -> serde_json::Value) -> Response<Full<Bytes>> {
+        let Ok(t) = self.correlator.lock() else {
             return respond(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "text/plain",
@@ -213,9 +199,7 @@ pub fn route(
         }),
         "/api/v1/storms" => state.json(|t| {
             let deploys = deploys::group(t.stops(), state.deploy_window);
-            state.storms.lock().map_or(serde_json::Value::Null, |s| {
-                api::storms_json(s.storms(), &deploys, &state.clock)
-            })
+            api::storms_json(t.storms(), &deploys, &state.clock)
         }),
         "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
         "/readyz" if state.ready.load(Ordering::Relaxed) => {
@@ -279,8 +263,7 @@ mod tests {
         let s = State::new(
             Arc::new(Metrics::new("test")),
             Arc::default(),
-            Arc::default(),
-            600 * crate::correlate::SECOND,
+            600 * crate::model::SECOND,
         );
         s.ready.store(ready, Ordering::Relaxed);
         s

@@ -14,14 +14,10 @@ use drainwatch_common::EventKind;
 
 use crate::{
     capture::{event::kind_name, plan::SignalStatus},
-    correlate::{
-        ContainerIdentity,
-        stops::{Outcome, Stop},
-        storms::Storm,
-    },
-    enrich::{
-        attribute::{Fact, ListenerFact},
-        netstat::ListenCounters,
+    model::{
+        ContainerIdentity, Emitted, Fact, ListenCounters, LossKind, ResetDirection,
+        stop::{Outcome, Stop},
+        storm::Storm,
     },
 };
 
@@ -514,25 +510,26 @@ impl Metrics {
     }
 
     /// Loss counted against a stop, as it happens.
-    pub fn stop_loss(&self, c: &ContainerIdentity, kind: &str, reason: Option<&str>) {
+    pub fn stop_loss(&self, c: &ContainerIdentity, kind: LossKind, reason: Option<&str>) {
         let l = ContainerLabels::from(c);
         let metric = match kind {
-            "inflight_cut" => "drainwatch_stop_inflight_cut",
-            "refused" => "drainwatch_stop_refused",
-            "unreachable" => "drainwatch_stop_unreachable",
-            "accepted_after_sigterm" => "drainwatch_stop_accepted_after_sigterm",
-            "resets_sent" => "drainwatch_stop_resets_sent",
-            _ => return,
+            LossKind::InflightCut => "drainwatch_stop_inflight_cut",
+            LossKind::Refused => "drainwatch_stop_refused",
+            LossKind::Unreachable => "drainwatch_stop_unreachable",
+            LossKind::AcceptedAfterSigterm => "drainwatch_stop_accepted_after_sigterm",
+            LossKind::ResetsSent => "drainwatch_stop_resets_sent",
+            // Counted by their own families (retries) or not per stop (idle closes).
+            LossKind::IdleClosed | LossKind::RetryDuplicates | LossKind::UpstreamAborts => return,
         };
         if !self.admit(&l, metric) {
             return;
         }
         let f = &self.stop;
         match kind {
-            "inflight_cut" => f.inflight_cut.get_or_create(&l).inc(),
-            "refused" => f.refused.get_or_create(&l).inc(),
-            "unreachable" => f.unreachable.get_or_create(&l).inc(),
-            "accepted_after_sigterm" => f.accepted_after_sigterm.get_or_create(&l).inc(),
+            LossKind::InflightCut => f.inflight_cut.get_or_create(&l).inc(),
+            LossKind::Refused => f.refused.get_or_create(&l).inc(),
+            LossKind::Unreachable => f.unreachable.get_or_create(&l).inc(),
+            LossKind::AcceptedAfterSigterm => f.accepted_after_sigterm.get_or_create(&l).inc(),
             _ => f
                 .resets_sent
                 .get_or_create(&ReasonLabels {
@@ -579,7 +576,7 @@ impl Metrics {
     }
 
     /// A RST on a container's connection, in or out of a stop.
-    pub fn connection_reset(&self, c: &ContainerIdentity, direction: &str, reason: &str) {
+    pub fn connection_reset(&self, c: &ContainerIdentity, direction: ResetDirection, reason: &str) {
         let l = ContainerLabels::from(c);
         if !self.admit(&l, "drainwatch_connection_resets") {
             return;
@@ -590,7 +587,7 @@ impl Metrics {
                 namespace: l.namespace,
                 workload: l.workload,
                 container: l.container,
-                direction: direction.into(),
+                direction: direction.as_str().into(),
                 reason: reason.into(),
             })
             .inc();
@@ -633,27 +630,23 @@ impl Metrics {
     }
 
     /// An arrival, accept wait or overflow on one of a container's listeners.
-    pub fn listener_fact(&self, f: &ListenerFact) {
+    pub fn listener_fact(&self, container: &ContainerIdentity, port: u16, fact: &Fact) {
         let s = &self.stop;
-        match f.fact {
+        match *fact {
             Fact::Arrival => {
-                if let Some(l) =
-                    self.port_labels(&f.container, f.port, "drainwatch_connection_arrivals")
+                if let Some(l) = self.port_labels(container, port, "drainwatch_connection_arrivals")
                 {
                     s.arrivals.get_or_create(&l).inc();
                 }
             }
             Fact::AcceptWait(secs) => {
-                if let Some(l) =
-                    self.port_labels(&f.container, f.port, "drainwatch_accept_wait_seconds")
+                if let Some(l) = self.port_labels(container, port, "drainwatch_accept_wait_seconds")
                 {
                     s.accept_wait.get_or_create(&l).observe(secs);
                 }
             }
             Fact::Overflow => {
-                if let Some(l) =
-                    self.port_labels(&f.container, f.port, "drainwatch_listen_overflows")
-                {
+                if let Some(l) = self.port_labels(container, port, "drainwatch_listen_overflows") {
                     s.listen_overflows.get_or_create(&l).inc();
                 }
             }
@@ -833,6 +826,41 @@ impl Metrics {
         }
     }
 
+    /// What the correlator reported: the one way the pipeline reaches the metrics.
+    pub fn record(&self, e: &Emitted) {
+        match e {
+            Emitted::ContainerSeen { container } => self.container_seen(container),
+            Emitted::Loss {
+                container,
+                kind,
+                reason,
+            } => self.stop_loss(container, *kind, reason.as_deref()),
+            Emitted::Settled { stop } => self.stop_settled(stop),
+            Emitted::StopBegan { .. } => {}
+            Emitted::Retry {
+                container,
+                proxy,
+                added_seconds,
+            } => self.retry(container, proxy, *added_seconds),
+            Emitted::Reset {
+                container,
+                direction,
+                reason,
+            } => self.connection_reset(container, *direction, reason),
+            Emitted::Refused { container } => self.refused_connection(container),
+            Emitted::Listener {
+                container,
+                port,
+                fact,
+            } => self.listener_fact(container, *port, fact),
+            Emitted::ListenSample(sample) => {
+                self.accept_queues(&sample.queues, sample.complete);
+                self.netns_listen_counters(&sample.netns);
+            }
+            Emitted::Storm(storm) => self.storm(storm),
+        }
+    }
+
     /// OpenMetrics text.
     pub fn encode_openmetrics(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
@@ -1000,7 +1028,7 @@ mod tests {
             );
         }
         // Seen again (a rescan): nothing is reset.
-        m.stop_loss(&c, "inflight_cut", None);
+        m.stop_loss(&c, LossKind::InflightCut, None);
         m.container_seen(&c);
         let text = m.encode_prometheus().unwrap();
         assert!(
@@ -1013,9 +1041,12 @@ mod tests {
 
     #[test]
     fn the_grace_period_gauge_is_the_configured_one_else_the_observed_one() {
-        use crate::correlate::{
-            ExitInfo, Observation as O, SECOND, Sender,
-            stops::{Config, SIGKILL, SIGTERM, Tracker},
+        use crate::{
+            correlate::stops::{Config, Tracker},
+            model::{
+                ExitInfo, Observation as O, SECOND, Sender,
+                stop::{SIGKILL, SIGTERM},
+            },
         };
         let c = ContainerIdentity {
             id: "c1".into(),
@@ -1062,7 +1093,7 @@ mod tests {
             id: "c2".into(),
             name: "api".into(),
             workload: "api".into(),
-            stop_policy: crate::correlate::StopPolicy {
+            stop_policy: crate::model::StopPolicy {
                 grace_configured_seconds: Some(45),
                 prestop: None,
             },

@@ -24,7 +24,7 @@ use drainwatch::{
         self,
         event::{self, KernelNames},
     },
-    correlate::{SECOND, stops, storms::Storms},
+    correlate::Correlator,
     enrich::{
         Enricher,
         cgroup_path::CgroupOwner,
@@ -32,6 +32,7 @@ use drainwatch::{
         runtime_meta::ContainerMeta,
     },
     export::metrics::Metrics,
+    model::{SECOND, monotonic_now},
     pipeline::Pipeline,
 };
 use drainwatch_common::{EventKind, Header, Tuple, inet_csk_accept, inet_sock_set_state};
@@ -217,8 +218,7 @@ fn pipeline(containers: u32) -> Pipeline<SynthHost> {
 fn pipeline_with(containers: u32, metrics: Arc<Metrics>) -> Pipeline<SynthHost> {
     let mut p = Pipeline::new(
         Enricher::new(SynthHost { n: containers }),
-        Arc::new(Mutex::new(stops::Tracker::new(stops::Config::default()))),
-        Arc::new(Mutex::new(Storms::default())),
+        Arc::new(Mutex::new(Correlator::default())),
         metrics,
         300 * SECOND,
     );
@@ -252,7 +252,7 @@ impl Stream {
         Self {
             records,
             next: 0,
-            ts: drainwatch::export::api::monotonic_now(),
+            ts: monotonic_now(),
         }
     }
 
@@ -274,7 +274,7 @@ fn capacity(seconds: f64, containers: u32) -> serde_json::Value {
         let mut stream = Stream {
             records: stream.records.clone(),
             next: 0,
-            ts: drainwatch::export::api::monotonic_now(),
+            ts: monotonic_now(),
         };
         let start = Instant::now();
         let mut n = 0u64;
@@ -301,7 +301,7 @@ fn capacity(seconds: f64, containers: u32) -> serde_json::Value {
         // The agent's periodic work, at its real cadence.
         if last_tick.elapsed() >= Duration::from_millis(100) {
             last_tick = Instant::now();
-            p.tick(drainwatch::export::api::monotonic_now());
+            p.tick(monotonic_now());
         }
     });
     // Proof that the pipeline did the work: every connection was attributed to its container.
@@ -328,7 +328,7 @@ fn loss(seconds: f64, containers: u32, rate: f64) -> serde_json::Value {
             n += 1;
             if last_tick.elapsed() >= Duration::from_millis(100) {
                 last_tick = Instant::now();
-                p.tick(drainwatch::export::api::monotonic_now());
+                p.tick(monotonic_now());
             }
         }
         n
@@ -375,7 +375,7 @@ fn footprint(containers: u32, open: u64) -> serde_json::Value {
     let states = state_numbers(&names);
     let before = rss_kib();
     let mut p = pipeline(containers);
-    let mut ts = drainwatch::export::api::monotonic_now();
+    let mut ts = monotonic_now();
     for k in 0..open {
         for mut r in connection(k, containers, &states, true) {
             ts += 1_000;
@@ -385,7 +385,7 @@ fn footprint(containers: u32, open: u64) -> serde_json::Value {
             }
         }
     }
-    p.tick(drainwatch::export::api::monotonic_now());
+    p.tick(monotonic_now());
     serde_json::json!({
         "containers": p.container_count(),
         "open_connections": open,

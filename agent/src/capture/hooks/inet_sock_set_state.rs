@@ -1,7 +1,9 @@
 use drainwatch_common::inet_sock_set_state::{Event, Fields};
 
 use crate::capture::{
-    event::{DecodeError, Endpoints, KernelNames, Meta, StateChange, TcpCounters, read_record},
+    event::{
+        DecodeError, Endpoints, KernelNames, Meta, StateChange, TcpCounters, TcpState, read_record,
+    },
     tracefs::Resolver,
 };
 
@@ -54,9 +56,7 @@ pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<StateChange, DecodeEr
             last_received: e.lrcvtime,
             last_sent: e.lsndtime,
         },
-        max_ack_backlog: names
-            .tcp_state(e.newstate)
-            .is_some_and(|n| n.name.as_deref() == Some("TCP_LISTEN"))
+        max_ack_backlog: (names.tcp_state(e.newstate) == Some(TcpState::Listen))
             .then_some(e.max_ack_backlog),
     })
 }
@@ -125,8 +125,8 @@ mod tests {
             _pad: 0,
         };
         let d = decode(&bytes_of(&e), &names).unwrap();
-        assert_eq!(d.old.unwrap().name.as_deref(), Some("TCP_LISTEN"));
-        assert_eq!(d.new.unwrap().name.as_deref(), Some("TCP_CLOSE"));
+        assert_eq!(d.old.unwrap().name(), Some("TCP_LISTEN"));
+        assert_eq!(d.new.unwrap().name(), Some("TCP_CLOSE"));
         // The receive queue's ends wrap around the sequence space.
         assert_eq!(d.counters.unread, 10);
         assert!(d.counters.request_pending());

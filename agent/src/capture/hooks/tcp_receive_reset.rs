@@ -71,7 +71,7 @@ mod tests {
             _pad: 0,
         };
         let d = decode(&bytes_of(&e), &names).unwrap();
-        assert_eq!(d.state.unwrap().name.as_deref(), Some("TCP_SYN_SENT"));
+        assert_eq!(d.state.unwrap().name(), Some("TCP_SYN_SENT"));
         assert_eq!(d.sock_cookie, 77);
         assert_eq!(d.conn.unwrap().remote.port(), 9);
     }

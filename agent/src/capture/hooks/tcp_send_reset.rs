@@ -126,6 +126,6 @@ mod tests {
         };
         let d = decode(&bytes_of(&e), &KernelNames::default()).unwrap();
         assert_eq!(d.reason, None);
-        assert_eq!(d.state.unwrap().value, 1);
+        assert_eq!(d.state, Some(crate::model::TcpState::Other(1)));
     }
 }

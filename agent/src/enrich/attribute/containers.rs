@@ -1,0 +1,266 @@
+//! Containers: found from the processes' cgroups (at start-up, every second, and when an
+//! event names a pid not seen yet), adopted with their main process, namespace, addresses,
+//! listeners and open connections, and named from the runtime's state or the Kubernetes API.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::SocketAddr,
+    sync::Arc,
+};
+
+use super::{Container, Enricher, Key, Tracked};
+use crate::{
+    enrich::{
+        cgroup_path::{CgroupOwner, parse_cgroup_path},
+        host::{HostView, ProcInfo},
+        kube::{self, SharedStore},
+    },
+    model::{ContainerIdentity, Observation},
+};
+
+/// Init shims that forward signals to the real main process (`--init`, tini, dumb-init).
+const INIT_SHIMS: &[&str] = &[
+    "catatonit",
+    "podman-init",
+    "tini",
+    "docker-init",
+    "dumb-init",
+];
+
+/// The runtime's own processes while it creates a container: `runc init` and its first two
+/// stages (`runc:[0:PARENT]`, `runc:[1:CHILD]`) join the container's cgroup and exit within
+/// milliseconds, before the container's PID 1 (`runc:[2:INIT]`) execs the entrypoint.
+fn bootstrapping(p: &ProcInfo) -> bool {
+    matches!(p.comm.as_str(), "runc" | "crun")
+        || p.comm.starts_with("runc:[0")
+        || p.comm.starts_with("runc:[1")
+}
+
+impl<H: HostView> Enricher<H> {
+    /// Names containers from the Kubernetes API's pods where the store knows them.
+    pub fn with_kube(mut self, store: SharedStore) -> Self {
+        self.kube = Some(store);
+        self
+    }
+
+    /// The identity the API gives a container, over its runtime-state one.
+    fn kube_identity(&self, base: &ContainerIdentity, pod_uid: Option<&str>) -> ContainerIdentity {
+        self.kube
+            .as_ref()
+            .and_then(|s| s.lock().ok()?.lookup(&base.id, pod_uid))
+            .map_or_else(|| base.clone(), |k| kube::named(base, &k))
+    }
+
+    /// When the store changed: containers whose API identity changed (their pod became
+    /// known, or its spec changed) get it, announced as `Observation::Identity`.
+    fn refresh_identities(&mut self) -> Vec<Observation> {
+        let Some(store) = self.kube.clone() else {
+            return Vec::new();
+        };
+        let Ok(store) = store.lock() else {
+            return Vec::new();
+        };
+        if self.kube_generation == Some(store.generation()) {
+            return Vec::new();
+        }
+        self.kube_generation = Some(store.generation());
+        let mut out = Vec::new();
+        for c in self.containers.values_mut() {
+            let Some(k) = store.lookup(&c.runtime_identity.id, c.pod_uid.as_deref()) else {
+                continue;
+            };
+            let identity = kube::named(&c.runtime_identity, &k);
+            if identity != *c.identity {
+                c.identity = Arc::new(identity.clone());
+                out.push(Observation::Identity { identity });
+            }
+        }
+        out
+    }
+
+    /// Finds running containers (at start-up, then periodically): their processes, main
+    /// process, namespace, addresses, listeners and open inbound connections.
+    pub fn scan(&mut self) -> Vec<Observation> {
+        let mut groups: HashMap<String, (CgroupOwner, String, Vec<u32>)> = HashMap::new();
+        for (pid, path) in self.host.container_pids() {
+            let Some(owner) = parse_cgroup_path(&path) else {
+                continue;
+            };
+            groups
+                .entry(owner.id.clone())
+                .or_insert_with(|| (owner, path, Vec::new()))
+                .2
+                .push(pid);
+        }
+        let mut out = Vec::new();
+        for (key, (owner, path, pids)) in groups {
+            // Known, and still the same run: a container restarted in place (same id) has a
+            // new PID 1 and is adopted again. A run is its PID 1, not its main process: while
+            // the main process exits, a scan may find the init shim alone, which is no restart.
+            let known = self.containers.get(&key).is_some_and(|c| {
+                let alive = |pid: Option<u32>| pid.is_some_and(|m| pids.contains(&m));
+                c.gone_at.is_none() && (alive(c.init_pid) || alive(c.main_pid))
+            });
+            // Only a container to adopt needs its processes' details.
+            let procs: Vec<ProcInfo> = if known {
+                Vec::new()
+            } else {
+                pids.iter().filter_map(|p| self.host.process(*p)).collect()
+            };
+            // Caught while the runtime creates it, its only processes are about to exit: a
+            // later scan or event adopts it once its PID 1 exists.
+            let created =
+                procs.iter().any(|p| p.ns_pid == Some(1)) || !procs.iter().any(bootstrapping);
+            if !known && (procs.is_empty() || !created) {
+                continue;
+            }
+            for pid in &pids {
+                self.by_pid.insert(*pid, key.clone());
+                self.not_containers.remove(pid);
+            }
+            if !known {
+                out.extend(self.adopt(&key, &owner, &path, &procs));
+            }
+        }
+        out.extend(self.refresh_identities());
+        out
+    }
+
+    fn adopt(
+        &mut self,
+        key: &str,
+        owner: &CgroupOwner,
+        path: &str,
+        procs: &[ProcInfo],
+    ) -> Vec<Observation> {
+        let meta = self.host.metadata(owner);
+        let identity = ContainerIdentity {
+            id: owner.id.clone(),
+            runtime: owner.runtime.as_str().to_string(),
+            name: meta.name,
+            namespace: meta.namespace,
+            pod: meta.pod,
+            workload: meta.workload,
+            ..Default::default()
+        };
+        let runtime_identity = identity.clone();
+        let identity = self.kube_identity(&identity, owner.pod_uid.as_deref());
+        let main = main_process(procs);
+        let netns = main.and_then(|p| p.netns);
+        let main_pid = main.map(|p| p.pid);
+        if let Some(id) = self.host.cgroup_v2_id(path) {
+            self.by_cgroup.insert(id, key.to_string());
+        }
+        self.watch_generation += 1;
+        let ips = main_pid.map(|p| self.host.local_ips(p)).unwrap_or_default();
+        for ip in &ips {
+            self.by_ip.insert(*ip, key.to_string());
+        }
+        let mut listeners = Vec::new();
+        let mut inbound = Vec::new();
+        let shared: Key = Arc::new(key.to_string());
+        if let (Some(pid), Some(ns)) = (main_pid, netns) {
+            // A pod's containers share one namespace: only the sockets this container's
+            // processes hold are its own.
+            let own: HashSet<u64> = procs
+                .iter()
+                .flat_map(|p| self.host.socket_inodes(p.pid))
+                .collect();
+            let socks: Vec<_> = self
+                .host
+                .sockets(pid)
+                .into_iter()
+                .filter(|s| own.contains(&s.inode))
+                .collect();
+            for s in socks.iter().filter(|s| s.listening) {
+                self.listeners
+                    .insert((ns, s.local.port()), (shared.clone(), s.local));
+                listeners.push(s.local);
+            }
+            let ports: HashSet<u16> = listeners.iter().map(SocketAddr::port).collect();
+            for s in socks
+                .iter()
+                .filter(|s| s.established && ports.contains(&s.local.port()))
+            {
+                let id = self.next_seed;
+                self.next_seed += 1;
+                self.seeded.insert((ns, s.local, s.remote), id);
+                self.sockets.insert(id, Tracked::new(shared.clone(), None));
+                inbound.push(id);
+            }
+        }
+        self.containers.insert(
+            key.to_string(),
+            Container {
+                identity: Arc::new(identity.clone()),
+                main_pid,
+                init_pid: procs.iter().find(|p| p.ns_pid == Some(1)).map(|p| p.pid),
+                netns,
+                listener_inodes: HashSet::new(),
+                sampled: false,
+                gone_at: None,
+                runtime_identity,
+                pod_uid: owner.pod_uid.clone(),
+            },
+        );
+        vec![Observation::Container {
+            identity,
+            listeners,
+            inbound,
+        }]
+    }
+
+    /// The container a process belongs to, looking it up (and adopting its container) when
+    /// the pid is new.
+    pub(super) fn container_of_pid(
+        &mut self,
+        pid: u32,
+        out: &mut Vec<Observation>,
+    ) -> Option<String> {
+        if let Some(k) = self.by_pid.get(&pid) {
+            return Some(k.clone());
+        }
+        if pid == 0 || self.not_containers.contains(&pid) {
+            return None;
+        }
+        let in_container = self
+            .host
+            .process(pid)
+            .and_then(|p| p.cgroup_path)
+            .and_then(|path| parse_cgroup_path(&path))
+            .is_some();
+        if !in_container {
+            self.not_containers.insert(pid);
+            return None;
+        }
+        out.extend(self.scan());
+        self.by_pid.get(&pid).cloned()
+    }
+
+    pub(super) fn container_of_task(
+        &mut self,
+        pid: u32,
+        cgroup_id: u64,
+        out: &mut Vec<Observation>,
+    ) -> Option<String> {
+        if let Some(k) = self.by_cgroup.get(&cgroup_id) {
+            return Some(k.clone());
+        }
+        self.container_of_pid(pid, out)
+    }
+}
+
+/// The process a container is about: its init, or the init's first child when the init is a
+/// shim that only forwards signals.
+fn main_process(procs: &[ProcInfo]) -> Option<&ProcInfo> {
+    let init = procs.iter().find(|p| p.ns_pid == Some(1));
+    match init {
+        Some(i) if INIT_SHIMS.contains(&i.comm.as_str()) => procs
+            .iter()
+            .filter(|p| p.ppid == i.pid)
+            .min_by_key(|p| p.pid)
+            .or(Some(i)),
+        Some(i) => Some(i),
+        None => procs.iter().min_by_key(|p| p.pid),
+    }
+}

@@ -1,0 +1,175 @@
+//! Listeners: their opening and closing, the accept path (arrivals, how long accept() kept
+//! a connection waiting, overflows) and samples of accept-queue depths and the namespace's
+//! listen counters from procfs.
+
+use std::{collections::HashSet, sync::Arc};
+
+use super::{Enricher, Key};
+use crate::{
+    capture::event::{Accepted, Endpoints, ListenOverflow, StateChange},
+    enrich::{
+        host::HostView,
+        netstat::{NetstatError, parse_listen_counters},
+    },
+    model::{ContainerIdentity, Fact, Observation, Workload, observation::ListenSample},
+};
+
+impl<H: HostView> Enricher<H> {
+    pub(super) fn listener_opened(
+        &mut self,
+        s: &StateChange,
+        conn: Endpoints,
+        out: &mut Vec<Observation>,
+    ) {
+        let ns = s.meta.netns;
+        if let Some(limit) = s.max_ack_backlog {
+            self.backlog_limits.insert((ns, conn.local.port()), limit);
+        }
+        if let Some(key) = self.container_of_task(s.meta.tgid, s.meta.cgroup_id, out) {
+            self.listeners
+                .insert((ns, conn.local.port()), (Arc::new(key.clone()), conn.local));
+            self.closed_listeners.remove(&(ns, conn.local.port()));
+            out.push(Observation::ListenerOpened {
+                key,
+                addr: conn.local,
+            });
+        }
+    }
+
+    pub(super) fn listener_closed(&mut self, ns: u32, conn: Endpoints, out: &mut Vec<Observation>) {
+        self.backlog_limits.remove(&(ns, conn.local.port()));
+        if let Some((key, addr)) = self.listeners.remove(&(ns, conn.local.port())) {
+            self.closed_listeners
+                .insert((ns, addr.port()), key.to_string());
+            out.push(Observation::ListenerClosed {
+                key: key.to_string(),
+                addr,
+            });
+        }
+    }
+
+    /// What happened on one of a container's listeners, for the per-listener metrics and
+    /// storms.
+    pub(super) fn listener_fact(
+        &self,
+        key: &Key,
+        port: u16,
+        fact: Fact,
+        out: &mut Vec<Observation>,
+    ) {
+        if let Some(c) = self.containers.get(key.as_str()) {
+            out.push(Observation::Listener {
+                container: Arc::clone(&c.identity),
+                port,
+                fact,
+            });
+        }
+    }
+
+    /// The accept() that took a queued connection: how long it waited.
+    pub(super) fn accepted(&mut self, a: &Accepted, out: &mut Vec<Observation>) {
+        let Some(t) = self.sockets.get_mut(&a.skaddr) else {
+            return;
+        };
+        let Some((at, port)) = t.take_queued() else {
+            return;
+        };
+        let Some(waited) = a.meta.ts_ns.checked_sub(at) else {
+            return;
+        };
+        let key = t.key.clone();
+        self.listener_fact(&key, port, Fact::AcceptWait(waited as f64 / 1e9), out);
+    }
+
+    /// A completed handshake dropped because the listener's accept queue was full.
+    pub(super) fn overflow(&self, o: &ListenOverflow, out: &mut Vec<Observation>) {
+        let Some(port) = o.listener.map(|l| l.port()) else {
+            return;
+        };
+        if let Some((key, _)) = self.listeners.get(&(o.meta.netns, port)) {
+            self.listener_fact(key, port, Fact::Overflow, out);
+        }
+    }
+
+    /// Samples the listen path from procfs: each listener's accept queue (depth and limit) and
+    /// each network namespace's listen counters. `only` restricts the sample to some workloads'
+    /// containers, plus those never sampled yet, and reuses the listener sockets the last
+    /// full sample found, so a fast sample reads a few small files per container and walks no
+    /// descriptors except a new container's.
+    pub fn sample_listen_path(
+        &mut self,
+        only: Option<&HashSet<Workload>>,
+    ) -> (ListenSample, Vec<NetstatError>) {
+        let mut out = ListenSample {
+            complete: only.is_none(),
+            ..ListenSample::default()
+        };
+        let mut errors = Vec::new();
+        let mut keys: Vec<&String> = self
+            .containers
+            .iter()
+            .filter(|(_, c)| c.gone_at.is_none() && c.main_pid.is_some())
+            .filter(|(_, c)| {
+                !c.sampled
+                    || only.is_none_or(|w| {
+                        w.contains(&(c.identity.namespace.clone(), c.identity.workload.clone()))
+                    })
+            })
+            .map(|(k, _)| k)
+            .collect();
+        keys.sort_by_key(|k| &self.containers[*k].identity.name);
+        let keys: Vec<String> = keys.into_iter().cloned().collect();
+        let mut namespaces = HashSet::new();
+        let mut counters = Vec::new();
+        for key in keys {
+            let Some(c) = self.containers.get_mut(&key) else {
+                continue;
+            };
+            let Some(pid) = c.main_pid else { continue };
+            c.sampled = true;
+            let socks = self.host.listeners(pid);
+            // A container adopted since the last full sample (a replacement) has none yet.
+            if only.is_none() || c.listener_inodes.is_empty() {
+                let own: HashSet<u64> = self.host.socket_inodes(pid).into_iter().collect();
+                c.listener_inodes = socks
+                    .iter()
+                    .filter(|s| s.listening && own.contains(&s.inode))
+                    .map(|s| s.inode)
+                    .collect();
+            }
+            for s in socks
+                .iter()
+                .filter(|s| c.listener_inodes.contains(&s.inode))
+            {
+                let port = s.local.port();
+                let limit = c.netns.and_then(|ns| self.backlog_limits.get(&(ns, port)));
+                out.queues.push((
+                    ContainerIdentity::clone(&c.identity),
+                    port,
+                    s.rx_queue,
+                    limit.copied(),
+                ));
+            }
+            // A pod's containers share one namespace: its counters go under the first
+            // container (by name) that listens in it.
+            let owns = !c.listener_inodes.is_empty();
+            if let Some(ns) = c.netns {
+                counters.push((owns, ns, pid, ContainerIdentity::clone(&c.identity)));
+            }
+        }
+        counters.sort_by_key(|(owns, ..)| !owns);
+        for (_, ns, pid, identity) in counters {
+            if !namespaces.insert(ns) {
+                continue;
+            }
+            let Some(text) = self.host.netstat(pid) else {
+                continue;
+            };
+            match parse_listen_counters(&text) {
+                Ok(c) => out.netns.push((identity, c)),
+                Err(e) => errors.push(e),
+            }
+        }
+        (out, errors)
+    }
+}

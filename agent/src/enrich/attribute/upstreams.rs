@@ -1,0 +1,104 @@
+//! Upstreams: a process that listens and connects to a container is a proxy (nginx,
+//! HAProxy, Envoy: no list of names); its connections to containers are followed, so that a
+//! cut on the container side names the proxy and its retry can be judged.
+
+use std::collections::HashSet;
+
+use super::{Enricher, Upstream};
+use crate::{
+    capture::event::{Endpoints, StateChange},
+    enrich::host::HostView,
+    model::{Observation, Proxy, TcpState},
+};
+
+use TcpState::{Close, CloseWait, Established, SynSent};
+
+impl<H: HostView> Enricher<H> {
+    /// The proxy a process is, if it is one: it holds a listening socket. Named by its
+    /// container's workload, or its command outside containers.
+    fn proxy(&mut self, tgid: u32, comm: &str) -> Option<Proxy> {
+        if let Some(p) = self.proxies.get(&tgid) {
+            return p.clone();
+        }
+        let own: HashSet<u64> = self.host.socket_inodes(tgid).into_iter().collect();
+        let listens = !own.is_empty()
+            && self
+                .host
+                .sockets(tgid)
+                .iter()
+                .any(|s| s.listening && own.contains(&s.inode));
+        let p = listens.then(|| Proxy {
+            tgid,
+            name: self
+                .by_pid
+                .get(&tgid)
+                .and_then(|k| self.containers.get(k))
+                .map_or_else(|| comm.to_string(), |c| c.identity.workload.clone()),
+        });
+        self.proxies.insert(tgid, p.clone());
+        p
+    }
+
+    /// Follows proxies' connections to containers; true when the state change was one.
+    pub(super) fn on_upstream(
+        &mut self,
+        s: &StateChange,
+        conn: Endpoints,
+        out: &mut Vec<Observation>,
+    ) -> bool {
+        let (old, new) = (s.old, s.new);
+        match (old, new) {
+            (Some(Close), Some(SynSent)) => {
+                // connect(): process context, the local port is not chosen yet.
+                let Some(key) = self.by_ip.get(&conn.remote.ip()).cloned() else {
+                    return false;
+                };
+                let Some(proxy) = self.proxy(s.meta.tgid, &s.meta.comm) else {
+                    return false;
+                };
+                let up = Upstream {
+                    sock: s.skaddr,
+                    key: key.clone(),
+                    proxy: proxy.clone(),
+                    opened_at: s.meta.ts_ns,
+                };
+                self.upstreams.insert(s.skaddr, up);
+                out.push(Observation::UpstreamOpened {
+                    key,
+                    sock: s.skaddr,
+                    proxy,
+                });
+                true
+            }
+            (Some(SynSent), Some(Established)) => {
+                let Some(up) = self.upstreams.get(&s.skaddr).cloned() else {
+                    return false;
+                };
+                let tuple = (conn.local, conn.remote);
+                if self.upstream_by_tuple.insert(tuple, up).is_none() {
+                    self.upstream_order.push_back(tuple);
+                }
+                while self.upstream_order.len() > Self::RECENT {
+                    if let Some(old) = self.upstream_order.pop_front() {
+                        self.upstream_by_tuple.remove(&old);
+                    }
+                }
+                true
+            }
+            (_, Some(CloseWait)) => self.upstreams.contains_key(&s.skaddr),
+            (Some(SynSent), _) | (Some(Established), _) | (Some(CloseWait), _) => {
+                let Some(up) = self.upstreams.remove(&s.skaddr) else {
+                    return false;
+                };
+                out.push(Observation::UpstreamClosed {
+                    key: up.key,
+                    sock: up.sock,
+                    bytes_sent: s.counters.bytes_sent,
+                });
+                // A failed attempt goes on to be judged refused or unreachable below.
+                !(old == Some(SynSent) && new == Some(Close))
+            }
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! A deploy: the stops of one workload within a window of each other
+//! (`correlate::deploys` groups them).
+
+use std::collections::BTreeMap;
+
+use super::{Loss, Mono, stop::Outcome};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deploy {
+    pub id: String,
+    pub namespace: String,
+    pub workload: String,
+    /// The workload's kind (Kubernetes API); "" when unknown.
+    pub workload_kind: String,
+    /// The revisions (pod template hashes) of the stopped containers, in order of their
+    /// stops: the rollout replaced these.
+    pub revisions: Vec<String>,
+    pub started_at: Mono,
+    /// Start of the last stop in the deploy.
+    pub last_stop_at: Mono,
+    pub stops: Vec<String>,
+    pub outcomes: BTreeMap<Outcome, u64>,
+    /// Stops whose main process has not exited yet.
+    pub in_progress: u64,
+    pub loss: Loss,
+}

@@ -1,0 +1,174 @@
+//! What a stop can cost: the loss kinds as one closed type, and the counts a stop (or a
+//! deploy) keeps of each.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// One kind of loss counted against a stop. Serialized as the [`Loss`] field it counts in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossKind {
+    /// An inbound connection the container closed or reset with a request pending.
+    InflightCut,
+    /// An inbound connection it closed with nothing pending.
+    IdleClosed,
+    /// A RST its stack sent (counted by kernel reason).
+    ResetsSent,
+    /// A SYN to a listening address it had closed, answered with RST.
+    Refused,
+    /// A connection attempt to an address it held, after it was gone.
+    Unreachable,
+    /// A connection accepted after the stop signal.
+    AcceptedAfterSigterm,
+    /// A cut request a proxy re-sent to another backend.
+    RetryDuplicates,
+    /// A cut request no proxy re-sent.
+    UpstreamAborts,
+}
+
+impl LossKind {
+    pub const ALL: [LossKind; 8] = [
+        LossKind::InflightCut,
+        LossKind::IdleClosed,
+        LossKind::ResetsSent,
+        LossKind::Refused,
+        LossKind::Unreachable,
+        LossKind::AcceptedAfterSigterm,
+        LossKind::RetryDuplicates,
+        LossKind::UpstreamAborts,
+    ];
+
+    /// The [`Loss`] field name, as the API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossKind::InflightCut => "inflight_cut",
+            LossKind::IdleClosed => "idle_closed",
+            LossKind::ResetsSent => "resets_sent",
+            LossKind::Refused => "refused",
+            LossKind::Unreachable => "unreachable",
+            LossKind::AcceptedAfterSigterm => "accepted_after_sigterm",
+            LossKind::RetryDuplicates => "retry_duplicates",
+            LossKind::UpstreamAborts => "upstream_aborts",
+        }
+    }
+
+    /// Connections routed to the container after the stop signal (how long routing lagged).
+    pub fn is_routed(self) -> bool {
+        matches!(
+            self,
+            LossKind::AcceptedAfterSigterm | LossKind::Refused | LossKind::Unreachable
+        )
+    }
+
+    /// Kinds drawn on a stop's timeline: idle closes are harmless and resets are counted by
+    /// reason only.
+    pub fn on_timeline(self) -> bool {
+        !matches!(self, LossKind::IdleClosed | LossKind::ResetsSent)
+    }
+}
+
+/// Which way a RST went, from the container's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ResetDirection {
+    Sent,
+    Received,
+}
+
+impl ResetDirection {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResetDirection::Sent => "sent",
+            ResetDirection::Received => "received",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Loss {
+    pub inflight_cut: u64,
+    pub idle_closed: u64,
+    /// RSTs sent, by kernel reason.
+    pub resets_sent: BTreeMap<String, u64>,
+    pub refused: u64,
+    pub unreachable: u64,
+    pub accepted_after_sigterm: u64,
+    /// Cut requests a proxy re-sent to another backend (done twice, invisible to the client).
+    pub retry_duplicates: u64,
+    /// Cut requests no proxy re-sent (the client saw an error).
+    pub upstream_aborts: u64,
+}
+
+impl Loss {
+    pub fn add(&mut self, other: &Loss) {
+        self.inflight_cut += other.inflight_cut;
+        self.idle_closed += other.idle_closed;
+        for (r, n) in &other.resets_sent {
+            *self.resets_sent.entry(r.clone()).or_default() += n;
+        }
+        self.refused += other.refused;
+        self.unreachable += other.unreachable;
+        self.accepted_after_sigterm += other.accepted_after_sigterm;
+        self.retry_duplicates += other.retry_duplicates;
+        self.upstream_aborts += other.upstream_aborts;
+    }
+
+    /// Counts one loss of `kind`; `reason` is a reset's kernel reason.
+    pub fn count(&mut self, kind: LossKind, reason: Option<&str>) {
+        match kind {
+            LossKind::InflightCut => self.inflight_cut += 1,
+            LossKind::IdleClosed => self.idle_closed += 1,
+            LossKind::Refused => self.refused += 1,
+            LossKind::Unreachable => self.unreachable += 1,
+            LossKind::AcceptedAfterSigterm => self.accepted_after_sigterm += 1,
+            LossKind::RetryDuplicates => self.retry_duplicates += 1,
+            LossKind::UpstreamAborts => self.upstream_aborts += 1,
+            LossKind::ResetsSent => {
+                *self
+                    .resets_sent
+                    .entry(reason.unwrap_or_default().to_string())
+                    .or_default() += 1;
+            }
+        }
+    }
+
+    /// The count of one kind (resets summed over reasons).
+    pub fn get(&self, kind: LossKind) -> u64 {
+        match kind {
+            LossKind::InflightCut => self.inflight_cut,
+            LossKind::IdleClosed => self.idle_closed,
+            LossKind::Refused => self.refused,
+            LossKind::Unreachable => self.unreachable,
+            LossKind::AcceptedAfterSigterm => self.accepted_after_sigterm,
+            LossKind::RetryDuplicates => self.retry_duplicates,
+            LossKind::UpstreamAborts => self.upstream_aborts,
+            LossKind::ResetsSent => self.resets_sent.values().sum(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_counts_in_its_own_field_and_serializes_as_its_name() {
+        for kind in LossKind::ALL {
+            let mut l = Loss::default();
+            l.count(kind, Some("NOT_SPECIFIED"));
+            assert_eq!(l.get(kind), 1, "{kind:?}");
+            let others: u64 = LossKind::ALL
+                .iter()
+                .filter(|k| **k != kind)
+                .map(|k| l.get(*k))
+                .sum();
+            assert_eq!(others, 0, "{kind:?}");
+            let json = serde_json::to_value(&l).unwrap();
+            assert!(json.get(kind.as_str()).is_some(), "{kind:?}");
+            assert_eq!(
+                serde_json::to_value(kind).unwrap(),
+                serde_json::Value::String(kind.as_str().into())
+            );
+        }
+    }
+}

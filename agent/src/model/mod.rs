@@ -1,0 +1,34 @@
+//! The ground floor every stage may import: time, who a container is, the domain words (TCP
+//! states, loss kinds, reset directions) as closed types, and the observations enrich hands to
+//! correlate. Nothing here does I/O or knows a kernel layout.
+
+pub mod deploy;
+pub mod emitted;
+pub mod identity;
+pub mod loss;
+pub mod observation;
+pub mod stop;
+pub mod storm;
+pub mod tcp;
+
+pub use emitted::Emitted;
+pub use identity::{ContainerIdentity, ExitInfo, Proxy, Sender, StopPolicy, Workload};
+pub use loss::{Loss, LossKind, ResetDirection};
+pub use observation::{Fact, ListenCounters, ListenSample, Observation};
+pub use tcp::TcpState;
+
+/// Kernel monotonic time, nanoseconds (`bpf_ktime_get_ns`).
+pub type Mono = u64;
+
+pub const SECOND: Mono = 1_000_000_000;
+
+/// CLOCK_MONOTONIC now, the clock `bpf_ktime_get_ns` reads.
+pub fn monotonic_now() -> Mono {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

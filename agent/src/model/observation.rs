@@ -1,0 +1,152 @@
+//! What the enricher established about containers, the only input the correlator has.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use super::{ContainerIdentity, ExitInfo, Mono, Proxy, ResetDirection, Sender};
+
+/// A namespace's `TcpExt: ListenOverflows ListenDrops`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ListenCounters {
+    pub overflows: u64,
+    pub drops: u64,
+}
+
+/// What an event says about one of a container's listeners.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fact {
+    /// A connection completed its handshake.
+    Arrival,
+    /// accept() took a connection that had waited this many seconds.
+    AcceptWait(f64),
+    /// A completed handshake was dropped: the accept queue was full.
+    Overflow,
+}
+
+/// One sample of the listen path (`Enricher::sample_listen_path`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ListenSample {
+    /// (container, port, accept-queue depth, its limit) of each sampled listener. The limit is
+    /// known for listeners opened while the agent ran (procfs does not show it).
+    pub queues: Vec<(ContainerIdentity, u16, u32, Option<u32>)>,
+    /// Each sampled network namespace's counters, under the container that owns it.
+    pub netns: Vec<(ContainerIdentity, ListenCounters)>,
+    /// Whether every running container was sampled (listeners missing from it are gone).
+    pub complete: bool,
+}
+
+/// Something the attribution stage established about one container. `key` is the container id.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observation {
+    /// The container exists (scan or first event). `listeners` and `inbound` seed state when
+    /// the agent starts while the container runs.
+    Container {
+        identity: ContainerIdentity,
+        listeners: Vec<SocketAddr>,
+        inbound: Vec<u64>,
+    },
+    /// A stop signal from outside the container.
+    Signal {
+        key: String,
+        sig: i32,
+        sender: Sender,
+    },
+    /// The container's main process exited.
+    Exit {
+        key: String,
+        exit: ExitInfo,
+    },
+    ListenerOpened {
+        key: String,
+        addr: SocketAddr,
+    },
+    ListenerClosed {
+        key: String,
+        addr: SocketAddr,
+    },
+    /// A connection to one of its listeners completed its handshake.
+    InboundEstablished {
+        key: String,
+        sock: u64,
+    },
+    /// An inbound connection ended. `by_container`: the container closed or reset it (not the
+    /// peer); `pending`: a request was waiting for an answer.
+    InboundClosed {
+        key: String,
+        sock: u64,
+        by_container: bool,
+        pending: bool,
+    },
+    /// A RST on one of its connections, sent by its stack (with the kernel's reason) or
+    /// received (reason "none": the kernel gives none).
+    Reset {
+        container: Arc<ContainerIdentity>,
+        direction: ResetDirection,
+        reason: String,
+    },
+    /// A SYN to a listening address it had closed was answered with RST.
+    Refused {
+        key: String,
+    },
+    /// A connection attempt from this node to an address it held, after it was gone.
+    Unreachable {
+        key: String,
+    },
+    CgroupRemoved {
+        key: String,
+    },
+    /// What is known about who the container is changed (the Kubernetes API learned its
+    /// pod after it was adopted with the runtime's names, or its pod spec changed).
+    Identity {
+        identity: ContainerIdentity,
+    },
+    /// What happened on one of its listeners (arrivals, accept waits, overflows).
+    Listener {
+        container: Arc<ContainerIdentity>,
+        port: u16,
+        fact: Fact,
+    },
+    /// A proxy process on this node opened a connection to the container (`key`).
+    UpstreamOpened {
+        key: String,
+        sock: u64,
+        proxy: Proxy,
+    },
+    /// That connection closed after the proxy sent `bytes_sent` bytes on it.
+    UpstreamClosed {
+        key: String,
+        sock: u64,
+        bytes_sent: u64,
+    },
+    /// The container cut a proxy's connection with a request of `request_bytes` pending.
+    UpstreamCut {
+        key: String,
+        proxy: Proxy,
+        request_bytes: u64,
+        upstream_opened_at: Mono,
+    },
+}
+
+impl Observation {
+    pub fn key(&self) -> &str {
+        match self {
+            Observation::Container { identity, .. } | Observation::Identity { identity } => {
+                &identity.id
+            }
+            Observation::Reset { container, .. } | Observation::Listener { container, .. } => {
+                &container.id
+            }
+            Observation::Signal { key, .. }
+            | Observation::Exit { key, .. }
+            | Observation::ListenerOpened { key, .. }
+            | Observation::ListenerClosed { key, .. }
+            | Observation::InboundEstablished { key, .. }
+            | Observation::InboundClosed { key, .. }
+            | Observation::Refused { key }
+            | Observation::Unreachable { key }
+            | Observation::CgroupRemoved { key }
+            | Observation::UpstreamOpened { key, .. }
+            | Observation::UpstreamClosed { key, .. }
+            | Observation::UpstreamCut { key, .. } => key,
+        }
+    }
+}
