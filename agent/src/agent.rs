@@ -14,7 +14,7 @@ use tokio::{
 };
 
 use crate::{
-    capture::{self, Capture, event::Event, reader::Reader, watch::Watch},
+    capture::{self, Capture, event::Event, plan::SignalStatus, reader::Reader, watch::Watch},
     cli::{Cli, HostTraffic},
     correlate::{Correlator, stops, storms},
     enrich::{
@@ -22,10 +22,14 @@ use crate::{
         host::{Procfs, netns_inode},
         kube::{self, KubeMetrics, Store},
     },
-    export::{http, metrics::Metrics},
+    export::http,
     model::{SECOND, monotonic_now},
     pipeline::Pipeline,
     queue,
+    telemetry::{
+        Attach, Telemetry,
+        internal::{WatchUpdateFailed, WatchUpdated},
+    },
 };
 
 /// Start-up failures: each renders as one sentence, and the binary exits 2.
@@ -183,6 +187,19 @@ fn release_free_memory() {
     }
 }
 
+/// A signal's attach result as telemetry records it.
+fn attach(st: &SignalStatus) -> Attach<'_> {
+    Attach {
+        signal: st.signal,
+        tried: st
+            .tried
+            .iter()
+            .map(|(hook, r)| (hook.as_str(), r.is_ok()))
+            .collect(),
+        degraded: !st.degraded.is_empty(),
+    }
+}
+
 /// How often the pipeline's periodic work runs.
 const TICK: Duration = Duration::from_millis(100);
 
@@ -193,7 +210,7 @@ fn consume(
     rx: queue::Receiver<Event>,
     mut pipeline: Pipeline<Procfs>,
     mut watch: Watch,
-    metrics: Arc<Metrics>,
+    telemetry: Arc<Telemetry>,
 ) {
     use queue::RecvTimeoutError;
     // The kernel keeps host-namespace traffic only for what the pipeline knows of
@@ -201,11 +218,13 @@ fn consume(
     let mut sync_watch = |pipeline: &mut Pipeline<Procfs>| {
         if let Some(set) = pipeline.watch_update() {
             match watch.apply(&set) {
-                Ok(a) => {
-                    tracing::debug!(addresses = a.addrs, ports = a.ports, "watch maps updated");
-                    metrics.watch_applied(a.addrs, a.ports, a.refused);
+                Ok(a) => WatchUpdated {
+                    addresses: a.addrs,
+                    ports: a.ports,
+                    refused: a.refused,
                 }
-                Err(e) => tracing::warn!(error = %e, "updating the watch maps failed"),
+                .emit(&telemetry),
+                Err(error) => WatchUpdateFailed { error }.emit(&telemetry),
             }
         }
     };
@@ -256,7 +275,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
             source,
         })?;
 
-    let mut metrics = Metrics::new(&kernel_release(&cli.procfs_root));
+    let mut telemetry = Telemetry::new(&kernel_release(&cli.procfs_root));
     // Pod metadata from the Kubernetes API: only this node's pods, only when asked or in a pod.
     let node = cli
         .node_name
@@ -266,8 +285,8 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
     let kube_client = kube::client_for(cli.kube.into(), node, in_pod).await?;
     let kube_metrics = kube_client
         .as_ref()
-        .map(|_| KubeMetrics::register(&mut metrics.registry));
-    let metrics = Arc::new(metrics);
+        .map(|_| KubeMetrics::register(telemetry.registry_mut()));
+    let telemetry = Arc::new(telemetry);
     let correlator = Arc::new(std::sync::Mutex::new(Correlator::new(
         stops::Config {
             retention: cli.retention_seconds * SECOND,
@@ -277,7 +296,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         storms::Config::default(),
     )));
     let state = Arc::new(http::State::new(
-        metrics.clone(),
+        telemetry.clone(),
         correlator.clone(),
         cli.deploy_window_seconds * SECOND,
     ));
@@ -329,7 +348,9 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
             tracing::warn!("{}", st.summary());
         }
     }
-    metrics.record_plan(&capture.statuses);
+    telemetry
+        .agent
+        .record_plan(&capture.statuses.iter().map(attach).collect::<Vec<_>>());
     if !capture.all_attached() {
         return Err(StartupError::NothingAttached);
     }
@@ -338,7 +359,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
     let reader = Reader::new(
         capture.take_reader_maps()?,
         capture.names.clone(),
-        metrics.clone(),
+        telemetry.clone(),
         tx,
     )?;
     let watch = capture.take_watch()?;
@@ -365,14 +386,14 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
     let pipeline = Pipeline::new(
         enricher,
         correlator,
-        metrics.clone(),
+        telemetry.clone(),
         cli.retention_seconds * SECOND,
     );
     let consumer = std::thread::Builder::new()
         .name("pipeline".into())
         .spawn({
-            let metrics = metrics.clone();
-            move || consume(rx, pipeline, watch, metrics)
+            let telemetry = telemetry.clone();
+            move || consume(rx, pipeline, watch, telemetry)
         })
         .map_err(StartupError::Thread)?;
     state.ready.store(true, Ordering::Relaxed);

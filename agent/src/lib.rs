@@ -1,5 +1,6 @@
 //! drainwatch: the pipeline is capture (eBPF programs and the ring-buffer reader) → enrich →
-//! correlate → export (metrics and HTTP). See ARCHITECTURE.md.
+//! correlate → export (HTTP, the report API and page), with telemetry (the agent's metrics) on
+//! the ground floor beside model. See ARCHITECTURE.md.
 
 pub mod agent;
 pub mod capture;
@@ -10,3 +11,4 @@ pub mod export;
 pub mod model;
 pub mod pipeline;
 pub mod queue;
+pub mod telemetry;

@@ -9,8 +9,8 @@ use crate::{
     capture::{event::Event, watch::WatchSet},
     correlate::Correlator,
     enrich::{Enricher, host::HostView},
-    export::metrics::Metrics,
     model::{Emitted, Mono, Observation, monotonic_now},
+    telemetry::{ProcfsFile, Telemetry, internal::ProcfsUnreadable},
 };
 
 /// The correlator, shared with the HTTP server, which reads its stops and storms.
@@ -19,7 +19,7 @@ pub type SharedCorrelator = Arc<Mutex<Correlator>>;
 pub struct Pipeline<H> {
     enricher: Enricher<H>,
     correlator: SharedCorrelator,
-    metrics: Arc<Metrics>,
+    telemetry: Arc<Telemetry>,
     retention: Mono,
     ticks: u64,
     watch_generation: Option<u64>,
@@ -29,13 +29,13 @@ impl<H: HostView> Pipeline<H> {
     pub fn new(
         enricher: Enricher<H>,
         correlator: SharedCorrelator,
-        metrics: Arc<Metrics>,
+        telemetry: Arc<Telemetry>,
         retention: Mono,
     ) -> Self {
         Self {
             enricher,
             correlator,
-            metrics,
+            telemetry,
             retention,
             ticks: 0,
             watch_generation: None,
@@ -92,9 +92,12 @@ impl<H: HostView> Pipeline<H> {
         };
         if full || !hot.is_empty() || self.enricher.has_unsampled() {
             let (sample, errors) = self.enricher.sample_listen_path((!full).then_some(&hot));
-            for e in &errors {
-                tracing::debug!(error = %e, "unreadable net/netstat");
-                self.metrics.procfs_error("netstat");
+            for error in &errors {
+                ProcfsUnreadable {
+                    file: ProcfsFile::Netstat,
+                    error,
+                }
+                .emit(&self.telemetry);
             }
             let emitted = self.with_correlator(|c| c.listen_sample(sample));
             self.record(&emitted);
@@ -115,7 +118,7 @@ impl<H: HostView> Pipeline<H> {
 
     fn record(&self, emitted: &[Emitted]) {
         for e in emitted {
-            self.metrics.record(e);
+            self.telemetry.record(e);
         }
     }
 }

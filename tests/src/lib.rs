@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use drainwatch::{
     capture::{self, Capture, event::Event, reader::Reader},
-    export::metrics::Metrics,
+    telemetry::Telemetry,
 };
 
 /// Fails the test, loudly, when not root: privileged tests never skip.
@@ -29,7 +29,7 @@ pub struct Harness {
     pub capture: Capture,
     pub reader: Reader,
     pub rx: drainwatch::queue::Receiver<Event>,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<Telemetry>,
     // Keeps the reactor the ring buffer's AsyncFd is registered with.
     _rt: tokio::runtime::Runtime,
 }
@@ -72,7 +72,7 @@ impl Harness {
         for st in &capture.statuses {
             assert!(st.chosen().is_some(), "{}", st.summary());
         }
-        let metrics = Arc::new(Metrics::new("test"));
+        let metrics = Arc::new(Telemetry::new("test"));
         let (tx, rx) = drainwatch::queue::bounded(queue);
         let maps = capture.take_reader_maps().expect("ring buffer maps");
         let reader = Reader::new(maps, capture.names.clone(), metrics.clone(), tx).expect("reader");

@@ -4,7 +4,7 @@
 
 use std::{os::unix::process::CommandExt, process::Command};
 
-use drainwatch::{capture::event::Event, export::metrics::LossStage};
+use drainwatch::{capture::event::Event, telemetry::LossStage};
 use drainwatch_common::EventKind;
 use drainwatch_tests::Harness;
 

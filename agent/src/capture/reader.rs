@@ -11,7 +11,10 @@ use super::{
     CaptureError,
     event::{self, Event, KernelNames},
 };
-use crate::export::metrics::{LossStage, Metrics};
+use crate::telemetry::{
+    LossStage, Telemetry,
+    internal::{DecodeFailed, EventsLost},
+};
 
 pub struct Maps {
     pub ring: RingBuf<MapData>,
@@ -56,7 +59,7 @@ pub struct Reader {
     filtered: PerCpuArray<MapData, u64>,
     filtered_seen: [u64; EventKind::COUNT as usize],
     names: KernelNames,
-    metrics: std::sync::Arc<Metrics>,
+    telemetry: std::sync::Arc<Telemetry>,
     tx: crate::queue::Sender<Event>,
 }
 
@@ -64,7 +67,7 @@ impl Reader {
     pub fn new(
         maps: Maps,
         names: KernelNames,
-        metrics: std::sync::Arc<Metrics>,
+        telemetry: std::sync::Arc<Telemetry>,
         tx: crate::queue::Sender<Event>,
     ) -> Result<Self, CaptureError> {
         Ok(Self {
@@ -76,7 +79,7 @@ impl Reader {
             filtered: maps.filtered,
             filtered_seen: [0; EventKind::COUNT as usize],
             names,
-            metrics,
+            telemetry,
             tx,
         })
     }
@@ -89,15 +92,16 @@ impl Reader {
             n += 1;
             match event::decode(&item, &self.names) {
                 Ok(ev) => {
-                    self.metrics.event_received(ev.kind());
+                    self.telemetry.agent.event_received(ev.kind());
                     if self.tx.try_send(ev).is_err() {
-                        self.metrics.lost(LossStage::Queue, 1);
+                        EventsLost {
+                            stage: LossStage::Queue,
+                            n: 1,
+                        }
+                        .emit(&self.telemetry);
                     }
                 }
-                Err(e) => {
-                    self.metrics.lost(LossStage::Decode, 1);
-                    tracing::warn!(error = %e, "dropping a malformed ring-buffer record");
-                }
+                Err(error) => DecodeFailed { error }.emit(&self.telemetry),
             }
         }
         n
@@ -113,7 +117,9 @@ impl Reader {
             };
             let total: u64 = per_cpu.iter().sum();
             if total > self.filtered_seen[i] {
-                self.metrics.filtered(kind, total - self.filtered_seen[i]);
+                self.telemetry
+                    .agent
+                    .filtered(kind, total - self.filtered_seen[i]);
                 self.filtered_seen[i] = total;
             }
         }
@@ -124,8 +130,11 @@ impl Reader {
             .map(|per_cpu| per_cpu.iter().sum::<u64>())
             .sum();
         if total > self.lost_seen {
-            self.metrics
-                .lost(LossStage::Ringbuf, total - self.lost_seen);
+            EventsLost {
+                stage: LossStage::Ringbuf,
+                n: total - self.lost_seen,
+            }
+            .emit(&self.telemetry);
             self.lost_seen = total;
         }
     }

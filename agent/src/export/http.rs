@@ -18,7 +18,8 @@ use hyper::{
 use hyper_util::rt::TokioIo;
 use tokio::{net::TcpListener, sync::watch};
 
-use super::{api, metrics::Metrics, page};
+use super::{api, page};
+use crate::telemetry::Telemetry;
 use crate::{
     correlate::{Correlator, deploys},
     model::{Mono, monotonic_now},
@@ -32,7 +33,7 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 const PAGE_CSP: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 pub struct State {
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<Telemetry>,
     pub ready: AtomicBool,
     pub correlator: SharedCorrelator,
     pub clock: api::Clock,
@@ -43,7 +44,7 @@ pub struct State {
 }
 
 impl State {
-    pub fn new(metrics: Arc<Metrics>, correlator: SharedCorrelator, deploy_window: Mono) -> Self {
+    pub fn new(metrics: Arc<Telemetry>, correlator: SharedCorrelator, deploy_window: Mono) -> Self {
         Self {
             metrics,
             ready: AtomicBool::new(false),
@@ -261,7 +262,7 @@ mod tests {
 
     fn state(ready: bool) -> State {
         let s = State::new(
-            Arc::new(Metrics::new("test")),
+            Arc::new(Telemetry::new("test")),
             Arc::default(),
             600 * crate::model::SECOND,
         );

@@ -31,9 +31,9 @@ use drainwatch::{
         host::{HostView, ProcInfo, SocketEntry},
         runtime_meta::ContainerMeta,
     },
-    export::metrics::Metrics,
     model::{SECOND, monotonic_now},
     pipeline::Pipeline,
+    telemetry::Telemetry,
 };
 use drainwatch_common::{EventKind, Header, Tuple, inet_csk_accept, inet_sock_set_state};
 
@@ -212,10 +212,10 @@ fn state_numbers(names: &KernelNames) -> impl Fn(&str) -> i32 + '_ {
 }
 
 fn pipeline(containers: u32) -> Pipeline<SynthHost> {
-    pipeline_with(containers, Arc::new(Metrics::new("bench")))
+    pipeline_with(containers, Arc::new(Telemetry::new("bench")))
 }
 
-fn pipeline_with(containers: u32, metrics: Arc<Metrics>) -> Pipeline<SynthHost> {
+fn pipeline_with(containers: u32, metrics: Arc<Telemetry>) -> Pipeline<SynthHost> {
     let mut p = Pipeline::new(
         Enricher::new(SynthHost { n: containers }),
         Arc::new(Mutex::new(Correlator::default())),
@@ -226,7 +226,7 @@ fn pipeline_with(containers: u32, metrics: Arc<Metrics>) -> Pipeline<SynthHost> 
     p
 }
 
-fn counter_sum(metrics: &Metrics, prefix: &str) -> f64 {
+fn counter_sum(metrics: &Telemetry, prefix: &str) -> f64 {
     metrics
         .encode_prometheus()
         .unwrap_or_default()
@@ -289,7 +289,7 @@ fn capacity(seconds: f64, containers: u32) -> serde_json::Value {
     let decode_only = run(&mut |r| {
         std::hint::black_box(event::decode(r, &names).ok());
     });
-    let metrics = Arc::new(Metrics::new("bench"));
+    let metrics = Arc::new(Telemetry::new("bench"));
     let mut p = pipeline_with(containers, metrics.clone());
     let mut last_tick = Instant::now();
     let mut offered = 0u64;

@@ -1,0 +1,227 @@
+//! The agent's own health: events received and filtered by hook, events lost by stage, the
+//! watch maps, which probes attached, procfs files it could not parse, and its build. Every
+//! label here is a closed set, so each series is created at registration (rates and alerts
+//! see zeros) and its handle kept: the reader's per-event count is an array index and an
+//! atomic add, no lookup, no allocation.
+
+use prometheus_client::{
+    metrics::{counter::Counter, family::Family, gauge::Gauge, info::Info},
+    registry::Registry,
+};
+
+use drainwatch_common::EventKind;
+
+use super::labels::{
+    BuildLabels, FileLabels, Hook, KindLabels, LossStage, MapLabels, ProbeLabels, ProcfsFile,
+    SignalLabels, StageLabels, WatchMap,
+};
+
+const KINDS: usize = EventKind::ALL.len();
+
+/// One signal's attach result, as the plan (`capture::plan::SignalStatus`) reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attach<'a> {
+    pub signal: &'a str,
+    /// Every hook tried, in order, and whether it attached.
+    pub tried: Vec<(&'a str, bool)>,
+    /// Whether the hook used lacks fields or offsets on this kernel.
+    pub degraded: bool,
+}
+
+impl Attach<'_> {
+    /// The hook the signal uses: the first that attached.
+    fn chosen(&self) -> Option<&str> {
+        self.tried.iter().find(|(_, ok)| *ok).map(|(h, _)| *h)
+    }
+}
+
+pub struct AgentMetrics {
+    events: [Counter; KINDS],
+    filtered: [Counter; KINDS],
+    lost: [Counter; LossStage::ALL.len()],
+    watch_refused: Counter,
+    watch_entries: [Gauge; WatchMap::ALL.len()],
+    watch_failures: Counter,
+    probe_attached: Family<ProbeLabels, Gauge>,
+    probe_degraded: Family<SignalLabels, Gauge>,
+    procfs_errors: [Counter; ProcfsFile::ALL.len()],
+}
+
+impl AgentMetrics {
+    pub fn register(registry: &mut Registry, kernel: &str) -> Self {
+        let events = Family::<KindLabels, Counter>::default();
+        let filtered = Family::<KindLabels, Counter>::default();
+        let watch_refused = Counter::default();
+        let watch_entries = Family::<MapLabels, Gauge>::default();
+        let watch_failures = Counter::default();
+        let lost = Family::<StageLabels, Counter>::default();
+        let probe_attached = Family::<ProbeLabels, Gauge>::default();
+        let probe_degraded = Family::<SignalLabels, Gauge>::default();
+        let procfs_errors = Family::<FileLabels, Counter>::default();
+        registry.register(
+            "drainwatch_events",
+            "Events received from the kernel, by hook",
+            events.clone(),
+        );
+        registry.register(
+            "drainwatch_events_filtered",
+            "Events dropped in the kernel as out of scope, by hook: host-namespace connections that touch no container (--host-traffic all keeps them)",
+            filtered.clone(),
+        );
+        registry.register(
+            "drainwatch_watch_map_full",
+            "Container addresses the kernel's watch map had no room for: host-side traffic to them is not captured",
+            watch_refused.clone(),
+        );
+        registry.register(
+            "drainwatch_watch_entries",
+            "What the kernel keeps the host namespace's connections for: container addresses, and ports of host-network containers' listeners",
+            watch_entries.clone(),
+        );
+        registry.register(
+            "drainwatch_watch_update_failures",
+            "Updates of the kernel's watch maps that failed part-way (see the log): host-side traffic of the containers they would have added may go uncaptured",
+            watch_failures.clone(),
+        );
+        registry.register(
+            "drainwatch_events_lost",
+            "Events lost before processing, by stage: ringbuf (kernel could not reserve), queue (consumer behind), decode (malformed record)",
+            lost.clone(),
+        );
+        registry.register(
+            "drainwatch_probe_attached",
+            "1 for the hook each signal uses, 0 for hooks tried that failed on this kernel",
+            probe_attached.clone(),
+        );
+        registry.register(
+            "drainwatch_probe_degraded",
+            "1 when the hook a signal uses lacks fields or offsets on this kernel (see the start-up log)",
+            probe_degraded.clone(),
+        );
+        registry.register(
+            "drainwatch_build",
+            "drainwatch version and the kernel it runs on",
+            Info::new(BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                kernel: kernel.to_string(),
+            }),
+        );
+        registry.register(
+            "drainwatch_procfs_errors",
+            "procfs files that could not be parsed, by file",
+            procfs_errors.clone(),
+        );
+        // Every closed-set series exists from the start, and its handle is kept.
+        let per_kind = |family: &Family<KindLabels, Counter>| {
+            EventKind::ALL.map(|k| family.get_or_create_owned(&KindLabels { kind: Hook(k) }))
+        };
+        Self {
+            events: per_kind(&events),
+            filtered: per_kind(&filtered),
+            lost: LossStage::ALL.map(|stage| lost.get_or_create_owned(&StageLabels { stage })),
+            watch_refused,
+            watch_entries: WatchMap::ALL
+                .map(|map| watch_entries.get_or_create_owned(&MapLabels { map })),
+            watch_failures,
+            probe_attached,
+            probe_degraded,
+            procfs_errors: ProcfsFile::ALL
+                .map(|file| procfs_errors.get_or_create_owned(&FileLabels { file })),
+        }
+    }
+
+    pub fn event_received(&self, kind: EventKind) {
+        self.events[kind.index()].inc();
+    }
+
+    pub fn events_count(&self, kind: EventKind) -> u64 {
+        self.events[kind.index()].get()
+    }
+
+    /// Events the kernel dropped as out of scope since the last poll.
+    pub fn filtered(&self, kind: EventKind, n: u64) {
+        self.filtered[kind.index()].inc_by(n);
+    }
+
+    pub fn lost_count(&self, stage: LossStage) -> u64 {
+        self.lost[stage.index()].get()
+    }
+
+    /// Counted by `internal::EventsLost` and `internal::DecodeFailed`, which also log.
+    pub(super) fn lost(&self, stage: LossStage, n: u64) {
+        self.lost[stage.index()].inc_by(n);
+    }
+
+    /// Counted by `internal::ProcfsUnreadable`, which also logs.
+    pub(super) fn procfs_error(&self, file: ProcfsFile) {
+        self.procfs_errors[file.index()].inc();
+    }
+
+    /// After the watch maps were updated: what they hold, and what did not fit. Counted by
+    /// `internal::WatchUpdated`, which also logs.
+    pub(super) fn watch_applied(&self, addresses: usize, ports: usize, refused: u64) {
+        self.watch_refused.inc_by(refused);
+        for (map, n) in [(WatchMap::Addresses, addresses), (WatchMap::Ports, ports)] {
+            self.watch_entries[map.index()].set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Counted by `internal::WatchUpdateFailed`, which also logs.
+    pub(super) fn watch_update_failed(&self) {
+        self.watch_failures.inc();
+    }
+
+    /// Which hook each signal uses (1) and which it tried that failed (0); whether the one it
+    /// uses is degraded.
+    pub fn record_plan(&self, plan: &[Attach<'_>]) {
+        for st in plan {
+            let chosen = st.chosen();
+            for (hook, _) in &st.tried {
+                let v = i64::from(chosen == Some(*hook));
+                self.probe_attached
+                    .get_or_create(&ProbeLabels {
+                        signal: st.signal.into(),
+                        hook: (*hook).into(),
+                    })
+                    .set(v);
+            }
+            self.probe_degraded
+                .get_or_create(&SignalLabels {
+                    signal: st.signal.into(),
+                })
+                .set(i64::from(chosen.is_some() && st.degraded));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Attach;
+    use crate::telemetry::Telemetry;
+
+    #[test]
+    fn plan_outcome_becomes_attached_gauges() {
+        let m = Telemetry::new("k");
+        m.agent.record_plan(&[
+            // No kprobes here: the one hook tried failed.
+            Attach {
+                signal: "accept_wait",
+                tried: vec![("kretprobe:inet_csk_accept", false)],
+                degraded: false,
+            },
+            // Attached, but without the field `reason`.
+            Attach {
+                signal: "resets_sent",
+                tried: vec![("tracepoint:tcp:tcp_send_reset", true)],
+                degraded: true,
+            },
+        ]);
+        let text = m.encode_openmetrics().unwrap();
+        assert!(text.contains("drainwatch_probe_attached{signal=\"accept_wait\",hook=\"kretprobe:inet_csk_accept\"} 0"), "{text}");
+        assert!(text.contains("drainwatch_probe_attached{signal=\"resets_sent\",hook=\"tracepoint:tcp:tcp_send_reset\"} 1"), "{text}");
+        assert!(
+            text.contains("drainwatch_probe_degraded{signal=\"resets_sent\"} 1"),
+            "{text}"
+        );
+    }
+}

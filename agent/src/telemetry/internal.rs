@@ -1,0 +1,237 @@
+//! The agent's internal events (Vector's instrumentation rule): each is a type whose `emit`
+//! both counts and logs, so nothing is logged without being counted or counted without the
+//! log saying why. Counting is never rate-limited; repeated log lines are, to one line per
+//! event type (and stage or file) per [`RateLimit::WINDOW`], the next line carrying how many
+//! were suppressed.
+
+use std::{
+    fmt::Display,
+    sync::atomic::{AtomicU64, Ordering},
+};
+
+use super::{
+    Telemetry,
+    labels::{LossStage, ProcfsFile},
+};
+use crate::model::{Mono, SECOND, monotonic_now};
+
+/// At most one log line per window; the rest are counted as suppressed.
+#[derive(Debug, Default)]
+pub struct RateLimit {
+    /// When the next line may be logged (kernel monotonic time; 0: now).
+    next: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl RateLimit {
+    pub const WINDOW: Mono = 10 * SECOND;
+
+    /// Whether a line may be logged at `now`: then how many were suppressed since the last.
+    pub fn allow(&self, now: Mono) -> Option<u64> {
+        let next = self.next.load(Ordering::Relaxed);
+        if now >= next
+            && self
+                .next
+                .compare_exchange(
+                    next,
+                    now.saturating_add(Self::WINDOW),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            return Some(self.suppressed.swap(0, Ordering::Relaxed));
+        }
+        self.suppressed.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
+/// One limiter per event type, per stage or file where those differ in cause.
+#[derive(Debug, Default)]
+pub struct Limits {
+    lost: [RateLimit; LossStage::ALL.len()],
+    procfs: [RateLimit; ProcfsFile::ALL.len()],
+    watch_failed: RateLimit,
+}
+
+/// Logs through `limit`: nothing when suppressed, `suppressed = n` when lines were.
+macro_rules! log_limited {
+    ($limit:expr, $level:ident, $($rest:tt)+) => {
+        match $limit.allow(monotonic_now()) {
+            None => {}
+            Some(0) => tracing::$level!($($rest)+),
+            Some(suppressed) => tracing::$level!(suppressed, $($rest)+),
+        }
+    };
+}
+
+/// Records the kernel could not reserve (`ringbuf`), or the pipeline had no room for
+/// (`queue`). Malformed records are [`DecodeFailed`].
+pub struct EventsLost {
+    pub stage: LossStage,
+    pub n: u64,
+}
+
+impl EventsLost {
+    pub fn emit(&self, t: &Telemetry) {
+        t.agent.lost(self.stage, self.n);
+        let why = match self.stage {
+            LossStage::Ringbuf => "the kernel found the ring buffer full (--ring-buffer-bytes)",
+            LossStage::Queue => "the pipeline fell behind and its queue was full (--queue-events)",
+            LossStage::Decode => "malformed records",
+        };
+        log_limited!(
+            t.limits.lost[self.stage.index()],
+            warn,
+            stage = self.stage.as_str(),
+            n = self.n,
+            "events lost: {why}"
+        );
+    }
+}
+
+/// A ring-buffer record that did not decode: counted as `decode` loss.
+pub struct DecodeFailed<E> {
+    pub error: E,
+}
+
+impl<E: Display> DecodeFailed<E> {
+    pub fn emit(&self, t: &Telemetry) {
+        t.agent.lost(LossStage::Decode, 1);
+        log_limited!(
+            t.limits.lost[LossStage::Decode.index()],
+            warn,
+            error = %self.error,
+            "dropping a malformed ring-buffer record"
+        );
+    }
+}
+
+/// A procfs file that could not be read or parsed.
+pub struct ProcfsUnreadable<E> {
+    pub file: ProcfsFile,
+    pub error: E,
+}
+
+impl<E: Display> ProcfsUnreadable<E> {
+    pub fn emit(&self, t: &Telemetry) {
+        t.agent.procfs_error(self.file);
+        log_limited!(
+            t.limits.procfs[self.file.index()],
+            debug,
+            error = %self.error,
+            "unreadable net/{}",
+            self.file.as_str()
+        );
+    }
+}
+
+/// The watch maps were brought to the wanted set (or as far as they had room).
+pub struct WatchUpdated {
+    pub addresses: usize,
+    pub ports: usize,
+    pub refused: u64,
+}
+
+impl WatchUpdated {
+    /// Not rate-limited: a debug line per change of the wanted set, which follows container
+    /// and listener churn, not event volume.
+    pub fn emit(&self, t: &Telemetry) {
+        t.agent
+            .watch_applied(self.addresses, self.ports, self.refused);
+        tracing::debug!(
+            addresses = self.addresses,
+            ports = self.ports,
+            "watch maps updated"
+        );
+    }
+}
+
+/// Updating the watch maps failed part-way.
+pub struct WatchUpdateFailed<E> {
+    pub error: E,
+}
+
+impl<E: Display> WatchUpdateFailed<E> {
+    pub fn emit(&self, t: &Telemetry) {
+        t.agent.watch_update_failed();
+        log_limited!(
+            t.limits.watch_failed,
+            warn,
+            error = %self.error,
+            "updating the watch maps failed"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::SECOND;
+
+    #[test]
+    fn one_line_per_window_then_the_suppressed_count() {
+        let l = RateLimit::default();
+        let t0 = 1_000 * SECOND;
+        assert_eq!(l.allow(t0), Some(0));
+        assert_eq!(l.allow(t0 + 1), None);
+        assert_eq!(l.allow(t0 + 9 * SECOND), None);
+        assert_eq!(l.allow(t0 + 10 * SECOND), Some(2));
+        assert_eq!(l.allow(t0 + 10 * SECOND), None);
+        assert_eq!(l.allow(t0 + 25 * SECOND), Some(1));
+    }
+
+    #[test]
+    fn every_emit_counts_whether_or_not_it_logs() {
+        let t = Telemetry::new("k");
+        for _ in 0..5 {
+            EventsLost {
+                stage: LossStage::Queue,
+                n: 2,
+            }
+            .emit(&t);
+            DecodeFailed { error: "short" }.emit(&t);
+            ProcfsUnreadable {
+                file: ProcfsFile::Netstat,
+                error: "no TcpExt",
+            }
+            .emit(&t);
+            WatchUpdateFailed { error: "E2BIG" }.emit(&t);
+        }
+        assert_eq!(t.lost_count(LossStage::Queue), 10);
+        assert_eq!(t.lost_count(LossStage::Decode), 5);
+        assert_eq!(t.lost_count(LossStage::Ringbuf), 0);
+        let text = t.encode_prometheus().unwrap();
+        assert!(
+            text.contains("drainwatch_procfs_errors_total{file=\"netstat\"} 5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("drainwatch_watch_update_failures_total 5\n"),
+            "{text}"
+        );
+        // Logged once each; the rest wait for the next window.
+        assert_eq!(
+            t.limits.lost[LossStage::Queue.index()]
+                .suppressed
+                .load(Ordering::Relaxed),
+            4
+        );
+        WatchUpdated {
+            addresses: 3,
+            ports: 1,
+            refused: 2,
+        }
+        .emit(&t);
+        let text = t.encode_prometheus().unwrap();
+        assert!(
+            text.contains("drainwatch_watch_entries{map=\"addresses\"} 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("drainwatch_watch_map_full_total 2\n"),
+            "{text}"
+        );
+    }
+}

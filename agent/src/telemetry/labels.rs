@@ -1,0 +1,269 @@
+//! Label sets of every family, and the closed label values as types: stop outcomes, reset
+//! directions, loss stages, hook kinds, procfs files and watch maps encode as the same strings
+//! the exposition has always had (alert rules and dashboards select on them). Open values
+//! (container names, kernel reasons, proxies) stay strings.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+
+use drainwatch_common::EventKind;
+
+use crate::model::{ContainerIdentity, ResetDirection, stop::Outcome};
+
+/// prometheus-client's derive has no rename: closed values encode as their `as_str()`.
+macro_rules! label_value_as_str {
+    ($($t:ty),* $(,)?) => {$(
+        impl EncodeLabelValue for $t {
+            fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+                EncodeLabelValue::encode(&self.as_str(), encoder)
+            }
+        }
+    )*};
+}
+
+label_value_as_str!(
+    Outcome,
+    ResetDirection,
+    LossStage,
+    Hook,
+    ProcfsFile,
+    WatchMap
+);
+
+/// Where an event was lost before processing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LossStage {
+    /// The kernel could not reserve ring-buffer space (per-CPU counters in `LOST`).
+    Ringbuf,
+    /// The pipeline fell behind and the queue was full.
+    Queue,
+    /// A malformed record.
+    Decode,
+}
+
+impl LossStage {
+    pub const ALL: [LossStage; 3] = [LossStage::Ringbuf, LossStage::Queue, LossStage::Decode];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossStage::Ringbuf => "ringbuf",
+            LossStage::Queue => "queue",
+            LossStage::Decode => "decode",
+        }
+    }
+
+    /// Position in [`LossStage::ALL`], for per-stage arrays.
+    pub const fn index(self) -> usize {
+        match self {
+            LossStage::Ringbuf => 0,
+            LossStage::Queue => 1,
+            LossStage::Decode => 2,
+        }
+    }
+}
+
+/// A kernel hook kind, named by its stem (the name of its module in `capture/hooks/`, the
+/// same as `capture::event::kind_name`, which a test holds it to).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hook(pub EventKind);
+
+impl std::hash::Hash for Hook {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // `EventKind` (no_std, shared with the eBPF side) does not derive Hash.
+        (self.0 as u32).hash(state);
+    }
+}
+
+impl Hook {
+    pub fn as_str(self) -> &'static str {
+        match self.0 {
+            EventKind::TcpSendReset => "tcp_send_reset",
+            EventKind::TcpReceiveReset => "tcp_receive_reset",
+            EventKind::InetSockSetState => "inet_sock_set_state",
+            EventKind::InetSkErrorReport => "inet_sk_error_report",
+            EventKind::SignalGenerate => "signal_generate",
+            EventKind::SchedProcessExit => "sched_process_exit",
+            EventKind::CgroupRmdir => "cgroup_rmdir",
+            EventKind::KfreeSkb => "kfree_skb",
+            EventKind::InetCskAccept => "inet_csk_accept",
+        }
+    }
+}
+
+/// A procfs file the agent parses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProcfsFile {
+    /// A network namespace's `net/netstat` (TcpExt listen counters).
+    Netstat,
+}
+
+impl ProcfsFile {
+    pub const ALL: [ProcfsFile; 1] = [ProcfsFile::Netstat];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProcfsFile::Netstat => "netstat",
+        }
+    }
+
+    pub const fn index(self) -> usize {
+        match self {
+            ProcfsFile::Netstat => 0,
+        }
+    }
+}
+
+/// A kernel map the host-namespace scope filter reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WatchMap {
+    /// `WATCH_ADDRS`: container addresses.
+    Addresses,
+    /// `WATCH_PORTS`: ports host-network containers listen or listened on.
+    Ports,
+}
+
+impl WatchMap {
+    pub const ALL: [WatchMap; 2] = [WatchMap::Addresses, WatchMap::Ports];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatchMap::Addresses => "addresses",
+            WatchMap::Ports => "ports",
+        }
+    }
+
+    pub const fn index(self) -> usize {
+        match self {
+            WatchMap::Addresses => 0,
+            WatchMap::Ports => 1,
+        }
+    }
+}
+
+/// The labels of every per-container series, and the key of the cardinality cap.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ContainerLabels {
+    pub namespace: String,
+    pub workload: String,
+    pub container: String,
+}
+
+impl From<&ContainerIdentity> for ContainerLabels {
+    fn from(c: &ContainerIdentity) -> Self {
+        Self {
+            namespace: c.namespace.clone(),
+            workload: c.workload.clone(),
+            container: c.name.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    #[prometheus(flatten)]
+    pub container: ContainerLabels,
+    pub outcome: Outcome,
+}
+
+/// A reset's kernel reason (`sk_rst_reason`, read from tracefs: open on purpose).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ReasonLabels {
+    #[prometheus(flatten)]
+    pub container: ContainerLabels,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ResetLabels {
+    #[prometheus(flatten)]
+    pub container: ContainerLabels,
+    pub direction: ResetDirection,
+    pub reason: String,
+}
+
+/// The proxy's process name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ProxyLabels {
+    #[prometheus(flatten)]
+    pub container: ContainerLabels,
+    pub proxy: String,
+}
+
+/// A container's listener.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct PortLabels {
+    #[prometheus(flatten)]
+    pub container: ContainerLabels,
+    pub port: u16,
+}
+
+/// The family a capped series would have been created in.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct MetricLabels {
+    pub metric: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: Hook,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct StageLabels {
+    pub stage: LossStage,
+}
+
+/// A plan signal and one of its hooks (`capture::plan`; set once at start-up).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ProbeLabels {
+    pub signal: String,
+    pub hook: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct SignalLabels {
+    pub signal: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct MapLabels {
+    pub map: WatchMap,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct FileLabels {
+    pub file: ProcfsFile,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: String,
+    pub kernel: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hooks_are_named_by_their_stem_as_the_decoder_names_them() {
+        for k in EventKind::ALL {
+            assert_eq!(Hook(k).as_str(), crate::capture::event::kind_name(k));
+        }
+    }
+
+    #[test]
+    fn indexes_are_positions_in_all() {
+        for (i, s) in LossStage::ALL.into_iter().enumerate() {
+            assert_eq!(s.index(), i);
+        }
+        for (i, f) in ProcfsFile::ALL.into_iter().enumerate() {
+            assert_eq!(f.index(), i);
+        }
+        for (i, m) in WatchMap::ALL.into_iter().enumerate() {
+            assert_eq!(m.index(), i);
+        }
+        for (i, k) in EventKind::ALL.into_iter().enumerate() {
+            assert_eq!(k.index(), i);
+        }
+    }
+}

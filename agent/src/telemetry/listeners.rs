@@ -1,0 +1,306 @@
+//! The accept path of containers' listeners and the reconnect storms on it: arrivals, accept
+//! waits and overflows per listener, sampled accept-queue depths and limits, the namespaces'
+//! own listen counters, and what each storm needed. Every series goes through the cap.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex, atomic::AtomicU64},
+};
+
+use prometheus_client::{
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+use super::{
+    cap::Cap,
+    labels::{ContainerLabels, PortLabels},
+};
+use crate::model::{ContainerIdentity, Fact, ListenCounters, storm::Storm};
+
+/// Buckets of the accept wait, 0.5 ms to 5 s.
+fn accept_wait_buckets() -> Histogram {
+    Histogram::new([
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    ])
+}
+
+pub struct ListenerMetrics {
+    cap: Arc<Cap>,
+    accept_wait: Family<PortLabels, Histogram>,
+    arrivals: Family<PortLabels, Counter>,
+    listen_overflows: Family<PortLabels, Counter>,
+    accept_queue_depth: Family<PortLabels, Gauge>,
+    accept_queue_limit: Family<PortLabels, Gauge>,
+    storms: Family<PortLabels, Counter>,
+    storm_peak_rate: Family<PortLabels, Gauge<f64, AtomicU64>>,
+    storm_window: Family<PortLabels, Gauge<f64, AtomicU64>>,
+    storm_observed_window: Family<PortLabels, Gauge<f64, AtomicU64>>,
+    netns_listen_overflows: Family<ContainerLabels, Counter>,
+    netns_listen_drops: Family<ContainerLabels, Counter>,
+    /// The kernel's absolute counters as last seen, to add only their growth.
+    netns_seen: Mutex<HashMap<ContainerLabels, ListenCounters>>,
+    /// Listeners whose queue gauges were set last time, to remove the ones that went away.
+    queues_seen: Mutex<HashSet<PortLabels>>,
+}
+
+impl ListenerMetrics {
+    pub fn register(registry: &mut Registry, cap: Arc<Cap>) -> Self {
+        let m = Self {
+            cap,
+            accept_wait: Family::new_with_constructor(accept_wait_buckets),
+            arrivals: Family::default(),
+            listen_overflows: Family::default(),
+            accept_queue_depth: Family::default(),
+            accept_queue_limit: Family::default(),
+            storms: Family::default(),
+            storm_peak_rate: Family::default(),
+            storm_window: Family::default(),
+            storm_observed_window: Family::default(),
+            netns_listen_overflows: Family::default(),
+            netns_listen_drops: Family::default(),
+            netns_seen: Mutex::default(),
+            queues_seen: Mutex::default(),
+        };
+        registry.register(
+            "drainwatch_accept_wait_seconds",
+            "Time connections waited in a listener's accept queue: handshake complete to accept()",
+            m.accept_wait.clone(),
+        );
+        registry.register(
+            "drainwatch_connection_arrivals",
+            "Connections that completed their handshake on a container's listener",
+            m.arrivals.clone(),
+        );
+        registry.register(
+            "drainwatch_listen_overflows",
+            "Completed handshakes a container's listener dropped because its accept queue was full",
+            m.listen_overflows.clone(),
+        );
+        registry.register(
+            "drainwatch_accept_queue_depth",
+            "Connections waiting in a container listener's accept queue (sampled each second)",
+            m.accept_queue_depth.clone(),
+        );
+        registry.register(
+            "drainwatch_accept_queue_limit",
+            "A container listener's accept queue limit (its listen() backlog capped by somaxconn), for listeners opened while the agent ran",
+            m.accept_queue_limit.clone(),
+        );
+        registry.register(
+            "drainwatch_reconnect_storms",
+            "Reconnect storms: clients of a stopped container coming back at once to a listener of the same workload",
+            m.storms.clone(),
+        );
+        registry.register(
+            "drainwatch_reconnect_storm_peak_rate",
+            "Peak arrivals per second (100 ms resolution) of the last reconnect storm",
+            m.storm_peak_rate.clone(),
+        );
+        registry.register(
+            "drainwatch_reconnect_window_recommended_seconds",
+            "Reconnect window the last storm needed: its clients divided by the accept rate the listener sustained",
+            m.storm_window.clone(),
+        );
+        registry.register(
+            "drainwatch_reconnect_storm_window_seconds",
+            "How long the last storm's clients took to come back (first arrival to 95%): compare with the recommended window",
+            m.storm_observed_window.clone(),
+        );
+        registry.register(
+            "drainwatch_netns_listen_overflows",
+            "The kernel's TcpExt ListenOverflows of a container's network namespace: connections dropped because an accept queue was full, including those no drop event reports",
+            m.netns_listen_overflows.clone(),
+        );
+        registry.register(
+            "drainwatch_netns_listen_drops",
+            "The kernel's TcpExt ListenDrops of a container's network namespace: every drop on its listen path",
+            m.netns_listen_drops.clone(),
+        );
+        m
+    }
+
+    fn port_labels(
+        &self,
+        c: &ContainerIdentity,
+        port: u16,
+        metric: &'static str,
+    ) -> Option<PortLabels> {
+        let container = ContainerLabels::from(c);
+        self.cap
+            .admit(&container, metric)
+            .then_some(PortLabels { container, port })
+    }
+
+    /// An arrival, accept wait or overflow on one of a container's listeners.
+    pub fn listener_fact(&self, container: &ContainerIdentity, port: u16, fact: &Fact) {
+        match *fact {
+            Fact::Arrival => {
+                if let Some(l) = self.port_labels(container, port, "drainwatch_connection_arrivals")
+                {
+                    self.arrivals.get_or_create(&l).inc();
+                }
+            }
+            Fact::AcceptWait(secs) => {
+                if let Some(l) = self.port_labels(container, port, "drainwatch_accept_wait_seconds")
+                {
+                    self.accept_wait.get_or_create(&l).observe(secs);
+                }
+            }
+            Fact::Overflow => {
+                if let Some(l) = self.port_labels(container, port, "drainwatch_listen_overflows") {
+                    self.listen_overflows.get_or_create(&l).inc();
+                }
+            }
+        }
+    }
+
+    /// A reconnect storm ended.
+    pub fn storm(&self, s: &Storm) {
+        let c = ContainerIdentity {
+            namespace: s.namespace.clone(),
+            workload: s.workload.clone(),
+            name: s.container.clone(),
+            ..Default::default()
+        };
+        let Some(l) = self.port_labels(&c, s.port, "drainwatch_reconnect_storms") else {
+            return;
+        };
+        self.storms.get_or_create(&l).inc();
+        self.storm_peak_rate
+            .get_or_create(&l)
+            .set(s.peak_arrivals_per_second);
+        // 0 when nothing queued: no wider window was needed.
+        self.storm_window
+            .get_or_create(&l)
+            .set(s.recommended_window_seconds.unwrap_or(0.0));
+        self.storm_observed_window
+            .get_or_create(&l)
+            .set(s.seconds_to_95_percent);
+    }
+
+    /// Adds the growth of each namespace's listen counters since the last sample.
+    pub fn netns_listen_counters(&self, sample: &[(ContainerIdentity, ListenCounters)]) {
+        let Ok(mut seen) = self.netns_seen.lock() else {
+            return;
+        };
+        for (c, now) in sample {
+            let l = ContainerLabels::from(c);
+            if !self.cap.admit(&l, "drainwatch_netns_listen_overflows") {
+                continue;
+            }
+            let before = seen.insert(l.clone(), *now).unwrap_or_default();
+            // A counter that went down belongs to a new namespace under the same names.
+            let grew = |b: u64, n: u64| if n >= b { n - b } else { n };
+            self.netns_listen_overflows
+                .get_or_create(&l)
+                .inc_by(grew(before.overflows, now.overflows));
+            self.netns_listen_drops
+                .get_or_create(&l)
+                .inc_by(grew(before.drops, now.drops));
+        }
+    }
+
+    /// Sets the accept-queue gauges to this sample; a `complete` sample (every container's
+    /// listeners, not a fast one of a few workloads) also removes listeners that are gone.
+    pub fn accept_queues(
+        &self,
+        sample: &[(ContainerIdentity, u16, u32, Option<u32>)],
+        complete: bool,
+    ) {
+        let Ok(mut seen) = self.queues_seen.lock() else {
+            return;
+        };
+        let mut now = HashSet::new();
+        for (c, port, depth, limit) in sample {
+            let Some(l) = self.port_labels(c, *port, "drainwatch_accept_queue_depth") else {
+                continue;
+            };
+            self.accept_queue_depth
+                .get_or_create(&l)
+                .set(i64::from(*depth));
+            if let Some(limit) = limit {
+                self.accept_queue_limit
+                    .get_or_create(&l)
+                    .set(i64::from(*limit));
+            }
+            now.insert(l);
+        }
+        if !complete {
+            seen.extend(now);
+            return;
+        }
+        for gone in seen.difference(&now) {
+            self.accept_queue_depth.remove(gone);
+            self.accept_queue_limit.remove(gone);
+        }
+        *seen = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{
+        model::{ContainerIdentity, ListenCounters},
+        telemetry::Telemetry,
+    };
+
+    #[test]
+    fn accept_queue_gauges_follow_the_sample_and_drop_gone_listeners() {
+        let m = Telemetry::new("k");
+        let c = ContainerIdentity {
+            name: "web-2".into(),
+            workload: "web".into(),
+            ..Default::default()
+        };
+        m.listeners
+            .accept_queues(&[(c.clone(), 8080, 7, Some(128))], true);
+        let text = m.encode_prometheus().unwrap();
+        let labels = "{namespace=\"\",workload=\"web\",container=\"web-2\",port=\"8080\"}";
+        assert!(
+            text.contains(&format!("drainwatch_accept_queue_depth{labels} 7")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("drainwatch_accept_queue_limit{labels} 128")),
+            "{text}"
+        );
+        m.listeners.accept_queues(&[], false);
+        let text = m.encode_prometheus().unwrap();
+        assert!(
+            text.contains(&format!("drainwatch_accept_queue_depth{labels} 7")),
+            "a fast sample of other workloads removes nothing"
+        );
+        m.listeners.accept_queues(&[], true);
+        let text = m.encode_prometheus().unwrap();
+        assert!(!text.contains("drainwatch_accept_queue_depth{"), "{text}");
+    }
+
+    #[test]
+    fn namespace_listen_counters_add_the_kernels_growth() {
+        let m = Telemetry::new("k");
+        let c = ContainerIdentity {
+            name: "web-2".into(),
+            workload: "web".into(),
+            ..Default::default()
+        };
+        let at = |overflows, drops| [(c.clone(), ListenCounters { overflows, drops })];
+        m.listeners.netns_listen_counters(&at(3, 4));
+        m.listeners.netns_listen_counters(&at(10, 12));
+        let labels = "{namespace=\"\",workload=\"web\",container=\"web-2\"}";
+        let text = m.encode_prometheus().unwrap();
+        assert!(
+            text.contains(&format!(
+                "drainwatch_netns_listen_overflows_total{labels} 10"
+            )),
+            "{text}"
+        );
+        assert!(text.contains(&format!("drainwatch_netns_listen_drops_total{labels} 12")));
+        // A new namespace under the same names starts from 0 again: its value is growth.
+        m.listeners.netns_listen_counters(&at(2, 2));
+        let text = m.encode_prometheus().unwrap();
+        assert!(text.contains(&format!(
+            "drainwatch_netns_listen_overflows_total{labels} 12"
+        )));
+    }
+}

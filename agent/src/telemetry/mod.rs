@@ -1,0 +1,147 @@
+//! The agent's metrics (prometheus-client 0.26), on the ground floor so every stage may count:
+//! [`Telemetry`] owns the registry and one part per subsystem, each registering its own
+//! families (`register(&mut Registry) -> Self`, as linkerd2-proxy does): the agent's own
+//! health (`agent`), per-container stop families (`stops`), the accept path and storms
+//! (`listeners`), behind one cardinality cap (`cap`). The pipeline reaches it only through
+//! [`Telemetry::record`]; the agent's internal events count and log through `internal`.
+//! prometheus-client appends `_total` to counters and `_info` to info metrics itself.
+
+pub mod agent;
+pub mod cap;
+pub mod internal;
+pub mod labels;
+pub mod listeners;
+pub mod stops;
+
+use std::sync::Arc;
+
+use prometheus_client::registry::Registry;
+
+use drainwatch_common::EventKind;
+
+use crate::model::Emitted;
+
+pub use agent::{AgentMetrics, Attach};
+pub use cap::MAX_CONTAINERS;
+pub use labels::{LossStage, ProcfsFile};
+pub use listeners::ListenerMetrics;
+pub use stops::StopMetrics;
+
+pub struct Telemetry {
+    registry: Registry,
+    pub agent: AgentMetrics,
+    pub stops: StopMetrics,
+    pub listeners: ListenerMetrics,
+    limits: internal::Limits,
+}
+
+impl Telemetry {
+    /// Every family registered, closed label sets at zero; `kernel` goes into the build info.
+    pub fn new(kernel: &str) -> Self {
+        let mut registry = Registry::default();
+        let agent = AgentMetrics::register(&mut registry, kernel);
+        let cap = Arc::new(cap::Cap::register(&mut registry));
+        let stops = StopMetrics::register(&mut registry, cap.clone());
+        let listeners = ListenerMetrics::register(&mut registry, cap);
+        Self {
+            registry,
+            agent,
+            stops,
+            listeners,
+            limits: internal::Limits::default(),
+        }
+    }
+
+    /// For subsystems registered only when used (the Kubernetes watch's metrics).
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
+    /// What the correlator reported: the one way the pipeline reaches the metrics.
+    pub fn record(&self, e: &Emitted) {
+        match e {
+            Emitted::ContainerSeen { container } => self.stops.container_seen(container),
+            Emitted::Loss {
+                container,
+                kind,
+                reason,
+            } => self.stops.stop_loss(container, *kind, reason.as_deref()),
+            Emitted::Settled { stop } => self.stops.stop_settled(stop),
+            Emitted::StopBegan { .. } => {}
+            Emitted::Retry {
+                container,
+                proxy,
+                added_seconds,
+            } => self.stops.retry(container, proxy, *added_seconds),
+            Emitted::Reset {
+                container,
+                direction,
+                reason,
+            } => self.stops.connection_reset(container, *direction, reason),
+            Emitted::Refused { container } => self.stops.refused_connection(container),
+            Emitted::Listener {
+                container,
+                port,
+                fact,
+            } => self.listeners.listener_fact(container, *port, fact),
+            Emitted::ListenSample(sample) => {
+                self.listeners
+                    .accept_queues(&sample.queues, sample.complete);
+                self.listeners.netns_listen_counters(&sample.netns);
+            }
+            Emitted::Storm(storm) => self.listeners.storm(storm),
+        }
+    }
+
+    pub fn events_count(&self, kind: EventKind) -> u64 {
+        self.agent.events_count(kind)
+    }
+
+    pub fn lost_count(&self, stage: LossStage) -> u64 {
+        self.agent.lost_count(stage)
+    }
+
+    /// OpenMetrics text.
+    pub fn encode_openmetrics(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+
+    /// Prometheus text format 0.0.4.
+    pub fn encode_prometheus(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposes_zeroed_series_and_build_info() {
+        let m = Telemetry::new("6.18.44");
+        let text = m.encode_openmetrics().unwrap();
+        assert!(
+            text.contains("drainwatch_events_total{kind=\"tcp_send_reset\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("drainwatch_events_lost_total{stage=\"ringbuf\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("drainwatch_build_info{version=\"0.1.0\",kernel=\"6.18.44\"} 1"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+        let plain = m.encode_prometheus().unwrap();
+        assert!(!plain.contains("# EOF"));
+        assert!(
+            plain.contains("drainwatch_events_lost_total{stage=\"queue\"} 0"),
+            "{plain}"
+        );
+    }
+}

@@ -1,0 +1,443 @@
+//! Per-container stop families: stops by outcome, the loss counted against a stop as it
+//! happens, drain and routing-lag histograms, the grace period, and the connection facts of a
+//! container in or out of a stop (resets, refused connects, proxy retries and aborts). Every
+//! series goes through the cardinality cap.
+
+use std::sync::{Arc, atomic::AtomicU64};
+
+use prometheus_client::{
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+use super::{
+    cap::Cap,
+    labels::{ContainerLabels, OutcomeLabels, ProxyLabels, ReasonLabels, ResetLabels},
+};
+use crate::model::{
+    ContainerIdentity, LossKind, ResetDirection,
+    stop::{Outcome, Stop},
+};
+
+/// Buckets of the per-stop durations, 100 ms to 5 min.
+pub(super) fn seconds_buckets() -> Histogram {
+    Histogram::new([
+        0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+    ])
+}
+
+pub struct StopMetrics {
+    cap: Arc<Cap>,
+    stops: Family<OutcomeLabels, Counter>,
+    inflight_cut: Family<ContainerLabels, Counter>,
+    refused: Family<ContainerLabels, Counter>,
+    unreachable: Family<ContainerLabels, Counter>,
+    accepted_after_sigterm: Family<ContainerLabels, Counter>,
+    resets_sent: Family<ReasonLabels, Counter>,
+    drain_duration: Family<ContainerLabels, Histogram>,
+    routing_lag: Family<ContainerLabels, Histogram>,
+    grace_period: Family<ContainerLabels, Gauge<f64, AtomicU64>>,
+    connection_resets: Family<ResetLabels, Counter>,
+    refused_connections: Family<ContainerLabels, Counter>,
+    retry_duplicates: Family<ProxyLabels, Counter>,
+    upstream_aborts: Family<ProxyLabels, Counter>,
+    retry_added_latency: Family<ContainerLabels, Histogram>,
+}
+
+impl StopMetrics {
+    pub fn register(registry: &mut Registry, cap: Arc<Cap>) -> Self {
+        let m = Self {
+            cap,
+            stops: Family::default(),
+            inflight_cut: Family::default(),
+            refused: Family::default(),
+            unreachable: Family::default(),
+            accepted_after_sigterm: Family::default(),
+            resets_sent: Family::default(),
+            drain_duration: Family::new_with_constructor(seconds_buckets),
+            routing_lag: Family::new_with_constructor(seconds_buckets),
+            grace_period: Family::default(),
+            connection_resets: Family::default(),
+            refused_connections: Family::default(),
+            retry_duplicates: Family::default(),
+            upstream_aborts: Family::default(),
+            retry_added_latency: Family::new_with_constructor(seconds_buckets),
+        };
+        registry.register(
+            "drainwatch_container_stops",
+            "Container stops, by outcome, counted when a stop settles",
+            m.stops.clone(),
+        );
+        registry.register(
+            "drainwatch_stop_inflight_cut",
+            "Inbound connections a stopping container closed or reset with a request pending",
+            m.inflight_cut.clone(),
+        );
+        registry.register(
+            "drainwatch_stop_refused",
+            "Connection attempts refused by a stopping container's closed listener",
+            m.refused.clone(),
+        );
+        registry.register(
+            "drainwatch_stop_unreachable",
+            "Connection attempts from this node to a stopped container's address after it was gone",
+            m.unreachable.clone(),
+        );
+        registry.register(
+            "drainwatch_stop_accepted_after_sigterm",
+            "Connections a container accepted after its stop signal",
+            m.accepted_after_sigterm.clone(),
+        );
+        registry.register(
+            "drainwatch_stop_resets_sent",
+            "RSTs a stopping container sent on its connections, by kernel reason",
+            m.resets_sent.clone(),
+        );
+        registry.register(
+            "drainwatch_drain_duration_seconds",
+            "Stop signal to main process exit",
+            m.drain_duration.clone(),
+        );
+        registry.register(
+            "drainwatch_routing_lag_seconds",
+            "Stop signal to the last connection accepted after it",
+            m.routing_lag.clone(),
+        );
+        registry.register(
+            "drainwatch_grace_period_seconds",
+            "Grace period of the container's last stop: terminationGracePeriodSeconds from the Kubernetes API, else stop signal to SIGKILL when it ran out",
+            m.grace_period.clone(),
+        );
+        registry.register(
+            "drainwatch_connection_resets",
+            "RSTs on containers' connections, stop or not, by direction and kernel reason",
+            m.connection_resets.clone(),
+        );
+        registry.register(
+            "drainwatch_refused_connections",
+            "Connection attempts refused at a container's former listening address, stop or not",
+            m.refused_connections.clone(),
+        );
+        registry.register(
+            "drainwatch_retry_duplicates",
+            "Requests a container cut that a proxy on this node re-sent to another backend: done twice, invisible to the client",
+            m.retry_duplicates.clone(),
+        );
+        registry.register(
+            "drainwatch_upstream_aborts",
+            "Requests a container cut that no proxy re-sent: the client saw an error",
+            m.upstream_aborts.clone(),
+        );
+        registry.register(
+            "drainwatch_retry_added_latency_seconds",
+            "Latency a proxy retry added: from the original upstream connection to the retry's",
+            m.retry_added_latency.clone(),
+        );
+        m
+    }
+
+    /// A container was found: its per-container counters and stop histograms start at zero, so
+    /// the first loss and drain of its first stop are an increase that `increase()`, quantiles
+    /// and alerts see (Prometheus ignores the first sample of a series that appears already
+    /// counted).
+    pub fn container_seen(&self, c: &ContainerIdentity) {
+        let l = ContainerLabels::from(c);
+        if !self.cap.admit(&l, "drainwatch_container_stops") {
+            return;
+        }
+        for outcome in Outcome::ALL {
+            let _ = self.stops.get_or_create(&OutcomeLabels {
+                container: l.clone(),
+                outcome,
+            });
+        }
+        for family in [
+            &self.inflight_cut,
+            &self.refused,
+            &self.unreachable,
+            &self.accepted_after_sigterm,
+            &self.refused_connections,
+        ] {
+            let _ = family.get_or_create(&l);
+        }
+        // The same for the per-stop histograms: a histogram that appears with its first
+        // observation already counted has no rate, so its first stop would show no quantile.
+        let _ = self.drain_duration.get_or_create(&l);
+        let _ = self.routing_lag.get_or_create(&l);
+    }
+
+    /// Loss counted against a stop, as it happens.
+    pub fn stop_loss(&self, c: &ContainerIdentity, kind: LossKind, reason: Option<&str>) {
+        let (metric, family) = match kind {
+            LossKind::InflightCut => ("drainwatch_stop_inflight_cut", &self.inflight_cut),
+            LossKind::Refused => ("drainwatch_stop_refused", &self.refused),
+            LossKind::Unreachable => ("drainwatch_stop_unreachable", &self.unreachable),
+            LossKind::AcceptedAfterSigterm => (
+                "drainwatch_stop_accepted_after_sigterm",
+                &self.accepted_after_sigterm,
+            ),
+            LossKind::ResetsSent => {
+                let container = ContainerLabels::from(c);
+                if self.cap.admit(&container, "drainwatch_stop_resets_sent") {
+                    self.resets_sent
+                        .get_or_create(&ReasonLabels {
+                            container,
+                            reason: reason.unwrap_or("unknown").into(),
+                        })
+                        .inc();
+                }
+                return;
+            }
+            // Counted by their own families (retries) or not per stop (idle closes).
+            LossKind::IdleClosed | LossKind::RetryDuplicates | LossKind::UpstreamAborts => return,
+        };
+        let l = ContainerLabels::from(c);
+        if self.cap.admit(&l, metric) {
+            family.get_or_create(&l).inc();
+        }
+    }
+
+    /// A stop settled: count it by outcome and observe its durations.
+    pub fn stop_settled(&self, s: &Stop) {
+        let l = ContainerLabels::from(&s.container);
+        let Some(outcome) = s.outcome() else { return };
+        if !self.cap.admit(&l, "drainwatch_container_stops") {
+            return;
+        }
+        self.stops
+            .get_or_create(&OutcomeLabels {
+                container: l.clone(),
+                outcome,
+            })
+            .inc();
+        if let Some(d) = s.drain_seconds() {
+            self.drain_duration.get_or_create(&l).observe(d);
+        }
+        if let Some(d) = s.routing_lag_seconds() {
+            self.routing_lag.get_or_create(&l).observe(d);
+        }
+        // The configured grace period (Kubernetes metadata) when known; else the observed one,
+        // which only a stop that ran out of time shows.
+        let grace = s
+            .grace_configured_seconds
+            .map(|g| g as f64)
+            .or_else(|| s.grace_seconds());
+        if let Some(g) = grace {
+            self.grace_period.get_or_create(&l).set(g);
+        }
+    }
+
+    /// A RST on a container's connection, in or out of a stop.
+    pub fn connection_reset(&self, c: &ContainerIdentity, direction: ResetDirection, reason: &str) {
+        let container = ContainerLabels::from(c);
+        if !self.cap.admit(&container, "drainwatch_connection_resets") {
+            return;
+        }
+        self.connection_resets
+            .get_or_create(&ResetLabels {
+                container,
+                direction,
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// A connection refused at a container's former listening address, in or out of a stop.
+    pub fn refused_connection(&self, c: &ContainerIdentity) {
+        let l = ContainerLabels::from(c);
+        if self.cap.admit(&l, "drainwatch_refused_connections") {
+            self.refused_connections.get_or_create(&l).inc();
+        }
+    }
+
+    /// What a proxy did about a request `c` cut: re-sent it (`added` latency) or not.
+    pub fn retry(&self, c: &ContainerIdentity, proxy: &str, added: Option<f64>) {
+        let l = ContainerLabels::from(c);
+        if !self.cap.admit(&l, "drainwatch_retry_duplicates") {
+            return;
+        }
+        let labels = ProxyLabels {
+            container: l,
+            proxy: proxy.into(),
+        };
+        match added {
+            Some(secs) => {
+                self.retry_duplicates.get_or_create(&labels).inc();
+                self.retry_added_latency
+                    .get_or_create(&labels.container)
+                    .observe(secs);
+            }
+            None => {
+                self.upstream_aborts.get_or_create(&labels).inc();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{
+        model::{ContainerIdentity, LossKind, stop::Outcome},
+        telemetry::Telemetry,
+    };
+
+    #[test]
+    fn a_container_seen_gets_zeroed_counters_so_its_first_loss_is_an_increase() {
+        let m = Telemetry::new("k");
+        let c = ContainerIdentity {
+            name: "web-1".into(),
+            workload: "web".into(),
+            ..Default::default()
+        };
+        m.stops.container_seen(&c);
+        let text = m.encode_prometheus().unwrap();
+        let labels = "namespace=\"\",workload=\"web\",container=\"web-1\"";
+        for family in [
+            "drainwatch_stop_inflight_cut_total",
+            "drainwatch_stop_refused_total",
+            "drainwatch_stop_unreachable_total",
+            "drainwatch_stop_accepted_after_sigterm_total",
+            "drainwatch_refused_connections_total",
+        ] {
+            assert!(
+                text.contains(&format!("{family}{{{labels}}} 0\n")),
+                "{family}: {text}"
+            );
+        }
+        for o in Outcome::ALL {
+            let line = format!(
+                "drainwatch_container_stops_total{{{labels},outcome=\"{}\"}} 0\n",
+                o.as_str()
+            );
+            assert!(text.contains(&line), "{line}: {text}");
+        }
+        for h in [
+            "drainwatch_drain_duration_seconds",
+            "drainwatch_routing_lag_seconds",
+        ] {
+            assert!(
+                text.contains(&format!("{h}_count{{{labels}}} 0\n")),
+                "{h}: {text}"
+            );
+        }
+        // Seen again (a rescan): nothing is reset.
+        m.stops.stop_loss(&c, LossKind::InflightCut, None);
+        m.stops.container_seen(&c);
+        let text = m.encode_prometheus().unwrap();
+        assert!(
+            text.contains(&format!(
+                "drainwatch_stop_inflight_cut_total{{{labels}}} 1\n"
+            )),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_grace_period_gauge_is_the_configured_one_else_the_observed_one() {
+        use crate::{
+            correlate::stops::{Config, Tracker},
+            model::{
+                ExitInfo, Observation as O, SECOND, Sender,
+                stop::{SIGKILL, SIGTERM},
+            },
+        };
+        let c = ContainerIdentity {
+            id: "c1".into(),
+            name: "web-1".into(),
+            workload: "web".into(),
+            ..Default::default()
+        };
+        let mut t = Tracker::new(Config::default());
+        let t0 = 1_000 * SECOND;
+        t.observe(
+            t0,
+            O::Container {
+                identity: c.clone(),
+                listeners: vec![],
+                inbound: vec![],
+            },
+        );
+        let runc = Sender {
+            pid: 42,
+            comm: "runc".into(),
+        };
+        for (at, sig) in [(t0 + SECOND, SIGTERM), (t0 + 31 * SECOND, SIGKILL)] {
+            t.observe(
+                at,
+                O::Signal {
+                    key: "c1".into(),
+                    sig,
+                    sender: runc.clone(),
+                },
+            );
+        }
+        t.observe(
+            t0 + 31 * SECOND + 1_000_000,
+            O::Exit {
+                key: "c1".into(),
+                exit: ExitInfo {
+                    code: Some(137),
+                    signal: Some(9),
+                },
+            },
+        );
+        // A pod's stop: the configured grace period wins, whether the stop ran out of it or not.
+        let pod = ContainerIdentity {
+            id: "c2".into(),
+            name: "api".into(),
+            workload: "api".into(),
+            stop_policy: crate::model::StopPolicy {
+                grace_configured_seconds: Some(45),
+                prestop: None,
+            },
+            ..Default::default()
+        };
+        t.observe(
+            t0,
+            O::Container {
+                identity: pod,
+                listeners: vec![],
+                inbound: vec![],
+            },
+        );
+        t.observe(
+            t0 + SECOND,
+            O::Signal {
+                key: "c2".into(),
+                sig: SIGTERM,
+                sender: runc.clone(),
+            },
+        );
+        t.observe(
+            t0 + 3 * SECOND,
+            O::Exit {
+                key: "c2".into(),
+                exit: ExitInfo {
+                    code: Some(0),
+                    signal: None,
+                },
+            },
+        );
+        let m = Telemetry::new("k");
+        for s in t.stops() {
+            m.stops.stop_settled(s);
+        }
+        let text = m.encode_prometheus().unwrap();
+        assert!(
+            text.contains(
+                "drainwatch_grace_period_seconds{namespace=\"\",workload=\"web\",container=\"web-1\"} 30.0\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "drainwatch_grace_period_seconds{namespace=\"\",workload=\"api\",container=\"api\"} 45.0\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("drainwatch_container_stops_total{namespace=\"\",workload=\"web\",container=\"web-1\",outcome=\"killed_at_deadline\"} 1\n"),
+            "{text}"
+        );
+    }
+}
