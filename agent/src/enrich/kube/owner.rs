@@ -3,6 +3,8 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::enrich::runtime_meta::looks_like_hash;
+
 /// The workload a pod belongs to: what a rollout replaces, and which rollout made the pod.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Workload {
@@ -20,15 +22,6 @@ const POD_TEMPLATE_HASH: &str = "pod-template-hash";
 const CONTROLLER_REVISION_HASH: &str = "controller-revision-hash";
 /// The kubelet's hash of a static pod's manifest, on its mirror pod.
 const CONFIG_HASH: &str = "kubernetes.io/config.hash";
-
-/// Characters of Kubernetes' generated name suffixes and hashes
-/// (`k8s.io/apimachinery/pkg/util/rand`): no vowels, no 0, 1 or 3.
-const KUBE_ALPHANUMS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-
-fn looks_like_hash(s: &str) -> bool {
-    (6..=10).contains(&s.len())
-        && (s.bytes().all(|b| KUBE_ALPHANUMS.contains(&b)) || s.bytes().all(|b| b.is_ascii_digit()))
-}
 
 /// The workload that owns a pod, from its controller's owner reference and its labels.
 ///

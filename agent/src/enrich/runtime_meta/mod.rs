@@ -43,6 +43,8 @@ pub use naming::{workload_from_container_name, workload_from_pod_name};
 pub use oci::from_oci_config;
 pub use podman::from_podman;
 
+pub(super) use naming::looks_like_hash;
+
 /// Who a container is, as far as reports go.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ContainerMeta {

@@ -34,6 +34,14 @@ pub(super) fn local_meta(name: String, labels: &Map<String, Value>) -> Container
 /// (`k8s.io/apimachinery/pkg/util/rand`): no vowels, no 0, 1 or 3.
 const KUBE_ALPHANUMS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
+/// Whether `s` has the shape of a pod-template hash: 6–10 characters of that alphabet, or 6–10
+/// digits (Kubernetes before 1.12 hashed differently). Also the test the Kubernetes API's
+/// owner references go through (`kube::workload`).
+pub(in crate::enrich) fn looks_like_hash(s: &str) -> bool {
+    (6..=10).contains(&s.len())
+        && (s.bytes().all(|b| KUBE_ALPHANUMS.contains(&b)) || s.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// The workload rule for Kubernetes pods: the owning controller's name, from the pod name.
 ///
 /// - Deployment: `<deploy>-<pod-template-hash>-<5 random>` → `<deploy>`; the hash is 6–10
@@ -61,9 +69,7 @@ pub fn workload_from_pod_name(pod: &str) -> String {
     {
         if let Some((base, hash)) = rest.rsplit_once('-')
             && !base.is_empty()
-            && (6..=10).contains(&hash.len())
-            && (hash.bytes().all(|b| KUBE_ALPHANUMS.contains(&b))
-                || hash.bytes().all(|b| b.is_ascii_digit()))
+            && looks_like_hash(hash)
         {
             return base.to_string();
         }
