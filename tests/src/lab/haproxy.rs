@@ -17,7 +17,7 @@ use std::{
 
 use super::{
     container::{KEEP_ENV, LAB_DIR, on_local_link, setup_once, unique_name},
-    proxy::ms,
+    proxy::{self, ms},
 };
 use crate::agent::free_port;
 
@@ -395,18 +395,12 @@ impl Haproxy {
         ids: &[&str],
         timeout: Duration,
     ) -> std::collections::HashMap<String, HttpLog> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let by_id: std::collections::HashMap<String, HttpLog> = self
-                .http_logs()
+        proxy::wait_logged(ids, timeout, || {
+            self.http_logs()
                 .into_iter()
                 .filter_map(|l| Some((l.id.clone()?, l)))
-                .collect();
-            if ids.iter().all(|id| by_id.contains_key(*id)) || Instant::now() > deadline {
-                return by_id;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+                .collect()
+        })
     }
 }
 

@@ -6,6 +6,7 @@ use serde_json::{Map, Value};
 use super::{
     ContainerMeta, KUBE_CONTAINER_NAME, KUBE_POD_NAME, KUBE_POD_NAMESPACE, MetaError, SANDBOX_NAME,
     naming::{kube_meta, local_meta},
+    non_empty,
 };
 
 const DOCKER_K8S_TYPE: &str = "io.kubernetes.docker.type";
@@ -26,12 +27,7 @@ pub fn from_docker_config_v2(json: &str) -> Result<ContainerMeta, MetaError> {
         Some(Value::Object(labels)) => labels.clone(),
         Some(_) => return Err(MetaError::Shape("Config.Labels is not an object")),
     };
-    let label = |key: &str| {
-        labels
-            .get(key)
-            .and_then(Value::as_str)
-            .filter(|v| !v.is_empty())
-    };
+    let label = |key: &str| non_empty(&labels, key);
     if let Some(pod) = label(KUBE_POD_NAME) {
         let name = if label(DOCKER_K8S_TYPE) == Some("podsandbox") {
             SANDBOX_NAME

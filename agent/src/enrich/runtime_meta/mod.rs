@@ -35,6 +35,7 @@ mod podman;
 use std::{fs::File, io::Read, path::Path};
 
 use serde::Serialize;
+use serde_json::{Map, Value};
 
 use super::cgroup_path::{CgroupOwner, Runtime};
 
@@ -67,6 +68,13 @@ pub enum MetaError {
     /// JSON, but a field the format requires is missing or of another type.
     #[error("unexpected document: {0}")]
     Shape(&'static str),
+}
+
+/// The non-empty string under `key` of a JSON object (annotations, labels).
+fn non_empty<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
+    map.get(key)
+        .and_then(Value::as_str)
+        .filter(|v| !v.is_empty())
 }
 
 /// The name the kubelet gives a pod's sandbox (pause) container.

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::{
     ContainerMeta, KUBE_CONTAINER_NAME, KUBE_POD_NAME, KUBE_POD_NAMESPACE, MetaError, SANDBOX_NAME,
-    naming::kube_meta,
+    naming::kube_meta, non_empty,
 };
 
 // containerd's CRI plugin (pkg/cri/annotations/annotations.go).
@@ -35,12 +35,7 @@ pub fn from_oci_config(json: &str) -> Result<Option<ContainerMeta>, MetaError> {
     let annotations = annotations
         .as_object()
         .ok_or(MetaError::Shape("annotations is not an object"))?;
-    let get = |key: &str| {
-        annotations
-            .get(key)
-            .and_then(Value::as_str)
-            .filter(|v| !v.is_empty())
-    };
+    let get = |key: &str| non_empty(annotations, key);
 
     if let Some(pod) = get(CRI_SANDBOX_NAME) {
         let name = if get(CRI_CONTAINER_TYPE) == Some("sandbox") {

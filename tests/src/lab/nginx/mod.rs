@@ -42,7 +42,7 @@ pub use leftovers::cleanup_leftovers;
 
 use super::{
     container::{KEEP_ENV, LAB_DIR, http_get, on_local_link, setup_once, unique_name},
-    proxy::ms,
+    proxy::{self, ms},
 };
 use crate::agent::free_port;
 
@@ -281,18 +281,12 @@ impl Nginx {
 
     /// Waits (bounded) until nginx has logged every id in `ids`; returns the entries by id.
     pub fn wait_logged(&self, ids: &[&str], timeout: Duration) -> HashMap<String, AccessEntry> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let by_id: HashMap<String, AccessEntry> = self
-                .access_log()
+        proxy::wait_logged(ids, timeout, || {
+            self.access_log()
                 .into_iter()
                 .filter_map(|e| Some((e.id.clone()?, e)))
-                .collect();
-            if ids.iter().all(|id| by_id.contains_key(*id)) || Instant::now() > deadline {
-                return by_id;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+                .collect()
+        })
     }
 
     /// The error log so far (level `info` and up: upstream failures, servers disabled).
