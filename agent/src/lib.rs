@@ -12,3 +12,6 @@ pub mod model;
 pub mod pipeline;
 pub mod queue;
 pub mod telemetry;
+
+#[cfg(test)]
+mod layout_tests;
