@@ -42,7 +42,7 @@ fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-pub fn loss_view(l: &Loss) -> LossView {
+fn loss_view(l: &Loss) -> LossView {
     LossView {
         accepted_after_sigterm: l.accepted_after_sigterm,
         idle_closed: l.idle_closed,

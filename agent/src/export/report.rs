@@ -14,7 +14,7 @@ use super::{
     verdict,
     view::{DeployView, LossView, StopView, StormView},
 };
-use crate::model::stop::Outcome;
+use crate::model::{LossKind, stop::Outcome};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
@@ -93,7 +93,7 @@ fn loss_line(loss: &LossView) -> String {
         loss.unreachable,
         loss.accepted_after_sigterm,
         loss.idle_closed,
-        loss.resets_sent.values().sum::<u64>()
+        loss.get(LossKind::ResetsSent)
     )
 }
 

@@ -40,13 +40,6 @@ pub struct Verdict {
     pub text: String,
 }
 
-/// The grace period: as configured when the agent knows it, else as observed (SIGTERM → SIGKILL).
-fn grace(stop: &StopView) -> Option<f64> {
-    stop.grace_configured_seconds
-        .map(|g| g as f64)
-        .or(stop.grace_seconds)
-}
-
 /// The longest a cut connection had been open when it was cut (see `LossEvent::open_for`).
 fn slowest_cut(stop: &StopView) -> Option<f64> {
     stop.loss_events
@@ -137,7 +130,9 @@ pub fn stop(stop: &StopView) -> Verdict {
             parts.push(text);
         }
         Some(Outcome::KilledAtDeadline) => {
-            let g = grace(stop).map_or_else(|| "grace".into(), |g| format!("{} s grace", secs(g)));
+            let g = stop
+                .grace()
+                .map_or_else(|| "grace".into(), |g| format!("{} s grace", secs(g)));
             if cut > 0 {
                 let seen = slowest_cut(stop).map_or_else(
                     || "still running when killed".into(),
@@ -246,7 +241,7 @@ pub fn stop(stop: &StopView) -> Verdict {
             if let Some((_, r)) = routing(stop) {
                 text += &format!(" ({r})");
             }
-            if let (Some(d), Some(g)) = (stop.drain_seconds, grace(stop))
+            if let (Some(d), Some(g)) = (stop.drain_seconds, stop.grace())
                 && g > 0.0
                 && d > 0.8 * g
             {

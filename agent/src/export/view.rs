@@ -51,6 +51,16 @@ pub struct StopView {
     pub sigterm_sender: Option<SenderView>,
 }
 
+impl StopView {
+    /// The grace period: as configured when the agent knows it, else as observed (SIGTERM →
+    /// SIGKILL).
+    pub fn grace(&self) -> Option<f64> {
+        self.grace_configured_seconds
+            .map(|g| g as f64)
+            .or(self.grace_seconds)
+    }
+}
+
 /// Who the stopped container was ("" where unknown).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]

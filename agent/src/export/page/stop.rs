@@ -11,7 +11,7 @@ use crate::{
         verdict::{self, Level},
         view::StopView,
     },
-    model::stop::Outcome,
+    model::{LossKind, stop::Outcome},
 };
 
 pub(super) fn outcome_level(outcome: Option<Outcome>) -> Level {
@@ -30,13 +30,6 @@ pub(super) fn outcome_label(outcome: Option<Outcome>) -> String {
 pub(super) fn origin(stop: &StopView) -> Option<f64> {
     let at = |t: &Option<String>| t.as_deref().and_then(epoch);
     at(&stop.sigterm_at).or_else(|| at(&stop.exit_at))
-}
-
-/// The grace period: as configured when known, else as observed (SIGTERM → SIGKILL).
-pub(super) fn grace(stop: &StopView) -> Option<f64> {
-    stop.grace_configured_seconds
-        .map(|g| g as f64)
-        .or(stop.grace_seconds)
 }
 
 fn or_empty(t: &Option<String>) -> &str {
@@ -154,7 +147,7 @@ fn facts(stop: &StopView) -> Markup {
         rows.push(("preStop hook", html! { (if p { "yes" } else { "none" }) }));
     }
     if let Some(d) = stop.drain_seconds {
-        let text = match grace(stop) {
+        let text = match stop.grace() {
             Some(g) if g > 0.0 => format!(
                 "{} s of {} s grace ({:.0}%)",
                 secs(d),
@@ -175,7 +168,7 @@ fn facts(stop: &StopView) -> Markup {
         rows.push(("cgroup removed", html! { (c) }));
     }
     let resets = &stop.loss.resets_sent;
-    if resets.values().sum::<u64>() > 0 {
+    if stop.loss.get(LossKind::ResetsSent) > 0 {
         rows.push((
             "resets sent",
             html! {

@@ -8,7 +8,7 @@ use maud::{Markup, html};
 use super::{
     glyphs::{Glyph, glyph},
     px,
-    stop::{grace, origin, outcome_level},
+    stop::{origin, outcome_level},
 };
 use crate::{
     export::{
@@ -137,7 +137,7 @@ pub(super) fn svg(stop: &StopView) -> Markup {
         kill: rel_of(&stop.sigkill_at),
         cgroup: rel_of(&stop.cgroup_removed_at),
         lag: stop.routing_lag_seconds,
-        grace: grace(stop),
+        grace: stop.grace(),
         closes: stop
             .listeners
             .iter()
