@@ -144,22 +144,22 @@ fn preflight(cli: &Cli) -> Result<(), StartupError> {
 /// itself, where PID 1 may be out of reach). At worst that is a pod's, which only narrows the
 /// filter to the pod's own connections: nothing is lost.
 fn host_netns(procfs_root: &Path) -> Result<u32, StartupError> {
-    let mut last = None;
-    for pid in ["1", "self"] {
-        let path = procfs_root.join(pid).join("ns/net");
-        let detail = match std::fs::read_link(&path) {
-            Ok(link) => match netns_inode(&link.to_string_lossy()) {
-                Some(inode) => {
-                    tracing::info!(netns = inode, from = %path.display(), "host network namespace");
-                    return Ok(inode);
-                }
-                None => format!("unexpected link {}", link.display()),
-            },
-            Err(e) => e.to_string(),
-        };
-        last = Some(StartupError::HostNetns { path, detail });
-    }
-    Err(last.expect("two candidates were tried"))
+    netns_of(procfs_root, "1").or_else(|_| netns_of(procfs_root, "self"))
+}
+
+fn netns_of(procfs_root: &Path, pid: &str) -> Result<u32, StartupError> {
+    let path = procfs_root.join(pid).join("ns/net");
+    let detail = match std::fs::read_link(&path) {
+        Ok(link) => match netns_inode(&link.to_string_lossy()) {
+            Some(inode) => {
+                tracing::info!(netns = inode, from = %path.display(), "host network namespace");
+                return Ok(inode);
+            }
+            None => format!("unexpected link {}", link.display()),
+        },
+        Err(e) => e.to_string(),
+    };
+    Err(StartupError::HostNetns { path, detail })
 }
 
 fn kernel_release(procfs_root: &Path) -> String {

@@ -10,3 +10,6 @@ pub mod export;
 pub mod model;
 pub mod pipeline;
 pub mod queue;
+
+#[cfg(test)]
+mod layout_tests;

@@ -26,12 +26,10 @@ pub fn binary() -> PathBuf {
     path
 }
 
+/// A loopback port free right now (bound, then released): for a server the test starts.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free loopback port");
+    l.local_addr().unwrap().port()
 }
 
 /// Status, headers (lower-cased names) and body.

@@ -280,6 +280,13 @@ fn test(args: &TestArgs) -> ExitCode {
     }
     let root = repo_root();
 
+    // Lints are policy: formatting and clippy (warnings are errors) before anything runs.
+    let mut fmt = cargo(&root);
+    fmt.args(["fmt", "--all", "--check"]);
+    let mut clippy = cargo(&root);
+    clippy
+        .args(["clippy", "--workspace", "--all-targets"])
+        .args(["--exclude", "drainwatch-ebpf", "--", "-D", "warnings"]);
     let mut build = cargo(&root);
     build.args(["build", "--release", "-p", "drainwatch"]);
     let mut unit = cargo(&root);
@@ -302,8 +309,12 @@ fn test(args: &TestArgs) -> ExitCode {
     let mut bench = cargo(&root);
     bench.args(["xtask", "bench", "--no-setup", "--smoke"]);
 
-    let mut results: Vec<(&str, Phase)> = vec![("build", phase("build", &mut build))];
-    let build_ok = matches!(results[0].1, Phase::Passed(_));
+    let mut results: Vec<(&str, Phase)> = vec![
+        ("fmt", phase("fmt", &mut fmt)),
+        ("clippy", phase("clippy", &mut clippy)),
+        ("build", phase("build", &mut build)),
+    ];
+    let build_ok = results.iter().all(|(_, r)| matches!(r, Phase::Passed(_)));
     for (name, cmd) in [
         ("unit", &mut unit),
         ("integration", &mut integration),
@@ -312,7 +323,7 @@ fn test(args: &TestArgs) -> ExitCode {
         let result = if build_ok {
             phase(name, cmd)
         } else {
-            Phase::Skipped("the build failed")
+            Phase::Skipped("lints or the build failed")
         };
         results.push((name, result));
     }

@@ -36,17 +36,15 @@ fn abort(s: &TcpStream) {
 }
 
 /// A port nothing listens on: bound and closed again.
-fn closed_port() -> SocketAddr {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
-    let a = l.local_addr().expect("addr");
-    drop(l);
-    a
+fn closed_port() -> Result<SocketAddr, String> {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| e.to_string())?;
+    l.local_addr().map_err(|e| e.to_string())
 }
 
 fn worker(stop: &AtomicBool, done: &AtomicU64, per_thread_rate: f64) -> Result<(), String> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| e.to_string())?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let refused = closed_port();
+    let refused = closed_port()?;
     let start = Instant::now();
     let mut rounds: u64 = 0;
     while !stop.load(Ordering::Relaxed) {
@@ -102,7 +100,8 @@ fn main() {
     std::thread::sleep(Duration::from_secs_f64(seconds));
     stop.store(true, Ordering::Relaxed);
     for h in handles {
-        if let Err(e) = h.join().expect("worker") {
+        let result = h.join().unwrap_or_else(|_| Err("a worker panicked".into()));
+        if let Err(e) = result {
             eprintln!("churn: {e}");
             std::process::exit(1);
         }

@@ -350,7 +350,10 @@ fn loss(seconds: f64, containers: u32, rate: f64) -> serde_json::Value {
         std::thread::sleep(Duration::from_micros(500));
     }
     drop(tx);
-    let processed = consumer.join().expect("consumer");
+    let Ok(processed) = consumer.join() else {
+        eprintln!("pipeline: the consumer thread panicked");
+        std::process::exit(1);
+    };
     serde_json::json!({
         "offered_per_second": sent as f64 / seconds,
         "offered": sent,

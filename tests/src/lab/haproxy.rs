@@ -6,7 +6,7 @@
 use std::{
     fs,
     io::{BufRead, BufReader, Read, Write},
-    net::{SocketAddr, SocketAddrV4, TcpListener},
+    net::{SocketAddr, SocketAddrV4},
     os::unix::{net::UnixStream, process::CommandExt},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -15,7 +15,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::container::{KEEP_ENV, LAB_DIR, on_local_link, setup_once, unique_name};
+use super::{
+    container::{KEEP_ENV, LAB_DIR, on_local_link, setup_once, unique_name},
+    proxy::{self, ms},
+};
+use crate::agent::free_port;
 
 const TEMPLATE: &str = include_str!("../../lab/haproxy.cfg.in");
 
@@ -165,15 +169,6 @@ fn haproxy_bin() -> &'static str {
     } else {
         "haproxy"
     }
-}
-
-fn ms(d: Duration) -> String {
-    format!("{}ms", d.as_millis())
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free loopback port");
-    l.local_addr().unwrap().port()
 }
 
 fn reader(src: impl Read + Send + 'static, sink: Arc<Mutex<Vec<LogLine>>>) -> JoinHandle<()> {
@@ -400,18 +395,12 @@ impl Haproxy {
         ids: &[&str],
         timeout: Duration,
     ) -> std::collections::HashMap<String, HttpLog> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let by_id: std::collections::HashMap<String, HttpLog> = self
-                .http_logs()
+        proxy::wait_logged(ids, timeout, || {
+            self.http_logs()
                 .into_iter()
                 .filter_map(|l| Some((l.id.clone()?, l)))
-                .collect();
-            if ids.iter().all(|id| by_id.contains_key(*id)) || Instant::now() > deadline {
-                return by_id;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+                .collect()
+        })
     }
 }
 

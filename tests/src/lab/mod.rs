@@ -25,6 +25,7 @@ pub mod clock;
 pub mod container;
 pub mod haproxy;
 pub mod nginx;
+mod proxy;
 pub mod retry;
 pub mod scenario;
 pub mod storm;

@@ -174,6 +174,7 @@ impl<H: HostView> Enricher<H> {
                 .collect();
             for s in socks.iter().filter(|s| s.listening) {
                 self.listeners
+                    .open
                     .insert((ns, s.local.port()), (shared.clone(), s.local));
                 listeners.push(s.local);
             }
@@ -182,10 +183,12 @@ impl<H: HostView> Enricher<H> {
                 .iter()
                 .filter(|s| s.established && ports.contains(&s.local.port()))
             {
-                let id = self.next_seed;
-                self.next_seed += 1;
-                self.seeded.insert((ns, s.local, s.remote), id);
-                self.sockets.insert(id, Tracked::new(shared.clone(), None));
+                let id = self.sockets.next_seed;
+                self.sockets.next_seed += 1;
+                self.sockets.seeded.insert((ns, s.local, s.remote), id);
+                self.sockets
+                    .tracked
+                    .insert(id, Tracked::new(shared.clone(), None));
                 inbound.push(id);
             }
         }

@@ -2,7 +2,11 @@
 //! a connection waiting, overflows) and samples of accept-queue depths and the namespace's
 //! listen counters from procfs.
 
-use std::{collections::HashSet, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    net::SocketAddr,
+    sync::Arc,
+};
 
 use super::{Enricher, Key};
 use crate::{
@@ -14,6 +18,17 @@ use crate::{
     model::{ContainerIdentity, Fact, Observation, Workload, observation::ListenSample},
 };
 
+/// Containers' listening sockets by (network namespace, port).
+#[derive(Debug, Default)]
+pub(super) struct Listeners {
+    /// Open listeners: owner and address.
+    pub(super) open: HashMap<(u32, u16), (Key, SocketAddr)>,
+    /// Listeners that were closed: former owner.
+    pub(super) closed: HashMap<(u32, u16), String>,
+    /// Accept-queue limits of listeners opened while the agent ran.
+    pub(super) backlog_limits: HashMap<(u32, u16), u32>,
+}
+
 impl<H: HostView> Enricher<H> {
     pub(super) fn listener_opened(
         &mut self,
@@ -23,12 +38,15 @@ impl<H: HostView> Enricher<H> {
     ) {
         let ns = s.meta.netns;
         if let Some(limit) = s.max_ack_backlog {
-            self.backlog_limits.insert((ns, conn.local.port()), limit);
+            self.listeners
+                .backlog_limits
+                .insert((ns, conn.local.port()), limit);
         }
         if let Some(key) = self.container_of_task(s.meta.tgid, s.meta.cgroup_id, out) {
             self.listeners
+                .open
                 .insert((ns, conn.local.port()), (Arc::new(key.clone()), conn.local));
-            self.closed_listeners.remove(&(ns, conn.local.port()));
+            self.listeners.closed.remove(&(ns, conn.local.port()));
             out.push(Observation::ListenerOpened {
                 key,
                 addr: conn.local,
@@ -37,9 +55,12 @@ impl<H: HostView> Enricher<H> {
     }
 
     pub(super) fn listener_closed(&mut self, ns: u32, conn: Endpoints, out: &mut Vec<Observation>) {
-        self.backlog_limits.remove(&(ns, conn.local.port()));
-        if let Some((key, addr)) = self.listeners.remove(&(ns, conn.local.port())) {
-            self.closed_listeners
+        self.listeners
+            .backlog_limits
+            .remove(&(ns, conn.local.port()));
+        if let Some((key, addr)) = self.listeners.open.remove(&(ns, conn.local.port())) {
+            self.listeners
+                .closed
                 .insert((ns, addr.port()), key.to_string());
             out.push(Observation::ListenerClosed {
                 key: key.to_string(),
@@ -68,7 +89,7 @@ impl<H: HostView> Enricher<H> {
 
     /// The accept() that took a queued connection: how long it waited.
     pub(super) fn accepted(&mut self, a: &Accepted, out: &mut Vec<Observation>) {
-        let Some(t) = self.sockets.get_mut(&a.skaddr) else {
+        let Some(t) = self.sockets.tracked.get_mut(&a.skaddr) else {
             return;
         };
         let Some((at, port)) = t.take_queued() else {
@@ -86,7 +107,7 @@ impl<H: HostView> Enricher<H> {
         let Some(port) = o.listener.map(|l| l.port()) else {
             return;
         };
-        if let Some((key, _)) = self.listeners.get(&(o.meta.netns, port)) {
+        if let Some((key, _)) = self.listeners.open.get(&(o.meta.netns, port)) {
             self.listener_fact(key, port, Fact::Overflow, out);
         }
     }
@@ -142,7 +163,9 @@ impl<H: HostView> Enricher<H> {
                 .filter(|s| c.listener_inodes.contains(&s.inode))
             {
                 let port = s.local.port();
-                let limit = c.netns.and_then(|ns| self.backlog_limits.get(&(ns, port)));
+                let limit = c
+                    .netns
+                    .and_then(|ns| self.listeners.backlog_limits.get(&(ns, port)));
                 out.queues.push((
                     ContainerIdentity::clone(&c.identity),
                     port,

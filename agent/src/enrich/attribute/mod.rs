@@ -13,136 +13,66 @@ mod sockets;
 mod upstreams;
 mod watch;
 
+use listeners::Listeners;
+use sockets::{Sockets, Tracked};
+use upstreams::Upstreams;
+
 use std::{
     collections::{HashMap, HashSet},
-    net::{IpAddr, SocketAddr},
+    net::IpAddr,
     sync::Arc,
 };
 
 use super::{cgroup_path::parse_cgroup_path, host::HostView, kube::SharedStore};
 use crate::{
     capture::event::{Event, ExitStatus},
-    model::{
-        ContainerIdentity, ExitInfo, Mono, Observation, Proxy, ResetDirection, Sender, TcpState,
-    },
+    model::{ContainerIdentity, ExitInfo, Observation, ResetDirection, Sender, TcpState},
 };
 
-/// A proxy's connection to a container.
-#[derive(Debug, Clone)]
-pub(super) struct Upstream {
-    pub(super) sock: u64,
-    pub(super) key: String,
-    pub(super) proxy: Proxy,
-    pub(super) opened_at: Mono,
-}
-
 #[derive(Debug, Default)]
-pub(super) struct Container {
+struct Container {
     /// Shared with the observations that name it (resets, listener facts).
-    pub(super) identity: Arc<ContainerIdentity>,
-    pub(super) main_pid: Option<u32>,
+    identity: Arc<ContainerIdentity>,
+    main_pid: Option<u32>,
     /// The container's PID 1 (an init shim or the main process itself).
-    pub(super) init_pid: Option<u32>,
-    pub(super) netns: Option<u32>,
+    init_pid: Option<u32>,
+    netns: Option<u32>,
     /// Its listening sockets' inodes as of the last full listen-path sample.
-    pub(super) listener_inodes: HashSet<u64>,
+    listener_inodes: HashSet<u64>,
     /// Whether its listen path was sampled yet: the first sample is a storm's baseline.
-    pub(super) sampled: bool,
+    sampled: bool,
     /// When its cgroup was removed (kernel monotonic ns).
-    pub(super) gone_at: Option<u64>,
+    gone_at: Option<u64>,
     /// The identity the runtime's state gave it, before the Kubernetes API's names.
-    pub(super) runtime_identity: ContainerIdentity,
+    runtime_identity: ContainerIdentity,
     /// The pod uid its cgroup path names, for the sandbox (whose id no pod status lists).
-    pub(super) pod_uid: Option<String>,
+    pod_uid: Option<String>,
 }
 
 /// A container id shared by what points at the container many times over (its connections):
 /// one allocation per listener instead of a 64-byte String per connection. `Arc<String>`
 /// rather than `Arc<str>`: a thin pointer, 8 bytes less in every connection's entry.
-pub(super) type Key = Arc<String>;
-
-/// A TCP socket the enricher follows: an inbound connection to a container's listener. One
-/// per open connection, so kept small (24 bytes; 32 with its map key): 100,000 connections
-/// take 4 MiB here.
-#[derive(Debug, Clone)]
-pub(super) struct Tracked {
-    pub(super) key: Key,
-    /// While accept() has not taken it: when its handshake completed.
-    pub(super) queued_at: Mono,
-    /// While accept() has not taken it: the listener's port; 0 otherwise (no listener has
-    /// port 0), which is how `queued()` tells.
-    pub(super) queued_port: u16,
-    /// The peer closed (FIN) or reset first: whatever the container does next is no cut.
-    pub(super) peer_done: bool,
-}
-
-// Guards the size the comment above promises.
-const _: () = assert!(size_of::<Tracked>() <= 24);
-
-impl Tracked {
-    pub(super) fn new(key: Key, queued: Option<(Mono, u16)>) -> Self {
-        let (queued_at, queued_port) = queued.unwrap_or_default();
-        Self {
-            key,
-            queued_at,
-            queued_port,
-            peer_done: false,
-        }
-    }
-
-    /// When its handshake completed and the listener port, until accept() takes it.
-    pub(super) fn queued(&self) -> Option<(Mono, u16)> {
-        (self.queued_port != 0).then_some((self.queued_at, self.queued_port))
-    }
-
-    pub(super) fn take_queued(&mut self) -> Option<(Mono, u16)> {
-        let q = self.queued();
-        self.queued_port = 0;
-        q
-    }
-}
+type Key = Arc<String>;
 
 pub struct Enricher<H> {
-    pub(super) host: H,
-    pub(super) containers: HashMap<String, Container>,
-    pub(super) by_pid: HashMap<u32, String>,
-    pub(super) by_cgroup: HashMap<u64, String>,
-    /// Open listeners: (netns, port) → owner and address.
-    pub(super) listeners: HashMap<(u32, u16), (Key, SocketAddr)>,
-    /// Listeners that were closed: (netns, port) → former owner.
-    pub(super) closed_listeners: HashMap<(u32, u16), String>,
-    /// Accept-queue limits of listeners opened while the agent ran: (netns, port) → limit.
-    pub(super) backlog_limits: HashMap<(u32, u16), u32>,
-    pub(super) sockets: HashMap<u64, Tracked>,
-    /// Inbound connections found by a scan (no kernel address yet): (netns, local, remote) → id.
-    pub(super) seeded: HashMap<(u32, SocketAddr, SocketAddr), u64>,
-    /// Kernel address → the id a scan gave the same connection before its first event.
-    pub(super) adopted: HashMap<u64, u64>,
-    pub(super) next_seed: u64,
-    pub(super) by_ip: HashMap<IpAddr, String>,
-    /// Open connections from proxy processes to containers, by kernel address.
-    pub(super) upstreams: HashMap<u64, Upstream>,
-    /// The same, by (proxy's local, container's) address, kept a while after they close:
-    /// how the container side of a cut finds the proxy.
-    pub(super) upstream_by_tuple: HashMap<(SocketAddr, SocketAddr), Upstream>,
-    pub(super) upstream_order: std::collections::VecDeque<(SocketAddr, SocketAddr)>,
-    /// Whether a process is a proxy (it holds a listening socket), cached until it exits.
-    pub(super) proxies: HashMap<u32, Option<Proxy>>,
-    /// Connect attempts answered with RST: refused (counted from the RST), not unreachable.
-    pub(super) refused_attempts: HashSet<u64>,
-    /// Connections closed recently, for a RST the kernel sends after the state change.
-    pub(super) recent: HashMap<u64, Key>,
-    pub(super) recent_order: std::collections::VecDeque<u64>,
+    host: H,
+    containers: HashMap<String, Container>,
+    by_pid: HashMap<u32, String>,
+    by_cgroup: HashMap<u64, String>,
+    by_ip: HashMap<IpAddr, String>,
+    listeners: Listeners,
+    sockets: Sockets,
+    upstreams: Upstreams,
     /// Pids known not to be in any container (until they exit).
-    pub(super) not_containers: HashSet<u32>,
+    not_containers: HashSet<u32>,
     /// Pod metadata from the Kubernetes API, when it is used.
-    pub(super) kube: Option<SharedStore>,
+    kube: Option<SharedStore>,
     /// The store's generation the identities were last checked against.
-    pub(super) kube_generation: Option<u64>,
+    kube_generation: Option<u64>,
     /// The host's network namespace, where only traffic touching a container is captured.
-    pub(super) host_netns: Option<u32>,
+    host_netns: Option<u32>,
     /// Bumped whenever addresses or listeners behind `watch_set` may have changed.
-    pub(super) watch_generation: u64,
+    watch_generation: u64,
 }
 
 impl<H: HostView> Enricher<H> {
@@ -152,21 +82,10 @@ impl<H: HostView> Enricher<H> {
             containers: HashMap::new(),
             by_pid: HashMap::new(),
             by_cgroup: HashMap::new(),
-            listeners: HashMap::new(),
-            closed_listeners: HashMap::new(),
-            backlog_limits: HashMap::new(),
-            sockets: HashMap::new(),
-            seeded: HashMap::new(),
-            adopted: HashMap::new(),
-            next_seed: 1,
             by_ip: HashMap::new(),
-            refused_attempts: HashSet::new(),
-            upstreams: HashMap::new(),
-            upstream_by_tuple: HashMap::new(),
-            upstream_order: std::collections::VecDeque::new(),
-            proxies: HashMap::new(),
-            recent: HashMap::new(),
-            recent_order: std::collections::VecDeque::new(),
+            listeners: Listeners::default(),
+            sockets: Sockets::default(),
+            upstreams: Upstreams::default(),
             not_containers: HashSet::new(),
             kube: None,
             kube_generation: None,
@@ -196,13 +115,16 @@ impl<H: HostView> Enricher<H> {
         self.by_pid.retain(|_, k| !expired.contains(k));
         self.by_cgroup.retain(|_, k| !expired.contains(k));
         self.listeners
+            .open
             .retain(|_, (k, _)| !expired.contains(k.as_str()));
-        self.closed_listeners.retain(|_, k| !expired.contains(k));
+        self.listeners.closed.retain(|_, k| !expired.contains(k));
         self.by_ip.retain(|_, k| !expired.contains(k));
-        self.recent.retain(|_, k| !expired.contains(k.as_str()));
-        let sockets = &mut self.sockets;
+        self.sockets
+            .recent
+            .retain(|_, k| !expired.contains(k.as_str()));
+        let sockets = &mut self.sockets.tracked;
         sockets.retain(|_, t| !expired.contains(t.key.as_str()));
-        self.seeded.retain(|_, id| sockets.contains_key(id));
+        self.sockets.seeded.retain(|_, id| sockets.contains_key(id));
     }
 
     #[cfg(test)]
@@ -248,7 +170,7 @@ impl<H: HostView> Enricher<H> {
                 let pid = x.meta.tgid;
                 let key = self.by_pid.remove(&pid);
                 self.not_containers.remove(&pid);
-                self.proxies.remove(&pid);
+                self.upstreams.proxies.remove(&pid);
                 let Some(key) = key else { return out };
                 let is_main = self.containers.get(&key).and_then(|c| c.main_pid) == Some(pid);
                 if is_main {
@@ -281,15 +203,15 @@ impl<H: HostView> Enricher<H> {
                     // No socket answered: a SYN to a port nobody listens on (any more).
                     let ns = r.meta.netns;
                     let port = conn.local.port();
-                    let open = self.listeners.contains_key(&(ns, port));
-                    if !open && let Some(key) = self.closed_listeners.get(&(ns, port)) {
+                    let open = self.listeners.open.contains_key(&(ns, port));
+                    if !open && let Some(key) = self.listeners.closed.get(&(ns, port)) {
                         out.push(Observation::Refused { key: key.clone() });
                     }
                 }
             }
             Event::ResetReceived(r) => {
                 if r.state == Some(TcpState::SynSent) {
-                    self.refused_attempts.insert(r.skaddr);
+                    self.sockets.refused_attempts.insert(r.skaddr);
                 } else if let Some(conn) = r.conn
                     && let Some(t) = self.tracked(r.skaddr, r.meta.netns, conn)
                 {

@@ -2,16 +2,91 @@
 //! handshake (or adopted by 4-tuple from a scan) to the close that says whether the container
 //! cut a request; failed connects to a container's address; resets on its connections.
 
-use std::sync::Arc;
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    net::SocketAddr,
+    sync::Arc,
+};
 
-use super::{Enricher, Key, Tracked};
+use super::{Enricher, Key};
 use crate::{
     capture::event::{Endpoints, StateChange},
     enrich::host::HostView,
-    model::{Fact, Observation, ResetDirection, TcpState},
+    model::{Fact, Mono, Observation, ResetDirection, TcpState},
 };
 
 use TcpState::{Close, CloseWait, Established, Listen, SynRecv, SynSent};
+
+/// A TCP socket the enricher follows: an inbound connection to a container's listener. One
+/// per open connection, so kept small (24 bytes; 32 with its map key): 100,000 connections
+/// take 4 MiB here.
+#[derive(Debug, Clone)]
+pub(super) struct Tracked {
+    pub(super) key: Key,
+    /// While accept() has not taken it: when its handshake completed.
+    pub(super) queued_at: Mono,
+    /// While accept() has not taken it: the listener's port; 0 otherwise (no listener has
+    /// port 0), which is how `queued()` tells.
+    pub(super) queued_port: u16,
+    /// The peer closed (FIN) or reset first: whatever the container does next is no cut.
+    pub(super) peer_done: bool,
+}
+
+// Guards the size the comment above promises.
+const _: () = assert!(size_of::<Tracked>() <= 24);
+
+impl Tracked {
+    pub(super) fn new(key: Key, queued: Option<(Mono, u16)>) -> Self {
+        let (queued_at, queued_port) = queued.unwrap_or_default();
+        Self {
+            key,
+            queued_at,
+            queued_port,
+            peer_done: false,
+        }
+    }
+
+    /// When its handshake completed and the listener port, until accept() takes it.
+    pub(super) fn queued(&self) -> Option<(Mono, u16)> {
+        (self.queued_port != 0).then_some((self.queued_at, self.queued_port))
+    }
+
+    pub(super) fn take_queued(&mut self) -> Option<(Mono, u16)> {
+        let q = self.queued();
+        self.queued_port = 0;
+        q
+    }
+}
+
+/// The connections the enricher follows, by kernel socket address.
+#[derive(Debug)]
+pub(super) struct Sockets {
+    pub(super) tracked: HashMap<u64, Tracked>,
+    /// Inbound connections found by a scan (no kernel address yet): (netns, local, remote) → id.
+    pub(super) seeded: HashMap<(u32, SocketAddr, SocketAddr), u64>,
+    /// Kernel address → the id a scan gave the same connection before its first event.
+    pub(super) adopted: HashMap<u64, u64>,
+    pub(super) next_seed: u64,
+    /// Connect attempts answered with RST: refused (counted from the RST), not unreachable.
+    pub(super) refused_attempts: HashSet<u64>,
+    /// Connections closed recently, for a RST the kernel sends after the state change.
+    pub(super) recent: HashMap<u64, Key>,
+    pub(super) recent_order: VecDeque<u64>,
+}
+
+impl Default for Sockets {
+    fn default() -> Self {
+        Self {
+            tracked: HashMap::new(),
+            seeded: HashMap::new(),
+            adopted: HashMap::new(),
+            next_seed: 1,
+            refused_attempts: HashSet::new(),
+            recent: HashMap::new(),
+            recent_order: VecDeque::new(),
+        }
+    }
+}
 
 impl<H: HostView> Enricher<H> {
     pub(super) const RECENT: usize = 8192;
@@ -30,13 +105,13 @@ impl<H: HostView> Enricher<H> {
             (Some(Close), Some(Listen)) => self.listener_opened(s, conn, out),
             (Some(Listen), Some(Close)) => self.listener_closed(ns, conn, out),
             (Some(SynRecv), Some(Established)) => {
-                if let Some((key, _)) = self.listeners.get(&(ns, conn.local.port())) {
+                if let Some((key, _)) = self.listeners.open.get(&(ns, conn.local.port())) {
                     let key = key.clone();
                     out.push(Observation::InboundEstablished {
                         key: key.to_string(),
                         sock: s.skaddr,
                     });
-                    self.sockets.insert(
+                    self.sockets.tracked.insert(
                         s.skaddr,
                         Tracked::new(key.clone(), Some((s.meta.ts_ns, conn.local.port()))),
                     );
@@ -46,7 +121,7 @@ impl<H: HostView> Enricher<H> {
             (Some(SynSent), Some(Close)) => {
                 // An attempt that never connected and was not refused: to a gone container's
                 // address, unreachable.
-                if self.refused_attempts.remove(&s.skaddr) {
+                if self.sockets.refused_attempts.remove(&s.skaddr) {
                     return;
                 }
                 if let Some(key) = self.by_ip.get(&conn.remote.ip()) {
@@ -62,13 +137,13 @@ impl<H: HostView> Enricher<H> {
                 let Some(t) = self.tracked(s.skaddr, ns, conn).cloned() else {
                     return;
                 };
-                self.sockets.remove(&s.skaddr);
+                self.sockets.tracked.remove(&s.skaddr);
                 self.remember_closed(s.skaddr, &t.key);
                 let by_container = !t.peer_done && old == Some(Established);
                 let pending = s.counters.request_pending();
                 if by_container
                     && pending
-                    && let Some(up) = self.upstream_by_tuple.get(&(conn.remote, conn.local))
+                    && let Some(up) = self.upstreams.by_tuple.get(&(conn.remote, conn.local))
                 {
                     out.push(Observation::UpstreamCut {
                         key: t.key.to_string(),
@@ -109,12 +184,12 @@ impl<H: HostView> Enricher<H> {
     }
 
     fn remember_closed(&mut self, skaddr: u64, key: &Key) {
-        if self.recent.insert(skaddr, key.clone()).is_none() {
-            self.recent_order.push_back(skaddr);
+        if self.sockets.recent.insert(skaddr, key.clone()).is_none() {
+            self.sockets.recent_order.push_back(skaddr);
         }
-        while self.recent_order.len() > Self::RECENT {
-            if let Some(old) = self.recent_order.pop_front() {
-                self.recent.remove(&old);
+        while self.sockets.recent_order.len() > Self::RECENT {
+            if let Some(old) = self.sockets.recent_order.pop_front() {
+                self.sockets.recent.remove(&old);
             }
         }
     }
@@ -122,14 +197,15 @@ impl<H: HostView> Enricher<H> {
     /// The container of a followed (or just closed) connection.
     fn socket_owner(&self, skaddr: u64) -> Option<Key> {
         self.sockets
+            .tracked
             .get(&skaddr)
             .map(|t| t.key.clone())
-            .or_else(|| self.recent.get(&skaddr).cloned())
+            .or_else(|| self.sockets.recent.get(&skaddr).cloned())
     }
 
     /// The id the tracker knows a connection by.
     fn sock_id(&mut self, skaddr: u64) -> u64 {
-        self.adopted.remove(&skaddr).unwrap_or(skaddr)
+        self.sockets.adopted.remove(&skaddr).unwrap_or(skaddr)
     }
 
     /// A followed socket by kernel address, adopting one a scan found by its 4-tuple.
@@ -139,13 +215,13 @@ impl<H: HostView> Enricher<H> {
         ns: u32,
         conn: Endpoints,
     ) -> Option<&mut Tracked> {
-        if !self.sockets.contains_key(&skaddr)
-            && let Some(id) = self.seeded.remove(&(ns, conn.local, conn.remote))
-            && let Some(t) = self.sockets.remove(&id)
+        if !self.sockets.tracked.contains_key(&skaddr)
+            && let Some(id) = self.sockets.seeded.remove(&(ns, conn.local, conn.remote))
+            && let Some(t) = self.sockets.tracked.remove(&id)
         {
-            self.sockets.insert(skaddr, t);
-            self.adopted.insert(skaddr, id);
+            self.sockets.tracked.insert(skaddr, t);
+            self.sockets.adopted.insert(skaddr, id);
         }
-        self.sockets.get_mut(&skaddr)
+        self.sockets.tracked.get_mut(&skaddr)
     }
 }

@@ -2,22 +2,47 @@
 //! HAProxy, Envoy: no list of names); its connections to containers are followed, so that a
 //! cut on the container side names the proxy and its retry can be judged.
 
-use std::collections::HashSet;
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    net::SocketAddr,
+};
 
-use super::{Enricher, Upstream};
+use super::Enricher;
 use crate::{
     capture::event::{Endpoints, StateChange},
     enrich::host::HostView,
-    model::{Observation, Proxy, TcpState},
+    model::{Mono, Observation, Proxy, TcpState},
 };
 
 use TcpState::{Close, CloseWait, Established, SynSent};
+
+/// A proxy's connection to a container.
+#[derive(Debug, Clone)]
+pub(super) struct Upstream {
+    pub(super) sock: u64,
+    pub(super) key: String,
+    pub(super) proxy: Proxy,
+    pub(super) opened_at: Mono,
+}
+
+/// Proxies and their connections to containers.
+#[derive(Debug, Default)]
+pub(super) struct Upstreams {
+    /// Open connections from proxy processes to containers, by kernel address.
+    pub(super) open: HashMap<u64, Upstream>,
+    /// The same, by (proxy's local, container's) address, kept a while after they close:
+    /// how the container side of a cut finds the proxy.
+    pub(super) by_tuple: HashMap<(SocketAddr, SocketAddr), Upstream>,
+    pub(super) order: VecDeque<(SocketAddr, SocketAddr)>,
+    /// Whether a process is a proxy (it holds a listening socket), cached until it exits.
+    pub(super) proxies: HashMap<u32, Option<Proxy>>,
+}
 
 impl<H: HostView> Enricher<H> {
     /// The proxy a process is, if it is one: it holds a listening socket. Named by its
     /// container's workload, or its command outside containers.
     fn proxy(&mut self, tgid: u32, comm: &str) -> Option<Proxy> {
-        if let Some(p) = self.proxies.get(&tgid) {
+        if let Some(p) = self.upstreams.proxies.get(&tgid) {
             return p.clone();
         }
         let own: HashSet<u64> = self.host.socket_inodes(tgid).into_iter().collect();
@@ -35,7 +60,7 @@ impl<H: HostView> Enricher<H> {
                 .and_then(|k| self.containers.get(k))
                 .map_or_else(|| comm.to_string(), |c| c.identity.workload.clone()),
         });
-        self.proxies.insert(tgid, p.clone());
+        self.upstreams.proxies.insert(tgid, p.clone());
         p
     }
 
@@ -62,7 +87,7 @@ impl<H: HostView> Enricher<H> {
                     proxy: proxy.clone(),
                     opened_at: s.meta.ts_ns,
                 };
-                self.upstreams.insert(s.skaddr, up);
+                self.upstreams.open.insert(s.skaddr, up);
                 out.push(Observation::UpstreamOpened {
                     key,
                     sock: s.skaddr,
@@ -71,23 +96,23 @@ impl<H: HostView> Enricher<H> {
                 true
             }
             (Some(SynSent), Some(Established)) => {
-                let Some(up) = self.upstreams.get(&s.skaddr).cloned() else {
+                let Some(up) = self.upstreams.open.get(&s.skaddr).cloned() else {
                     return false;
                 };
                 let tuple = (conn.local, conn.remote);
-                if self.upstream_by_tuple.insert(tuple, up).is_none() {
-                    self.upstream_order.push_back(tuple);
+                if self.upstreams.by_tuple.insert(tuple, up).is_none() {
+                    self.upstreams.order.push_back(tuple);
                 }
-                while self.upstream_order.len() > Self::RECENT {
-                    if let Some(old) = self.upstream_order.pop_front() {
-                        self.upstream_by_tuple.remove(&old);
+                while self.upstreams.order.len() > Self::RECENT {
+                    if let Some(old) = self.upstreams.order.pop_front() {
+                        self.upstreams.by_tuple.remove(&old);
                     }
                 }
                 true
             }
-            (_, Some(CloseWait)) => self.upstreams.contains_key(&s.skaddr),
+            (_, Some(CloseWait)) => self.upstreams.open.contains_key(&s.skaddr),
             (Some(SynSent), _) | (Some(Established), _) | (Some(CloseWait), _) => {
-                let Some(up) = self.upstreams.remove(&s.skaddr) else {
+                let Some(up) = self.upstreams.open.remove(&s.skaddr) else {
                     return false;
                 };
                 out.push(Observation::UpstreamClosed {

@@ -30,7 +30,11 @@ impl<H: HostView> Enricher<H> {
                 set.addrs.insert(*ip);
             }
         }
-        let ports = self.listeners.keys().chain(self.closed_listeners.keys());
+        let ports = self
+            .listeners
+            .open
+            .keys()
+            .chain(self.listeners.closed.keys());
         set.ports
             .extend(ports.filter(|(ns, _)| *ns == host).map(|(_, port)| *port));
         set

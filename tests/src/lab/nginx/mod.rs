@@ -23,22 +23,30 @@
 //!   retried on the other server too (no duplicate: the dead server never started it), and the
 //!   server is out for another `fail_timeout`.
 
+mod access_log;
+mod leftovers;
+
 use std::{
     collections::HashMap,
     fs,
-    net::{SocketAddr, SocketAddrV4, TcpListener},
+    net::{SocketAddr, SocketAddrV4},
     os::unix::process::CommandExt,
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Child, Command, Stdio},
     sync::Once,
     time::{Duration, Instant},
 };
 
-use super::container::{
-    KEEP_ENV, LAB_DIR, NAME_PREFIX, http_get, on_local_link, setup_once, unique_name,
-};
+pub use access_log::AccessEntry;
+pub use leftovers::cleanup_leftovers;
 
-const TEMPLATE: &str = include_str!("../../lab/nginx.conf.in");
+use super::{
+    container::{KEEP_ENV, LAB_DIR, http_get, on_local_link, setup_once, unique_name},
+    proxy::{self, ms},
+};
+use crate::agent::free_port;
+
+const TEMPLATE: &str = include_str!("../../../lab/nginx.conf.in");
 const NGINX: &str = "/usr/sbin/nginx";
 
 static CLEANUP: Once = Once::new();
@@ -76,92 +84,6 @@ impl Default for NginxOpts {
     }
 }
 
-/// One line of the lab's access log (`log_format lab` in the template): one per request,
-/// written by the worker when the request ends.
-#[derive(Clone, Debug, PartialEq)]
-pub struct AccessEntry {
-    /// `$msec`: Unix time in seconds (ms resolution) when the line was written.
-    pub msec: f64,
-    /// `$pid`: the worker that served the request (and opened its upstream connections).
-    pub pid: u32,
-    /// `$connection`: the worker's serial number of the client connection.
-    pub connection: u64,
-    /// `$remote_addr:$remote_port`: the client's side of its connection to nginx.
-    pub client: Option<SocketAddr>,
-    /// `$request_method`.
-    pub method: String,
-    /// `$arg_id`: the `id` query argument (the lab's request id), if any.
-    pub id: Option<String>,
-    /// `$status`: what the client got.
-    pub status: u16,
-    /// `$upstream_addr`: every upstream tried, in order (`ip:port`; the upstream group's name
-    /// `be` when no server was available). Empty when nginx answered by itself.
-    pub upstream_addrs: Vec<String>,
-    /// `$upstream_status`, one per try (`None` where nginx wrote `-`). A try cut before the
-    /// response headers shows as 502, a connect timeout as 504.
-    pub upstream_statuses: Vec<Option<u16>>,
-    /// `$request_time`: from the first byte read from the client to the log line.
-    pub request_time: Duration,
-    /// `$upstream_connect_time`, one per try.
-    pub upstream_connect_times: Vec<Option<Duration>>,
-    /// `$upstream_header_time`, one per try (`None` for a try that got no headers).
-    pub upstream_header_times: Vec<Option<Duration>>,
-    /// `$upstream_response_time`, one per try (for a cut try: until the cut was seen).
-    pub upstream_response_times: Vec<Option<Duration>>,
-    /// `$request_id`: nginx's own 32-hex id of the request.
-    pub request_id: String,
-    /// `$request`: the request line.
-    pub request: String,
-}
-
-fn dash(v: &str) -> Option<&str> {
-    (!v.is_empty() && v != "-").then_some(v)
-}
-
-/// An `$upstream_*` list: ", " between tries, " : " between internal redirects.
-fn list(v: &str) -> Vec<&str> {
-    if dash(v).is_none() {
-        return Vec::new();
-    }
-    v.split(" : ").flat_map(|g| g.split(", ")).collect()
-}
-
-fn secs(v: &str) -> Option<Duration> {
-    dash(v)?.parse::<f64>().ok().map(Duration::from_secs_f64)
-}
-
-impl AccessEntry {
-    /// Parses one line of the lab's log format; `None` for anything else.
-    pub fn parse(line: &str) -> Option<AccessEntry> {
-        let f: Vec<&str> = line.split('\t').collect();
-        if f.len() != 15 {
-            return None;
-        }
-        Some(AccessEntry {
-            msec: f[0].parse().ok()?,
-            pid: f[1].parse().ok()?,
-            connection: f[2].parse().ok()?,
-            client: f[3].parse().ok(),
-            method: f[4].to_string(),
-            id: dash(f[5]).map(str::to_string),
-            status: f[6].parse().ok()?,
-            upstream_addrs: list(f[7]).into_iter().map(str::to_string).collect(),
-            upstream_statuses: list(f[8]).into_iter().map(|s| s.parse().ok()).collect(),
-            request_time: secs(f[9])?,
-            upstream_connect_times: list(f[10]).into_iter().map(secs).collect(),
-            upstream_header_times: list(f[11]).into_iter().map(secs).collect(),
-            upstream_response_times: list(f[12]).into_iter().map(secs).collect(),
-            request_id: f[13].to_string(),
-            request: f[14].to_string(),
-        })
-    }
-
-    /// Whether nginx tried more than one upstream for this request.
-    pub fn retried(&self) -> bool {
-        self.upstream_addrs.len() > 1
-    }
-}
-
 /// A running nginx (master and one worker). Dropping it stops both (SIGTERM to the master, its
 /// fast shutdown); so does the end of the thread that started it (the master gets SIGTERM by
 /// `PR_SET_PDEATHSIG`; SIGKILL would orphan the worker, still listening): create and drop it on
@@ -182,15 +104,6 @@ pub struct Nginx {
     child: Child,
 }
 
-fn ms(d: Duration) -> String {
-    format!("{}ms", d.as_millis())
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free loopback port");
-    l.local_addr().unwrap().port()
-}
-
 /// Children of `pid` (its main thread's, which is where nginx forks).
 fn children(pid: u32) -> Vec<u32> {
     fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
@@ -207,57 +120,6 @@ fn alive(pid: u32) -> bool {
     stat.rfind(')')
         .and_then(|i| stat[i + 1..].split_whitespace().next())
         .is_some_and(|s| s != "Z" && s != "X")
-}
-
-/// Whether a lab directory name belongs to a run whose process is gone.
-fn dead_run(name: &str) -> bool {
-    let Some(rest) = name.strip_prefix(NAME_PREFIX) else {
-        return false;
-    };
-    match rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) {
-        Some(pid) => pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists(),
-        None => false,
-    }
-}
-
-/// Whether `path` is inside the directory of a dead run's lab object.
-fn in_dead_dir(path: &str) -> bool {
-    path.split(LAB_DIR)
-        .skip(1)
-        .filter_map(|r| r.strip_prefix('/'))
-        .any(|r| dead_run(r.split('/').next().unwrap_or("")))
-}
-
-/// Kills nginx processes (masters and orphaned workers) left by runs whose process is gone:
-/// the master's title names its prefix, and both hold its logs open. Returns how many.
-pub fn cleanup_leftovers() -> usize {
-    let mut n = 0;
-    for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let exe = fs::read_link(e.path().join("exe")).unwrap_or_default();
-        if exe != Path::new(NGINX) {
-            continue;
-        }
-        let cmdline =
-            String::from_utf8_lossy(&fs::read(e.path().join("cmdline")).unwrap_or_default())
-                .replace('\0', " ");
-        let fds = fs::read_dir(e.path().join("fd"))
-            .into_iter()
-            .flatten()
-            .flatten();
-        let ours = in_dead_dir(&cmdline)
-            || fds
-                .filter_map(|fd| fs::read_link(fd.path()).ok())
-                .any(|t| in_dead_dir(&t.to_string_lossy()));
-        if ours {
-            // SAFETY: plain kill(2) of an nginx this harness started in an earlier run.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            n += 1;
-        }
-    }
-    n
 }
 
 impl Nginx {
@@ -419,18 +281,12 @@ impl Nginx {
 
     /// Waits (bounded) until nginx has logged every id in `ids`; returns the entries by id.
     pub fn wait_logged(&self, ids: &[&str], timeout: Duration) -> HashMap<String, AccessEntry> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let by_id: HashMap<String, AccessEntry> = self
-                .access_log()
+        proxy::wait_logged(ids, timeout, || {
+            self.access_log()
                 .into_iter()
                 .filter_map(|e| Some((e.id.clone()?, e)))
-                .collect();
-            if ids.iter().all(|id| by_id.contains_key(*id)) || Instant::now() > deadline {
-                return by_id;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+                .collect()
+        })
     }
 
     /// The error log so far (level `info` and up: upstream failures, servers disabled).
@@ -478,67 +334,5 @@ impl Drop for Nginx {
         if std::env::var_os(KEEP_ENV).is_none() {
             let _ = fs::remove_dir_all(&self.dir);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_a_retried_request() {
-        // A real line of nginx 1.22.1: tried 18081 (cut before the headers), then 18082.
-        let line = "1795993740.756\t27122\t6\t127.0.0.1:33762\tGET\tx3\t200\t\
-                    127.0.0.1:18081, 127.0.0.1:18082\t502, 200\t1.414\t0.000, 0.000\t\
-                    -, 1.004\t0.410, 1.004\tfcd13bd51cc60b9dca19210d4813bc2d\t\
-                    GET /work?id=x3 HTTP/1.1";
-        let e = AccessEntry::parse(line).unwrap();
-        assert_eq!(e.pid, 27122);
-        assert_eq!(e.connection, 6);
-        assert_eq!(e.client, Some("127.0.0.1:33762".parse().unwrap()));
-        assert_eq!(e.id.as_deref(), Some("x3"));
-        assert_eq!(e.status, 200);
-        assert_eq!(e.upstream_addrs, ["127.0.0.1:18081", "127.0.0.1:18082"]);
-        assert_eq!(e.upstream_statuses, [Some(502), Some(200)]);
-        assert_eq!(e.request_time, Duration::from_millis(1414));
-        assert_eq!(
-            e.upstream_header_times,
-            [None, Some(Duration::from_millis(1004))]
-        );
-        assert_eq!(
-            e.upstream_response_times[0],
-            Some(Duration::from_millis(410))
-        );
-        assert!(e.retried());
-        assert_eq!(e.request, "GET /work?id=x3 HTTP/1.1");
-    }
-
-    #[test]
-    fn parses_a_local_answer_and_rejects_other_lines() {
-        let line =
-            "1.000\t1\t2\t127.0.0.1:1\tGET\t-\t200\t-\t-\t0.000\t-\t-\t-\tab\tGET / HTTP/1.1";
-        let e = AccessEntry::parse(line).unwrap();
-        assert_eq!(e.id, None);
-        assert!(e.upstream_addrs.is_empty() && e.upstream_statuses.is_empty());
-        assert!(!e.retried());
-        assert_eq!(
-            AccessEntry::parse("2026/11/29 23:08:58 [notice] start"),
-            None
-        );
-    }
-
-    #[test]
-    fn leftover_detection_needs_a_dead_run() {
-        let mine = format!(
-            "{LAB_DIR}/{NAME_PREFIX}{}-3-nginx/access.log",
-            std::process::id()
-        );
-        assert!(!in_dead_dir(&mine));
-        assert!(!in_dead_dir("/var/log/nginx/access.log"));
-        // A pid above the kernel's maximum (2^22) is never a live process.
-        let dead = format!(
-            "nginx: master process /usr/sbin/nginx -p {LAB_DIR}/{NAME_PREFIX}4194305-0-nginx/ -c x"
-        );
-        assert!(in_dead_dir(&dead));
     }
 }

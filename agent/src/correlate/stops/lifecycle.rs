@@ -1,0 +1,131 @@
+//! A stop's lifecycle: the stop signal and SIGKILL, the main process's exit, and the clock
+//! that settles stops, forgets gone containers and bounds the number of records.
+
+use super::Tracker;
+use crate::{
+    correlate::retries::Verdict,
+    model::{
+        Emitted, ExitInfo, LossKind, Mono, Sender,
+        stop::{SIGINT, SIGKILL, SIGQUIT, SIGTERM},
+    },
+};
+
+impl Tracker {
+    pub(super) fn on_signal(&mut self, now: Mono, key: &str, sig: i32, sender: Sender) {
+        let stop_signal = matches!(sig, SIGTERM | SIGINT | SIGQUIT);
+        if !stop_signal && sig != SIGKILL {
+            return;
+        }
+        let exited = self.stop_mut(key).is_some_and(|s| s.exit_at.is_some());
+        if exited {
+            return; // signals to what is left of an exited container change nothing
+        }
+        if self.begin_stop(key, now).is_none() {
+            return;
+        }
+        let inbound = self.open_inbound(key);
+        let Some(s) = self.stop_mut(key) else { return };
+        if stop_signal && s.sigterm_at.is_none() {
+            s.sigterm_at = Some(now);
+            s.stop_signal = Some(sig);
+            s.sigterm_sender = Some(sender);
+            s.connections_at_sigterm = Some(inbound);
+        } else if sig == SIGKILL && s.sigkill_at.is_none() {
+            s.sigkill_at = Some(now);
+        }
+    }
+
+    pub(super) fn on_exit(&mut self, now: Mono, key: &str, exit: ExitInfo) {
+        if self.stop_mut(key).is_some_and(|s| s.exit_at.is_some()) {
+            return; // duplicate
+        }
+        if self.begin_stop(key, now).is_none() {
+            return;
+        }
+        let inbound = self.open_inbound(key);
+        if let Some(c) = self.containers.get_mut(key) {
+            c.gone_at.get_or_insert(now);
+        }
+        if let Some(s) = self.stop_mut(key) {
+            s.exit_at = Some(now);
+            s.exit = Some(exit);
+            s.connections_at_exit = Some(inbound);
+        }
+    }
+
+    /// Advances the clock: settles stops whose container is gone long enough, forgets
+    /// containers past the retention window, bounds the number of records.
+    pub fn tick(&mut self, now: Mono) {
+        for d in self.retries.tick(now) {
+            let key = d.cut.backend.clone();
+            let (kind, added) = match d.verdict {
+                Verdict::Duplicate { added_seconds, .. } => {
+                    (LossKind::RetryDuplicates, Some(added_seconds))
+                }
+                Verdict::Abort => (LossKind::UpstreamAborts, None),
+            };
+            if let Some(c) = self.containers.get(&key) {
+                self.emitted.push(Emitted::Retry {
+                    container: c.identity.clone(),
+                    proxy: d.cut.proxy.name.clone(),
+                    added_seconds: added,
+                });
+            }
+            // At the cut: where the request was lost, not where the retry window closed.
+            self.count(&key, kind, None, d.cut.at, None);
+        }
+        let settle = self.config.settle;
+        let mut settled = Vec::new();
+        for c in self.containers.values_mut() {
+            let Some(idx) = c.stop.and_then(|i| i.checked_sub(self.dropped)) else {
+                continue;
+            };
+            let Some(s) = self.stops.get_mut(idx) else {
+                continue;
+            };
+            let Some(exit_at) = s.exit_at else { continue };
+            // Settle once the cgroup is gone (or long after exit) plus the settle delay; loss
+            // seen after that (late unreachable attempts) is not attributed to this stop.
+            let since = s.cgroup_removed_at.unwrap_or(exit_at + 3 * settle);
+            if now >= since + settle && !s.settled {
+                s.settled = true;
+                settled.push(s.clone());
+            }
+        }
+        for s in settled {
+            self.emitted.push(Emitted::Settled { stop: Box::new(s) });
+        }
+        let retention = self.config.retention;
+        let stops = &self.stops;
+        let dropped = self.dropped;
+        self.containers.retain(|_, c| {
+            let Some(gone) = c.gone_at else { return true };
+            let settled = c
+                .stop
+                .and_then(|i| i.checked_sub(dropped))
+                .and_then(|i| stops.get(i))
+                .is_none_or(|s| s.settled);
+            !(settled && now >= gone + retention)
+        });
+        // After a stop settled and the container lives on (a restart in place), the next
+        // signal starts a new record.
+        for c in self.containers.values_mut() {
+            if let Some(i) = c.stop
+                && i.checked_sub(self.dropped)
+                    .and_then(|i| self.stops.get(i))
+                    .is_some_and(|s| s.settled)
+                && c.gone_at.is_none()
+            {
+                c.stop = None;
+            }
+        }
+        while self.stops.len() > self.config.max_stops {
+            let oldest_open = self.stops.first().is_some_and(|s| !s.settled);
+            if oldest_open {
+                break;
+            }
+            self.stops.remove(0);
+            self.dropped += 1;
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! BPF around the agent: the reference tracer (bpftrace counting on the same tracepoints), the
+//! kernel's per-program run-time statistics and the cost per run they give.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    process::{Child, Command, Stdio},
+};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use serde_json::Value;
+
+/// Tracepoints the agent attaches on this kernel (kprobes and fentry are unavailable here);
+/// the reference tracer counts on the same ones.
+const TRACEPOINTS: &[&str] = &[
+    "tcp:tcp_send_reset",
+    "tcp:tcp_receive_reset",
+    "sock:inet_sock_set_state",
+    "sock:inet_sk_error_report",
+    "signal:signal_generate",
+    "sched:sched_process_exit",
+    "cgroup:cgroup_rmdir",
+    "skb:kfree_skb",
+    "syscalls:sys_exit_accept",
+    "syscalls:sys_exit_accept4",
+];
+
+/// bpftrace with one `count()` per tracepoint, killed on drop.
+pub(super) struct Bpftrace {
+    child: Child,
+}
+
+impl Bpftrace {
+    pub(super) fn start() -> Result<Self> {
+        let probes: Vec<String> = TRACEPOINTS
+            .iter()
+            .map(|t| format!("tracepoint:{t}"))
+            .collect();
+        let script = format!("{} {{ @[probe] = count(); }}", probes.join(", "));
+        let mut child = Command::new("bpftrace")
+            .args(["-e", &script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting bpftrace (apt-get install bpftrace; `cargo xtask setup` does)")?;
+        let stdout = child.stdout.take().context("bpftrace stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        // It prints "Attaching N probes..." once every probe is attached.
+        loop {
+            match lines.next() {
+                Some(Ok(l)) if l.starts_with("Attaching") => break,
+                Some(Ok(_)) => {}
+                _ => bail!("bpftrace exited before attaching"),
+            }
+        }
+        // Keep draining its output so it never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Ok(Self { child })
+    }
+
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Bpftrace {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) of our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let _ = self.child.wait();
+    }
+}
+
+/// `kernel.bpf_stats_enabled` on for the run, restored on drop.
+pub(super) struct BpfStats {
+    before: String,
+}
+
+const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+/// Per hook: (run_time_ns, run_cnt) of the programs one process holds.
+pub(super) type Snapshot = std::collections::BTreeMap<String, (u64, u64)>;
+
+impl BpfStats {
+    /// Restores the setting found on drop.
+    pub(super) fn keep() -> Result<Self> {
+        let before = std::fs::read_to_string(BPF_STATS).context("reading bpf_stats_enabled")?;
+        Ok(Self { before })
+    }
+
+    pub(super) fn set(&self, on: bool) -> Result<()> {
+        std::fs::write(BPF_STATS, if on { "1" } else { "0" }).context("setting bpf_stats_enabled")
+    }
+
+    /// The run-time counters of the programs `pid` holds, by program name: the hook for both
+    /// the agent's and bpftrace's programs (truncated by the kernel to 15 characters).
+    pub(super) fn snapshot(&self, pid: u32) -> Result<Snapshot> {
+        let mut ids = std::collections::BTreeSet::new();
+        for e in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))?.flatten() {
+            let info = std::fs::read_to_string(e.path()).unwrap_or_default();
+            ids.extend(
+                info.lines()
+                    .filter_map(|l| l.strip_prefix("prog_id:"))
+                    .filter_map(|v| v.trim().parse::<u64>().ok()),
+            );
+        }
+        let progs = bpftool(&["prog", "show"])?;
+        let mut out = Snapshot::new();
+        for p in progs.as_array().into_iter().flatten() {
+            let (Some(id), Some(name)) = (p["id"].as_u64(), p["name"].as_str()) else {
+                continue;
+            };
+            if !ids.contains(&id) {
+                continue;
+            }
+            // The agent's tp_btf program for a tracepoint is `<tracepoint>_btf`.
+            let name = name.strip_suffix("_btf").unwrap_or(name);
+            let hook = TRACEPOINTS
+                .iter()
+                .filter_map(|t| t.split_once(':').map(|x| x.1))
+                .find(|t| t.starts_with(name))
+                .unwrap_or(name);
+            let e = out.entry(hook.to_string()).or_default();
+            e.0 += p["run_time_ns"].as_u64().unwrap_or(0);
+            e.1 += p["run_cnt"].as_u64().unwrap_or(0);
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write(BPF_STATS, self.before.trim());
+    }
+}
+
+fn bpftool(args: &[&str]) -> Result<Value> {
+    let out = Command::new("bpftool")
+        .args(args)
+        .arg("--json")
+        .stderr(Stdio::null())
+        .output()
+        .context("running bpftool")?;
+    ensure!(out.status.success(), "bpftool {args:?} failed");
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// Run time and runs summed over rounds, per tracepoint.
+#[derive(Default)]
+pub(super) struct Costs(std::collections::BTreeMap<String, (u64, u64)>);
+
+impl Costs {
+    pub(super) fn add(&mut self, before: &Snapshot, after: &Snapshot) {
+        for (tp, (ns, n)) in after {
+            let (ns0, n0) = before.get(tp).copied().unwrap_or_default();
+            let e = self.0.entry(tp.clone()).or_default();
+            e.0 += ns.saturating_sub(ns0);
+            e.1 += n.saturating_sub(n0);
+        }
+    }
+
+    /// Mean ns per run, and runs, of each tracepoint that ran.
+    pub(super) fn per_run(&self) -> std::collections::BTreeMap<String, (f64, u64)> {
+        self.0
+            .iter()
+            .filter(|(_, (_, n))| *n > 0)
+            .map(|(tp, (ns, n))| (tp.clone(), (*ns as f64 / *n as f64, *n)))
+            .collect()
+    }
+}
