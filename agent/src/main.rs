@@ -7,20 +7,10 @@ use drainwatch::{
 };
 use tracing_subscriber::EnvFilter;
 
-fn run_report(agent: &str, json: bool) -> Result<String, report::ReportError> {
-    let stops = report::fetch(agent, "/api/v1/stops")?;
-    if json {
-        return Ok(format!("{stops:#}\n"));
-    }
-    let deploys = report::fetch(agent, "/api/v1/deploys")?;
-    let storms = report::fetch(agent, "/api/v1/storms")?;
-    Ok(report::render(&deploys, &stops) + &report::render_storms(&storms))
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(Command::Report { agent, json }) = &cli.command {
-        return match run_report(agent, *json) {
+        return match report::run(agent, *json) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS

@@ -11,7 +11,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use drainwatch::export::{page::esc, verdict};
+use drainwatch::export::{
+    page::esc,
+    verdict,
+    view::{StopView, StormView},
+};
 use drainwatch_tests::{
     agent::{Agent, api, get, instant, stop_record},
     browser,
@@ -55,6 +59,11 @@ fn snapshot(agent: &Agent) -> (Data, String) {
         assert!(Instant::now() < deadline, "the data never held still");
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// An API element as the page and the verdicts read it.
+fn view<T: serde::de::DeserializeOwned>(v: &Value) -> T {
+    serde_json::from_value(v.clone()).expect("an element of the report API")
 }
 
 fn unescape(s: &str) -> String {
@@ -203,7 +212,7 @@ fn check_page_matches_api(d: &Data, html: &str) {
             );
             assert_eq!(chips(art), nonzero(&stop["loss"]), "stop loss");
             // The page's verdict is the report's: one function.
-            let v = verdict::stop(stop);
+            let v = verdict::stop(&view::<StopView>(stop));
             assert!(art.contains(&esc(&v.text)), "verdict {:?} in {art}", v.text);
             assert!(art.contains(&esc(stop["container"]["name"].as_str().unwrap())));
             // One glyph per loss event, each in its lane.
@@ -230,7 +239,7 @@ fn check_page_matches_api(d: &Data, html: &str) {
         });
         let (tag, el) = shown.expect("the storm is on the page");
         assert_eq!(attr(tag, "data-clients"), Some(st["clients"].to_string()));
-        assert!(el.contains(&esc(&verdict::storm(st).text)));
+        assert!(el.contains(&esc(&verdict::storm(&view::<StormView>(st)).text)));
     }
 }
 
@@ -273,7 +282,7 @@ fn the_page_shows_a_stop_as_the_api_does_and_chromium_finds_it() {
         (lag - down_after).abs() < 0.25,
         "routing lag {lag:.3}s vs HAProxy DOWN {down_after:.3}s after SIGTERM"
     );
-    let text = verdict::stop(&api_stop).text;
+    let text = verdict::stop(&view::<StopView>(&api_stop)).text;
     assert!(
         text.contains(&format!(
             "wait ≥ {} s before closing the listener",

@@ -25,7 +25,7 @@ use super::{
 };
 use crate::{
     correlate::stops::Tracker,
-    export::api::{Clock, stop_json},
+    export::api::{Clock, stop_view},
     model::{ContainerIdentity, Observation, SECOND, Sender, monotonic_now},
 };
 
@@ -565,7 +565,8 @@ fn containers_found_before_their_pod_get_its_names_and_a_stop_gets_its_policy() 
     let third = enricher.scan();
     assert_eq!(third.len(), 2, "both containers' policy changed: {third:?}");
     feed(&mut tracker, third);
-    let json = stop_json(&tracker.stops()[0], &Clock { offset_ns: 0 });
+    let json =
+        serde_json::to_value(stop_view(&tracker.stops()[0], &Clock { offset_ns: 0 })).unwrap();
     assert_eq!(json["grace_configured_seconds"], 45);
     assert_eq!(json["prestop"], true);
     assert_eq!(json["container"]["workload_kind"], "Deployment");

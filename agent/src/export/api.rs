@@ -1,9 +1,13 @@
-//! The report API's JSON: stop records and deploys with the field names the API promises,
-//! times as RFC 3339 with milliseconds (null when the moment did not happen).
-
-use serde_json::{Value, json};
+//! The report API: stop records, deploys and storms from `crate::model` as the typed views
+//! `/api/v1/*` serve (`view.rs`), times as RFC 3339 with milliseconds (null when the moment did
+//! not happen) and seconds rounded to the millisecond.
 
 use crate::model::{Loss, Mono, deploy::Deploy, monotonic_now, stop::Stop, storm::Storm};
+
+use super::view::{
+    ContainerView, DeployView, ListenerView, LossEventView, LossView, SenderView, StopView,
+    StormView,
+};
 
 /// Converts kernel monotonic time to wall-clock time.
 #[derive(Debug, Clone, Copy)]
@@ -28,147 +32,172 @@ impl Clock {
         humantime::format_rfc3339_millis(at).to_string()
     }
 
-    fn opt(&self, t: Option<Mono>) -> Value {
-        t.map_or(Value::Null, |t| Value::String(self.rfc3339(t)))
+    fn opt(&self, t: Option<Mono>) -> Option<String> {
+        t.map(|t| self.rfc3339(t))
     }
 }
 
-fn round3(x: Option<f64>) -> Value {
-    x.map_or(Value::Null, |v| json!((v * 1000.0).round() / 1000.0))
+/// Seconds to the millisecond.
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
 }
 
-pub fn loss_json(l: &Loss) -> Value {
-    json!({
-        "inflight_cut": l.inflight_cut,
-        "idle_closed": l.idle_closed,
-        "resets_sent": l.resets_sent,
-        "refused": l.refused,
-        "unreachable": l.unreachable,
-        "accepted_after_sigterm": l.accepted_after_sigterm,
-        "retry_duplicates": l.retry_duplicates,
-        "upstream_aborts": l.upstream_aborts,
-    })
+fn loss_view(l: &Loss) -> LossView {
+    LossView {
+        accepted_after_sigterm: l.accepted_after_sigterm,
+        idle_closed: l.idle_closed,
+        inflight_cut: l.inflight_cut,
+        refused: l.refused,
+        resets_sent: l.resets_sent.clone(),
+        retry_duplicates: l.retry_duplicates,
+        unreachable: l.unreachable,
+        upstream_aborts: l.upstream_aborts,
+    }
 }
 
-pub fn stop_json(s: &Stop, clock: &Clock) -> Value {
-    json!({
-        "id": s.id,
-        "container": s.container,
-        "sigterm_at": clock.opt(s.sigterm_at),
-        "sigterm_sender": s.sigterm_sender,
-        "sigkill_at": clock.opt(s.sigkill_at),
-        "exit_at": clock.opt(s.exit_at),
-        "exit_code": s.exit.and_then(|e| e.code),
-        "exit_signal": s.exit.and_then(|e| e.signal),
-        "cgroup_removed_at": clock.opt(s.cgroup_removed_at),
-        "listeners": s.listeners.iter().map(|l| json!({
-            "address": l.address.to_string(),
-            "closed_at": clock.opt(l.closed_at),
-        })).collect::<Vec<_>>(),
-        "last_accept_at": clock.opt(s.last_accept_at),
-        "connections_at_sigterm": s.connections_at_sigterm,
-        "connections_at_exit": s.connections_at_exit,
-        "grace_seconds": round3(s.grace_seconds()),
-        "drain_seconds": round3(s.drain_seconds()),
-        "routing_lag_seconds": round3(s.routing_lag_seconds()),
-        "grace_configured_seconds": s.grace_configured_seconds,
-        "prestop": s.prestop,
-        "loss": loss_json(&s.loss),
-        "loss_events": s.events.iter().map(|e| json!({
-            "at": clock.rfc3339(e.at),
-            "kind": e.kind,
-            "open_seconds": round3(e.open_for.map(|d| d as f64 / 1e9)),
-        })).collect::<Vec<_>>(),
-        "loss_events_dropped": s.events_dropped,
-        "outcome": s.outcome(),
-    })
+pub fn stop_view(s: &Stop, clock: &Clock) -> StopView {
+    let c = &s.container;
+    StopView {
+        cgroup_removed_at: clock.opt(s.cgroup_removed_at),
+        connections_at_exit: s.connections_at_exit,
+        connections_at_sigterm: s.connections_at_sigterm,
+        container: ContainerView {
+            id: c.id.clone(),
+            name: c.name.clone(),
+            namespace: c.namespace.clone(),
+            node: c.node.clone(),
+            pod: c.pod.clone(),
+            revision: c.revision.clone(),
+            runtime: c.runtime.clone(),
+            workload: c.workload.clone(),
+            workload_kind: c.workload_kind.clone(),
+        },
+        drain_seconds: s.drain_seconds().map(round3),
+        exit_at: clock.opt(s.exit_at),
+        exit_code: s.exit.and_then(|e| e.code),
+        exit_signal: s.exit.and_then(|e| e.signal),
+        grace_configured_seconds: s.grace_configured_seconds,
+        grace_seconds: s.grace_seconds().map(round3),
+        id: s.id.clone(),
+        last_accept_at: clock.opt(s.last_accept_at),
+        listeners: s
+            .listeners
+            .iter()
+            .map(|l| ListenerView {
+                address: l.address.to_string(),
+                closed_at: clock.opt(l.closed_at),
+            })
+            .collect(),
+        loss: loss_view(&s.loss),
+        loss_events: s
+            .events
+            .iter()
+            .map(|e| LossEventView {
+                at: clock.rfc3339(e.at),
+                kind: e.kind,
+                open_seconds: e.open_for.map(|d| round3(d as f64 / 1e9)),
+            })
+            .collect(),
+        loss_events_dropped: s.events_dropped,
+        outcome: s.outcome(),
+        prestop: s.prestop,
+        routing_lag_seconds: s.routing_lag_seconds().map(round3),
+        sigkill_at: clock.opt(s.sigkill_at),
+        sigterm_at: clock.opt(s.sigterm_at),
+        sigterm_sender: s.sigterm_sender.as_ref().map(|x| SenderView {
+            comm: x.comm.clone(),
+            pid: x.pid,
+        }),
+    }
 }
 
-pub fn deploy_json(d: &Deploy, clock: &Clock) -> Value {
-    json!({
-        "id": d.id,
-        "namespace": d.namespace,
-        "workload": d.workload,
-        "workload_kind": d.workload_kind,
-        "revisions": d.revisions,
-        "started_at": clock.rfc3339(d.started_at),
-        "last_stop_at": clock.rfc3339(d.last_stop_at),
-        "stops": d.stops,
-        "outcomes": d.outcomes,
-        "in_progress": d.in_progress,
-        "loss": loss_json(&d.loss),
-    })
+pub fn deploy_view(d: &Deploy, clock: &Clock) -> DeployView {
+    DeployView {
+        id: d.id.clone(),
+        in_progress: d.in_progress,
+        last_stop_at: clock.rfc3339(d.last_stop_at),
+        loss: loss_view(&d.loss),
+        namespace: d.namespace.clone(),
+        outcomes: d.outcomes.clone(),
+        revisions: d.revisions.clone(),
+        started_at: clock.rfc3339(d.started_at),
+        stops: d.stops.clone(),
+        workload: d.workload.clone(),
+        workload_kind: d.workload_kind.clone(),
+    }
 }
 
 /// A storm; `deploy_id` is the deploy its stop belongs to.
-pub fn storm_json(s: &Storm, deploy_id: Option<&str>, clock: &Clock) -> Value {
-    json!({
-        "deploy_id": deploy_id,
-        "namespace": s.namespace,
-        "workload": s.workload,
-        "container": s.container,
-        "port": s.port,
-        "stop_id": s.stop_id,
-        "first_arrival_at": clock.rfc3339(s.first_arrival),
-        "last_arrival_at": clock.rfc3339(s.last_arrival),
-        "clients": s.clients,
-        "seconds_to_95_percent": (s.seconds_to_95_percent * 1000.0).round() / 1000.0,
-        "peak_arrivals_per_second": s.peak_arrivals_per_second,
-        "arrivals_per_100ms": s.arrivals_per_bucket,
-        "max_queue_depth": s.max_queue_depth,
-        "overflows": s.overflows,
-        "netns_listen_overflows": s.netns_listen_overflows,
-        "netns_listen_drops": s.netns_listen_drops,
-        "accept_wait_p50_seconds": round3(s.accept_wait_quantile(0.5)),
-        "accept_wait_p95_seconds": round3(s.accept_wait_quantile(0.95)),
-        "accept_wait_max_seconds": round3(s.accept_waits.last().copied()),
-        "sustained_accept_rate": round3(s.sustained_accept_rate),
-        "recommended_window_seconds": round3(s.recommended_window_seconds),
-    })
+pub fn storm_view(s: &Storm, deploy_id: Option<&str>, clock: &Clock) -> StormView {
+    StormView {
+        accept_wait_max_seconds: s.accept_waits.last().copied().map(round3),
+        accept_wait_p50_seconds: s.accept_wait_quantile(0.5).map(round3),
+        accept_wait_p95_seconds: s.accept_wait_quantile(0.95).map(round3),
+        arrivals_per_100ms: s.arrivals_per_bucket.clone(),
+        clients: s.clients,
+        container: s.container.clone(),
+        deploy_id: deploy_id.map(str::to_string),
+        first_arrival_at: clock.rfc3339(s.first_arrival),
+        last_arrival_at: clock.rfc3339(s.last_arrival),
+        max_queue_depth: s.max_queue_depth,
+        namespace: s.namespace.clone(),
+        netns_listen_drops: s.netns_listen_drops,
+        netns_listen_overflows: s.netns_listen_overflows,
+        overflows: s.overflows,
+        peak_arrivals_per_second: s.peak_arrivals_per_second,
+        port: s.port,
+        recommended_window_seconds: s.recommended_window_seconds.map(round3),
+        seconds_to_95_percent: round3(s.seconds_to_95_percent),
+        stop_id: s.stop_id.clone(),
+        sustained_accept_rate: s.sustained_accept_rate.map(round3),
+        workload: s.workload.clone(),
+    }
 }
 
 /// Newest first, each linked to the deploy of its stop.
-pub fn storms_json(storms: &[Storm], deploys: &[Deploy], clock: &Clock) -> Value {
+pub fn storm_views(storms: &[Storm], deploys: &[Deploy], clock: &Clock) -> Vec<StormView> {
     let deploy_of = |stop: &str| {
         deploys
             .iter()
             .find(|d| d.stops.iter().any(|s| s == stop))
             .map(|d| d.id.as_str())
     };
-    Value::Array(
-        storms
-            .iter()
-            .rev()
-            .map(|s| storm_json(s, deploy_of(&s.stop_id), clock))
-            .collect(),
-    )
+    storms
+        .iter()
+        .rev()
+        .map(|s| storm_view(s, deploy_of(&s.stop_id), clock))
+        .collect()
 }
 
 /// Newest first.
-pub fn stops_json(stops: &[Stop], clock: &Clock) -> Value {
+pub fn stop_views(stops: &[Stop], clock: &Clock) -> Vec<StopView> {
     let mut v: Vec<&Stop> = stops.iter().collect();
     v.sort_by_key(|s| std::cmp::Reverse(s.started_at()));
-    Value::Array(v.into_iter().map(|s| stop_json(s, clock)).collect())
+    v.into_iter().map(|s| stop_view(s, clock)).collect()
 }
 
-pub fn deploys_json(deploys: &[Deploy], clock: &Clock) -> Value {
-    Value::Array(deploys.iter().map(|d| deploy_json(d, clock)).collect())
+pub fn deploy_views(deploys: &[Deploy], clock: &Clock) -> Vec<DeployView> {
+    deploys.iter().map(|d| deploy_view(d, clock)).collect()
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{Value, json};
+
     use super::*;
     use crate::model::{
         ContainerIdentity, ExitInfo, LossKind, SECOND, Sender,
         stop::{ListenerTimeline, LossEvent},
     };
 
-    #[test]
-    fn a_stop_renders_with_the_promised_field_names() {
-        let clock = Clock {
+    fn clock() -> Clock {
+        Clock {
             offset_ns: 1_700_000_000 * 1_000_000_000,
-        };
-        let s = Stop {
+        }
+    }
+
+    fn sample_stop() -> Stop {
+        Stop {
             id: "abc-1".into(),
             container: ContainerIdentity {
                 id: "abc".into(),
@@ -211,8 +240,12 @@ mod tests {
             events_dropped: 0,
             last_routed_at: Some(13 * SECOND + 800_000_000),
             settled: false,
-        };
-        let v = stop_json(&s, &clock);
+        }
+    }
+
+    #[test]
+    fn a_stop_renders_with_the_promised_field_names() {
+        let v = serde_json::to_value(stop_view(&sample_stop(), &clock())).unwrap();
         let keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
         for k in [
             "container",
@@ -291,11 +324,12 @@ mod tests {
             netns_listen_overflows: Some(3),
             ..Default::default()
         };
-        let v = storms_json(
+        let v = serde_json::to_value(storm_views(
             &[storm("a-1"), storm("b-1"), storm("gone-1")],
             &[deploy("ws-1", "a-1"), deploy("ws-2", "b-1")],
             &clock,
-        );
+        ))
+        .unwrap();
         let ids: Vec<&Value> = v
             .as_array()
             .unwrap()
@@ -309,5 +343,37 @@ mod tests {
         );
         assert_eq!(v[0]["netns_listen_overflows"], 3);
         assert_eq!(v[0]["recommended_window_seconds"], Value::Null);
+    }
+
+    /// Serialized as declared, the views must come out as the API always served them: every
+    /// object's keys sorted, as serde_json's maps sort them.
+    #[test]
+    fn views_serialize_with_sorted_keys_as_the_api_always_served() {
+        fn sorted<T: serde::Serialize>(v: &T) {
+            let direct = serde_json::to_string_pretty(v).unwrap();
+            let through_map =
+                serde_json::to_string_pretty(&serde_json::to_value(v).unwrap()).unwrap();
+            assert_eq!(direct, through_map);
+        }
+        let mut stop = sample_stop();
+        stop.loss.count(LossKind::ResetsSent, Some("NOT_SPECIFIED"));
+        let deploys = crate::correlate::deploys::group(std::slice::from_ref(&stop), SECOND);
+        let storm = Storm {
+            stop_id: stop.id.clone(),
+            accept_waits: vec![0.1, 0.2],
+            sustained_accept_rate: Some(12.5),
+            recommended_window_seconds: Some(1.6),
+            ..Default::default()
+        };
+        sorted(&stop_views(std::slice::from_ref(&stop), &clock()));
+        sorted(&deploy_views(&deploys, &clock()));
+        sorted(&storm_views(&[storm], &deploys, &clock()));
+        // Read back, they are what was served.
+        let view = stop_view(&stop, &clock());
+        let text = serde_json::to_string(&view).unwrap();
+        assert_eq!(serde_json::from_str::<StopView>(&text).unwrap(), view);
+        let deploy = deploy_view(&deploys[0], &clock());
+        let text = serde_json::to_string(&deploy).unwrap();
+        assert_eq!(serde_json::from_str::<DeployView>(&text).unwrap(), deploy);
     }
 }

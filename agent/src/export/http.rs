@@ -16,6 +16,7 @@ use hyper::{
     Request, Response, StatusCode, body::Incoming, header, server::conn::http1, service::service_fn,
 };
 use hyper_util::rt::TokioIo;
+use serde::Serialize;
 use tokio::{net::TcpListener, sync::watch};
 
 use super::{api, page};
@@ -55,7 +56,7 @@ impl State {
         }
     }
 
-    /// The deploy page from the same JSON the report API serves.
+    /// The deploy page from the same views the report API serves.
     fn page(&self) -> Response<Full<Bytes>> {
         let Ok(t) = self.correlator.lock() else {
             return respond(
@@ -65,9 +66,9 @@ impl State {
             );
         };
         let grouped = deploys::group(t.stops(), self.deploy_window);
-        let deploys = api::deploys_json(&grouped, &self.clock);
-        let stops = api::stops_json(t.stops(), &self.clock);
-        let storms = api::storms_json(t.storms(), &grouped, &self.clock);
+        let deploys = api::deploy_views(&grouped, &self.clock);
+        let stops = api::stop_views(t.stops(), &self.clock);
+        let storms = api::storm_views(t.storms(), &grouped, &self.clock);
         drop(t);
         let info = page::PageInfo {
             host: self.host.clone(),
@@ -80,7 +81,7 @@ impl State {
         r
     }
 
-    fn json(&self, f: impl FnOnce(&Correlator) -> serde_json::Value) -> Response<Full<Bytes>> {
+    fn json<T: Serialize>(&self, f: impl FnOnce(&Correlator) -> T) -> Response<Full<Bytes>> {
         let Ok(t) = self.correlator.lock() else {
             return respond(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -191,16 +192,16 @@ pub fn route(
                 ),
             }
         }
-        "/api/v1/stops" => state.json(|t| api::stops_json(t.stops(), &state.clock)),
+        "/api/v1/stops" => state.json(|t| api::stop_views(t.stops(), &state.clock)),
         "/api/v1/deploys" => state.json(|t| {
-            api::deploys_json(
+            api::deploy_views(
                 &deploys::group(t.stops(), state.deploy_window),
                 &state.clock,
             )
         }),
         "/api/v1/storms" => state.json(|t| {
             let deploys = deploys::group(t.stops(), state.deploy_window);
-            api::storms_json(t.storms(), &deploys, &state.clock)
+            api::storm_views(t.storms(), &deploys, &state.clock)
         }),
         "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
         "/readyz" if state.ready.load(Ordering::Relaxed) => {

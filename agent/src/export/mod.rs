@@ -1,8 +1,10 @@
-//! Export: the HTTP endpoints (`/metrics` from `telemetry`), the report API, the deploy
-//! page and `drainwatch report`.
+//! Export: the HTTP endpoints (`/metrics` from `telemetry`), the report API (its typed views
+//! and how records become them), the verdicts, the deploy page and `drainwatch report`.
 
 pub mod api;
+pub mod format;
 pub mod http;
 pub mod page;
 pub mod report;
 pub mod verdict;
+pub mod view;

@@ -1,9 +1,13 @@
 //! The plain-language verdict on a container stop and on a reconnect storm, with the concrete
 //! fix its evidence supports. One pure function each, shared by `drainwatch report` and the
-//! deploy page, over the report API's JSON (what the report fetches and the page renders), so
+//! deploy page, over the report API's views (what the report fetches and the page renders), so
 //! both always say the same thing.
 
-use serde_json::Value;
+use super::{
+    format::{ceil_tenth, count, or_null, rate, secs},
+    view::{StopView, StormView},
+};
+use crate::model::{LossKind, stop::Outcome};
 
 /// How bad it is, for colour on the page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,74 +40,18 @@ pub struct Verdict {
     pub text: String,
 }
 
-fn n(v: &Value, k: &str) -> u64 {
-    v.get(k).and_then(Value::as_u64).unwrap_or(0)
-}
-
-fn f(v: &Value, k: &str) -> Option<f64> {
-    v.get(k).and_then(Value::as_f64)
-}
-
-/// `2,000`: thousands separated, as people read counts.
-pub fn thousands(x: u64) -> String {
-    let digits = x.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// `1 request`, `2 requests`, `2,000 clients`.
-fn count(x: u64, one: &str, many: &str) -> String {
-    format!("{} {}", thousands(x), if x == 1 { one } else { many })
-}
-
-/// Seconds as people say them: `3.8`, `10`, `0.004`.
-pub fn secs(x: f64) -> String {
-    if x.abs() < 0.1 && x != 0.0 {
-        return format!("{x:.3}");
-    }
-    let s = format!("{x:.1}");
-    s.strip_suffix(".0").map_or(s.clone(), str::to_string)
-}
-
-/// A rate: whole numbers from 10 up, one decimal below.
-fn rate(x: f64) -> String {
-    if x >= 10.0 {
-        thousands(x.round() as u64)
-    } else {
-        format!("{x:.1}")
-    }
-}
-
-/// Rounded up to a tenth: a window advice must not fall short of the evidence.
-fn ceil_tenth(x: f64) -> f64 {
-    // The small epsilon keeps 4.2000000001 (float noise) from becoming 4.3.
-    (x * 10.0 - 1e-6).ceil() / 10.0
-}
-
-/// The grace period: as configured when the agent knows it, else as observed (SIGTERM → SIGKILL).
-fn grace(stop: &Value) -> Option<f64> {
-    f(stop, "grace_configured_seconds").or_else(|| f(stop, "grace_seconds"))
-}
-
 /// The longest a cut connection had been open when it was cut (see `LossEvent::open_for`).
-fn slowest_cut(stop: &Value) -> Option<f64> {
-    stop.get("loss_events")?
-        .as_array()?
+fn slowest_cut(stop: &StopView) -> Option<f64> {
+    stop.loss_events
         .iter()
-        .filter(|e| e["kind"] == "inflight_cut")
-        .filter_map(|e| e["open_seconds"].as_f64())
+        .filter(|e| e.kind == LossKind::InflightCut)
+        .filter_map(|e| e.open_seconds)
         .max_by(f64::total_cmp)
 }
 
 /// "routing continued 3.8 s after SIGTERM", and how many attempts it cost, if it did.
-fn routing(stop: &Value) -> Option<(f64, String)> {
-    let lag = f(stop, "routing_lag_seconds").filter(|l| *l > 0.0)?;
+fn routing(stop: &StopView) -> Option<(f64, String)> {
+    let lag = stop.routing_lag_seconds.filter(|l| *l > 0.0)?;
     Some((
         lag,
         format!("routing continued {} s after SIGTERM", secs(lag)),
@@ -113,10 +61,10 @@ fn routing(stop: &Value) -> Option<(f64, String)> {
 /// The fix for traffic that kept coming: how long to keep serving after failing readiness. On
 /// Kubernetes a preStop hook that sleeps does the same without touching the app: SIGTERM comes
 /// after the hook, so a hook already there was that much too short.
-fn wait_fix(stop: &Value, lag: f64) -> String {
+fn wait_fix(stop: &StopView, lag: f64) -> String {
     let wait = secs(lag.ceil().max(1.0));
     let fix = format!("fail readiness on SIGTERM and wait ≥ {wait} s before closing the listener");
-    match stop["prestop"].as_bool() {
+    match stop.prestop {
         Some(true) => format!(
             "the preStop hook ended before routing moved: make it last ≥ {wait} s longer, or {fix}"
         ),
@@ -126,23 +74,23 @@ fn wait_fix(stop: &Value, lag: f64) -> String {
 }
 
 /// Findings every outcome shares: what proxies made of the cuts, and attempts at a gone address.
-fn common_findings(stop: &Value, out: &mut Vec<String>) {
-    let loss = &stop["loss"];
-    let dup = n(loss, "retry_duplicates");
+fn common_findings(stop: &StopView, out: &mut Vec<String>) {
+    let loss = &stop.loss;
+    let dup = loss.retry_duplicates;
     if dup > 0 {
         out.push(format!(
             "a proxy re-sent {} to another backend: clients saw success, the work ran twice",
             count(dup, "cut request", "cut requests")
         ));
     }
-    let aborts = n(loss, "upstream_aborts");
+    let aborts = loss.upstream_aborts;
     if aborts > 0 {
         out.push(format!(
             "{} reached clients through a proxy as errors (502 or reset)",
             count(aborts, "cut request", "cut requests")
         ));
     }
-    let unreachable = n(loss, "unreachable");
+    let unreachable = loss.unreachable;
     if unreachable > 0 {
         out.push(format!(
             "{} found its address gone: remove the endpoint before the pod goes",
@@ -152,14 +100,12 @@ fn common_findings(stop: &Value, out: &mut Vec<String>) {
 }
 
 /// The verdict on one stop record (`/api/v1/stops` element).
-pub fn stop(stop: &Value) -> Verdict {
-    let loss = &stop["loss"];
-    let cut = n(loss, "inflight_cut");
-    let refused = n(loss, "refused");
-    let outcome = stop.get("outcome").and_then(Value::as_str);
+pub fn stop(stop: &StopView) -> Verdict {
+    let cut = stop.loss.inflight_cut;
+    let refused = stop.loss.refused;
     let mut level = Level::Bad;
     let mut parts: Vec<String> = Vec::new();
-    match outcome {
+    match stop.outcome {
         None => {
             let mut text = "stopping: no verdict until the process exits".to_string();
             if cut + refused > 0 {
@@ -170,10 +116,10 @@ pub fn stop(stop: &Value) -> Verdict {
                 text,
             };
         }
-        Some("crashed") => {
+        Some(Outcome::Crashed) => {
             let mut text = format!(
                 "exited with code {} without a stop signal: a crash, not a deploy",
-                stop["exit_code"]
+                or_null(stop.exit_code)
             );
             if cut > 0 {
                 text += &format!(
@@ -183,8 +129,10 @@ pub fn stop(stop: &Value) -> Verdict {
             }
             parts.push(text);
         }
-        Some("killed_at_deadline") => {
-            let g = grace(stop).map_or_else(|| "grace".into(), |g| format!("{} s grace", secs(g)));
+        Some(Outcome::KilledAtDeadline) => {
+            let g = stop
+                .grace()
+                .map_or_else(|| "grace".into(), |g| format!("{} s grace", secs(g)));
             if cut > 0 {
                 let seen = slowest_cut(stop).map_or_else(
                     || "still running when killed".into(),
@@ -206,7 +154,7 @@ pub fn stop(stop: &Value) -> Verdict {
                 parts.push(format!("{r}: {}", wait_fix(stop, lag)));
             }
         }
-        Some("exit_at_once") if stop["sigterm_at"].is_null() && !stop["sigkill_at"].is_null() => {
+        Some(Outcome::ExitAtOnce) if stop.sigterm_at.is_none() && stop.sigkill_at.is_some() => {
             // SIGKILL with no stop signal before it: `kill -9`, `podman rm -f`, the OOM killer.
             let mut text =
                 "killed by SIGKILL with no stop signal first: nothing could drain".to_string();
@@ -220,19 +168,17 @@ pub fn stop(stop: &Value) -> Verdict {
                 "{text}: stop containers with SIGTERM and a grace period (a pod deletion, `podman stop`), not a kill; if the kernel killed it, raise its memory limit"
             ));
         }
-        Some("exit_at_once") => {
-            let on_signal = stop["exit_signal"].as_i64().is_some();
-            let what = if on_signal {
-                format!(
-                    "exited at once on the stop signal (exit signal {}, code {})",
-                    stop["exit_signal"], stop["exit_code"]
-                )
-            } else {
-                format!(
+        Some(Outcome::ExitAtOnce) => {
+            let what = match stop.exit_signal {
+                Some(sig) => format!(
+                    "exited at once on the stop signal (exit signal {sig}, code {})",
+                    or_null(stop.exit_code)
+                ),
+                None => format!(
                     "exited {} s after the stop signal with requests in flight (code {})",
-                    f(stop, "drain_seconds").map_or("?".into(), secs),
-                    stop["exit_code"]
-                )
+                    stop.drain_seconds.map_or("?".into(), secs),
+                    or_null(stop.exit_code)
+                ),
             };
             let mut text = if cut > 0 {
                 format!(
@@ -260,7 +206,7 @@ pub fn stop(stop: &Value) -> Verdict {
                     let mut fix = format!(
                         "handle SIGTERM: fail readiness, wait ≥ {wait} s before closing the listener, finish in-flight work, then exit"
                     );
-                    if stop["prestop"].as_bool() == Some(false) {
+                    if stop.prestop == Some(false) {
                         // The hook runs before SIGTERM: routing moves and in-flight work ends
                         // while it sleeps, so even a process without a handler stops idle.
                         fix += &format!(" (or add a preStop hook that sleeps ≥ {wait} s)");
@@ -271,7 +217,7 @@ pub fn stop(stop: &Value) -> Verdict {
             };
             parts.push(format!("{text}: {fix}"));
         }
-        Some("listener_closed_early") => {
+        Some(Outcome::ListenerClosedEarly) => {
             let refused_text = count(
                 refused,
                 "connection attempt was",
@@ -286,16 +232,16 @@ pub fn stop(stop: &Value) -> Verdict {
                 ),
             });
         }
-        Some("drained") => {
+        Some(Outcome::Drained) => {
             level = Level::Good;
-            let mut text = match f(stop, "drain_seconds") {
+            let mut text = match stop.drain_seconds {
                 Some(d) => format!("drained cleanly in {} s: nothing lost", secs(d)),
                 None => "drained cleanly: nothing lost".into(),
             };
             if let Some((_, r)) = routing(stop) {
                 text += &format!(" ({r})");
             }
-            if let (Some(d), Some(g)) = (f(stop, "drain_seconds"), grace(stop))
+            if let (Some(d), Some(g)) = (stop.drain_seconds, stop.grace())
                 && g > 0.0
                 && d > 0.8 * g
             {
@@ -308,7 +254,6 @@ pub fn stop(stop: &Value) -> Verdict {
             }
             parts.push(text);
         }
-        Some(other) => parts.push(other.to_string()),
     }
     common_findings(stop, &mut parts);
     Verdict {
@@ -318,12 +263,12 @@ pub fn stop(stop: &Value) -> Verdict {
 }
 
 /// The verdict on one reconnect storm (`/api/v1/storms` element).
-pub fn storm(storm: &Value) -> Verdict {
-    let clients = n(storm, "clients");
-    let within = f(storm, "seconds_to_95_percent").unwrap_or(0.0);
-    let overflows = n(storm, "overflows");
-    let rate_v = f(storm, "sustained_accept_rate");
-    let window = f(storm, "recommended_window_seconds");
+pub fn storm(storm: &StormView) -> Verdict {
+    let clients = storm.clients;
+    let within = storm.seconds_to_95_percent;
+    let overflows = storm.overflows;
+    let rate_v = storm.sustained_accept_rate;
+    let window = storm.recommended_window_seconds;
     let came = format!(
         "{} reconnected within {} s",
         count(clients, "client", "clients"),
@@ -363,12 +308,12 @@ pub fn storm(storm: &Value) -> Verdict {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
 
-    /// A stop record with the API's field names; `extra` overrides.
-    fn stop_with(outcome: &str, loss: Value, extra: Value) -> Value {
+    /// A stop record read from the API's field names; `extra` overrides.
+    fn stop_with(outcome: &str, loss: Value, extra: Value) -> StopView {
         let mut s = json!({
             "outcome": outcome,
             "exit_code": 0, "exit_signal": null,
@@ -378,7 +323,11 @@ mod tests {
         for (k, v) in extra.as_object().unwrap() {
             s[k] = v.clone();
         }
-        s
+        view(s)
+    }
+
+    fn view<T: serde::de::DeserializeOwned>(v: Value) -> T {
+        serde_json::from_value(v).unwrap()
     }
 
     #[test]
@@ -410,7 +359,7 @@ mod tests {
             "{}",
             stop(&s).text
         );
-        s["prestop"] = json!(true);
+        s.prestop = Some(true);
         assert!(
             stop(&s).text.contains(
                 "refused: the preStop hook ended before routing moved: make it last ≥ 4 s longer, or fail readiness"
@@ -440,7 +389,7 @@ mod tests {
         );
         // The configured grace period wins over the observed one when the agent knows it.
         let mut configured = s.clone();
-        configured["grace_configured_seconds"] = json!(30);
+        configured.grace_configured_seconds = Some(30);
         assert!(stop(&configured).text.contains("the 30 s grace period"));
         // Nothing cut: it just did not exit.
         let idle = stop_with(
@@ -521,7 +470,7 @@ mod tests {
             "drained cleanly in 5.1 s: nothing lost (routing continued 3.5 s after SIGTERM)"
         );
         let mut tight = s.clone();
-        tight["grace_configured_seconds"] = json!(6);
+        tight.grace_configured_seconds = Some(6);
         let v = stop(&tight);
         assert_eq!(v.level, Level::Warning);
         assert!(
@@ -544,7 +493,7 @@ mod tests {
             stop(&s).text,
             "exited with code 1 without a stop signal: a crash, not a deploy; it cut 2 in-flight requests"
         );
-        let pending = json!({"outcome": null, "loss": {"refused": 1}});
+        let pending: StopView = view(json!({"outcome": null, "loss": {"refused": 1}}));
         let v = stop(&pending);
         assert_eq!(v.level, Level::Pending);
         assert_eq!(
@@ -565,10 +514,10 @@ mod tests {
 
     #[test]
     fn a_storm_faster_than_the_accept_rate_says_how_wide_to_spread() {
-        let s = json!({
+        let s: StormView = view(json!({
             "clients": 2000, "seconds_to_95_percent": 1.1, "overflows": 0,
             "sustained_accept_rate": 480.3, "recommended_window_seconds": 4.164,
-        });
+        }));
         let v = storm(&s);
         assert_eq!(v.level, Level::Warning);
         assert_eq!(
@@ -576,7 +525,7 @@ mod tests {
             "2,000 clients reconnected within 1.1 s against 480 accepts/s: spread reconnects over ≥ 4.2 s"
         );
         let mut dropped = s.clone();
-        dropped["overflows"] = json!(12);
+        dropped.overflows = 12;
         let v = storm(&dropped);
         assert_eq!(v.level, Level::Bad);
         assert!(
@@ -587,37 +536,23 @@ mod tests {
 
     #[test]
     fn a_storm_the_listener_kept_up_with_needs_nothing() {
-        let s = json!({
+        let s: StormView = view(json!({
             "clients": 100, "seconds_to_95_percent": 0.9, "overflows": 0,
             "sustained_accept_rate": null, "recommended_window_seconds": null,
-        });
+        }));
         let v = storm(&s);
         assert_eq!(v.level, Level::Good);
         assert_eq!(
             v.text,
             "100 clients reconnected within 0.9 s and the accept queue never backed up: no change needed"
         );
-        let spread = json!({
+        let spread: StormView = view(json!({
             "clients": 100, "seconds_to_95_percent": 3.0, "overflows": 0,
             "sustained_accept_rate": 50.0, "recommended_window_seconds": 2.0,
-        });
+        }));
         assert_eq!(
             storm(&spread).text,
             "100 clients reconnected within 3 s, wider than the 2 s its 50 accepts/s need: no change needed"
         );
-    }
-
-    #[test]
-    fn numbers_read_as_people_write_them() {
-        assert_eq!(thousands(0), "0");
-        assert_eq!(thousands(999), "999");
-        assert_eq!(thousands(1000), "1,000");
-        assert_eq!(thousands(1234567), "1,234,567");
-        assert_eq!(secs(3.8), "3.8");
-        assert_eq!(secs(10.0), "10");
-        assert_eq!(secs(0.0042), "0.004");
-        assert_eq!(secs(0.0), "0");
-        assert_eq!(ceil_tenth(4.164), 4.2);
-        assert_eq!(ceil_tenth(4.2), 4.2);
     }
 }

@@ -78,6 +78,22 @@ fn outcomes(s: &Summary) -> String {
 }
 
 /// What the agent recorded for a stop, in one line.
+/// The verdict on an API stop record, as the page and `drainwatch report` say it.
+fn stop_verdict(stop: &Value) -> String {
+    serde_json::from_value(stop.clone()).map_or_else(
+        |e| format!("(unreadable stop record: {e})"),
+        |s| verdict::stop(&s).text,
+    )
+}
+
+/// The verdict on an API storm record.
+fn storm_verdict(storm: &Value) -> String {
+    serde_json::from_value(storm.clone()).map_or_else(
+        |e| format!("(unreadable storm record: {e})"),
+        |s| verdict::storm(&s).text,
+    )
+}
+
 fn seen(stop: &Value) -> String {
     let loss = &stop["loss"];
     let mut parts = Vec::new();
@@ -141,10 +157,7 @@ fn report_step(agent: &Agent, id: &str, clients: String) {
     let stop = settled_stop(agent, id);
     say(&format!("      clients saw      {clients}"));
     say(&format!("      drainwatch saw   {}", seen(&stop)));
-    say(&format!(
-        "      verdict          {}",
-        verdict::stop(&stop).text
-    ));
+    say(&format!("      verdict          {}", stop_verdict(&stop)));
 }
 
 /// A lab kept until the demo ends: removing its other containers and proxies while the agent
@@ -267,10 +280,7 @@ fn storm_step(agent: &Agent) -> Kept {
                 g("accept_wait_max_seconds"),
                 g("sustained_accept_rate")
             ));
-            say(&format!(
-                "      verdict          {}",
-                verdict::storm(&s).text
-            ));
+            say(&format!("      verdict          {}", storm_verdict(&s)));
         }
         None => say("      drainwatch saw   no storm record within 20 s"),
     }

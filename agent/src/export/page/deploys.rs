@@ -1,0 +1,188 @@
+//! The page's `<main>`: an overview line with the legend, then one collapsible section per
+//! deploy (its badge, workload, loss chips, its stops and the storms that followed them), and
+//! the storms whose stop is no longer listed.
+
+use maud::{Markup, html};
+
+use super::{
+    OPEN_DEPLOYS, glyphs,
+    stop::{self, outcome_label, outcome_level},
+    storm,
+    text::Text,
+};
+use crate::{
+    export::{
+        format::{count, date_time, thousands},
+        verdict::Level,
+        view::{DeployView, LossView, StopView, StormView},
+    },
+    model::{LossKind, stop::Outcome},
+};
+
+/// The loss kinds the page shows, in order: kind, chip label, CSS class.
+const LOSS_KINDS: [(LossKind, &str, &str); 7] = [
+    (LossKind::InflightCut, "in-flight cut", "cut"),
+    (LossKind::RetryDuplicates, "retried (done twice)", "retried"),
+    (LossKind::UpstreamAborts, "seen as 502", "abort"),
+    (LossKind::Refused, "refused", "refused"),
+    (LossKind::Unreachable, "unreachable", "unreachable"),
+    (
+        LossKind::AcceptedAfterSigterm,
+        "accepted after SIGTERM",
+        "late",
+    ),
+    (LossKind::IdleClosed, "idle closed", "idle"),
+];
+
+/// Loss chips: one per non-zero kind, each with its field name for machines.
+pub(super) fn chips(loss: &LossView) -> Markup {
+    let shown: Vec<_> = LOSS_KINDS
+        .iter()
+        .map(|(kind, label, class)| (loss.get(*kind), kind.as_str(), label, class))
+        .filter(|(n, ..)| *n > 0)
+        .collect();
+    html! {
+        @for (n, field, label, class) in &shown {
+            span class={ "chip " (class) } data-loss=(field) { b { (thousands(*n)) } " " (label) }
+        }
+        @if shown.is_empty() {
+            span class="chip none" { "nothing lost" }
+        }
+    }
+}
+
+/// The worst outcome of a deploy, for its badge: pending, then bad, then good.
+fn badge(d: &DeployView) -> (Level, String) {
+    if d.in_progress > 0 {
+        return (Level::Pending, format!("{} stopping", d.in_progress));
+    }
+    for o in Outcome::ALL {
+        if let Some(c) = d.outcomes.get(&o) {
+            let label = outcome_label(Some(o));
+            let label = if d.outcomes.len() > 1 || *c > 1 {
+                format!("{c} {label}")
+            } else {
+                label
+            };
+            return (outcome_level(Some(o)), label);
+        }
+    }
+    (Level::Pending, "no stops".into())
+}
+
+/// Each storm goes under the first deploy it belongs to: the one the API names, or else the
+/// one holding its stop. The rest are orphans.
+fn storms_by_deploy<'a>(
+    deploys: &[DeployView],
+    storms: &'a [StormView],
+) -> (Vec<Vec<&'a StormView>>, Vec<&'a StormView>) {
+    let mut shown = vec![false; storms.len()];
+    let by_deploy = deploys
+        .iter()
+        .map(|d| {
+            let mut ours = Vec::new();
+            for (j, st) in storms.iter().enumerate() {
+                let belongs = match &st.deploy_id {
+                    Some(dep) => *dep == d.id,
+                    None => d.stops.contains(&st.stop_id),
+                };
+                if belongs && !shown[j] {
+                    shown[j] = true;
+                    ours.push(st);
+                }
+            }
+            ours
+        })
+        .collect();
+    let orphans = storms
+        .iter()
+        .zip(&shown)
+        .filter(|(_, shown)| !**shown)
+        .map(|(st, _)| st)
+        .collect();
+    (by_deploy, orphans)
+}
+
+/// One deploy's section: summary line, then its stops and storms.
+fn deploy(i: usize, d: &DeployView, stops: &[StopView], storms: &[&StormView]) -> Markup {
+    let (level, badge) = badge(d);
+    let open = i < OPEN_DEPLOYS || d.in_progress > 0;
+    html! {
+        details class={ "deploy " (level.as_str()) } data-key=(Text(&d.id))
+            data-stops=(d.stops.len()) data-in-progress=(d.in_progress) open[open] {
+            "\n"
+            summary {
+                span class={ "badge " (level.as_str()) } { (badge) }
+                span class="workload" { (Text(&d.workload)) }
+                @for x in [&d.workload_kind, &d.namespace] {
+                    @if !x.is_empty() { span class="ns" { (Text(x)) } }
+                }
+                span class="when" {
+                    (date_time(&d.started_at)) " UTC · "
+                    (count(d.stops.len() as u64, "stop", "stops"))
+                    @if !d.revisions.is_empty() {
+                        " · replaced revision " (Text(&d.revisions.join(", ")))
+                    }
+                }
+                span class="chips" { (chips(&d.loss)) }
+            }
+            "\n"
+            @for id in &d.stops {
+                @if let Some(s) = stops.iter().find(|s| s.id == *id) { (stop::article(s)) }
+            }
+            @for st in storms { (storm::article(st)) }
+        }
+        "\n"
+    }
+}
+
+/// `<main>`, which the page's script swaps in place when the data changes.
+pub(super) fn main(deploys: &[DeployView], stops: &[StopView], storms: &[StormView]) -> Markup {
+    if deploys.is_empty() {
+        return html! {
+            main id="main" {
+                "\n"
+                section class="empty" {
+                    h2 { "No container stops seen yet" }
+                    p {
+                        "Every container this agent sees stop (a rolling deploy, "
+                        code { "podman stop" }
+                        ", a crash) shows up here with what it cost: stop one, or run "
+                        code { "cargo xtask demo" } " to see every failure mode."
+                    }
+                }
+                "\n"
+            }
+        };
+    }
+    let total_stops: usize = deploys.iter().map(|d| d.stops.len()).sum();
+    let (by_deploy, orphans) = storms_by_deploy(deploys, storms);
+    html! {
+        main id="main" {
+            "\n"
+            div class="overview" {
+                span {
+                    (count(deploys.len() as u64, "deploy", "deploys")) " · "
+                    (count(total_stops as u64, "container stop", "container stops"))
+                    @if !storms.is_empty() {
+                        " · " (count(storms.len() as u64, "reconnect storm", "reconnect storms"))
+                    }
+                }
+                (glyphs::legend())
+            }
+            @for (i, (d, storms)) in deploys.iter().zip(&by_deploy).enumerate() {
+                (deploy(i, d, stops, storms))
+            }
+            @if !orphans.is_empty() {
+                details class="deploy good" data-key="storms" open {
+                    summary {
+                        span class="workload" { "Reconnect storms" }
+                        span class="when" { "after stops no longer listed" }
+                    }
+                    @for st in &orphans { (storm::article(st)) }
+                }
+                "\n"
+            }
+        }
+    }
+}

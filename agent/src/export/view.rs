@@ -1,0 +1,186 @@
+//! The report API's typed model: what `/api/v1/stops`, `/api/v1/deploys` and `/api/v1/storms`
+//! serve, and all that `drainwatch report` (which deserializes them from HTTP), the verdicts and
+//! the deploy page read. `api.rs` builds them from the records in `crate::model`.
+//!
+//! - Fields are declared in alphabetical order: serde writes them in declaration order, and
+//!   that is the order the API has always served (its JSON went through serde_json's sorted
+//!   maps); a test in `api.rs` pins it.
+//! - Times are RFC 3339 strings with milliseconds (`Clock::rfc3339`), null when the moment did
+//!   not happen; durations are seconds rounded to the millisecond.
+//! - Deserializing is as lenient as the report always was: a missing field is empty (`None`,
+//!   0, ""), so a report still reads an agent that predates a field.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{LossKind, stop::Outcome};
+
+/// One container stop (`/api/v1/stops` element).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StopView {
+    pub cgroup_removed_at: Option<String>,
+    pub connections_at_exit: Option<u64>,
+    pub connections_at_sigterm: Option<u64>,
+    pub container: ContainerView,
+    /// Stop signal → exit.
+    pub drain_seconds: Option<f64>,
+    pub exit_at: Option<String>,
+    pub exit_code: Option<i32>,
+    pub exit_signal: Option<i32>,
+    /// The pod's `terminationGracePeriodSeconds` (Kubernetes API).
+    pub grace_configured_seconds: Option<i64>,
+    /// Stop signal → SIGKILL, as observed.
+    pub grace_seconds: Option<f64>,
+    pub id: String,
+    pub last_accept_at: Option<String>,
+    pub listeners: Vec<ListenerView>,
+    pub loss: LossView,
+    /// Loss as it happened, oldest first (capped; the counts in `loss` stay exact).
+    pub loss_events: Vec<LossEventView>,
+    pub loss_events_dropped: u64,
+    /// None until the main process has exited.
+    pub outcome: Option<Outcome>,
+    /// Whether the container has a preStop hook (Kubernetes API).
+    pub prestop: Option<bool>,
+    /// Stop signal → the last connection routed to it.
+    pub routing_lag_seconds: Option<f64>,
+    pub sigkill_at: Option<String>,
+    pub sigterm_at: Option<String>,
+    pub sigterm_sender: Option<SenderView>,
+}
+
+impl StopView {
+    /// The grace period: as configured when the agent knows it, else as observed (SIGTERM →
+    /// SIGKILL).
+    pub fn grace(&self) -> Option<f64> {
+        self.grace_configured_seconds
+            .map(|g| g as f64)
+            .or(self.grace_seconds)
+    }
+}
+
+/// Who the stopped container was ("" where unknown).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ContainerView {
+    pub id: String,
+    pub name: String,
+    pub namespace: String,
+    pub node: String,
+    pub pod: String,
+    pub revision: String,
+    pub runtime: String,
+    pub workload: String,
+    pub workload_kind: String,
+}
+
+/// The process outside the container that sent the stop signal.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SenderView {
+    pub comm: String,
+    pub pid: u32,
+}
+
+/// A listening socket of the stopped container.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ListenerView {
+    pub address: String,
+    pub closed_at: Option<String>,
+}
+
+/// What a stop (or a deploy) cost, by kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LossView {
+    pub accepted_after_sigterm: u64,
+    pub idle_closed: u64,
+    pub inflight_cut: u64,
+    pub refused: u64,
+    /// RSTs sent, by kernel reason.
+    pub resets_sent: BTreeMap<String, u64>,
+    pub retry_duplicates: u64,
+    pub unreachable: u64,
+    pub upstream_aborts: u64,
+}
+
+impl LossView {
+    /// The count of one kind (resets summed over reasons).
+    pub fn get(&self, kind: LossKind) -> u64 {
+        match kind {
+            LossKind::InflightCut => self.inflight_cut,
+            LossKind::IdleClosed => self.idle_closed,
+            LossKind::Refused => self.refused,
+            LossKind::Unreachable => self.unreachable,
+            LossKind::AcceptedAfterSigterm => self.accepted_after_sigterm,
+            LossKind::RetryDuplicates => self.retry_duplicates,
+            LossKind::UpstreamAborts => self.upstream_aborts,
+            LossKind::ResetsSent => self.resets_sent.values().sum(),
+        }
+    }
+}
+
+/// One loss where it happened, for the timeline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LossEventView {
+    pub at: String,
+    pub kind: LossKind,
+    /// For a cut: how long the connection had been open.
+    pub open_seconds: Option<f64>,
+}
+
+/// The stops of one workload close together (`/api/v1/deploys` element).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DeployView {
+    pub id: String,
+    /// Stops whose main process has not exited yet.
+    pub in_progress: u64,
+    pub last_stop_at: String,
+    pub loss: LossView,
+    pub namespace: String,
+    /// Finished stops by outcome (in the outcomes' alphabetical order).
+    pub outcomes: BTreeMap<Outcome, u64>,
+    /// The revisions the rollout replaced, in order of their stops.
+    pub revisions: Vec<String>,
+    pub started_at: String,
+    /// Ids of its stops, oldest first.
+    pub stops: Vec<String>,
+    pub workload: String,
+    pub workload_kind: String,
+}
+
+/// A reconnect storm after a stop (`/api/v1/storms` element).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StormView {
+    pub accept_wait_max_seconds: Option<f64>,
+    pub accept_wait_p50_seconds: Option<f64>,
+    pub accept_wait_p95_seconds: Option<f64>,
+    pub arrivals_per_100ms: Vec<u32>,
+    pub clients: u64,
+    /// The container (name) whose listener took the storm.
+    pub container: String,
+    /// The deploy of its stop, while that is still listed.
+    pub deploy_id: Option<String>,
+    pub first_arrival_at: String,
+    pub last_arrival_at: String,
+    pub max_queue_depth: u32,
+    pub namespace: String,
+    pub netns_listen_drops: Option<u64>,
+    pub netns_listen_overflows: Option<u64>,
+    pub overflows: u64,
+    pub peak_arrivals_per_second: f64,
+    pub port: u16,
+    /// Clients ÷ sustained accept rate; None when nothing waited.
+    pub recommended_window_seconds: Option<f64>,
+    pub seconds_to_95_percent: f64,
+    /// The stop that caused it.
+    pub stop_id: String,
+    /// Accepts per second while connections queued; None when the queue never backed up.
+    pub sustained_accept_rate: Option<f64>,
+    pub workload: String,
+}
