@@ -2,11 +2,10 @@
 //! `/api/v1/*` serve (`view.rs`), times as RFC 3339 with milliseconds (null when the moment did
 //! not happen) and seconds rounded to the millisecond.
 
-use crate::model::{Loss, Mono, deploy::Deploy, monotonic_now, stop::Stop, storm::Storm};
+use crate::model::{Mono, deploy::Deploy, monotonic_now, stop::Stop, storm::Storm};
 
 use super::view::{
-    ContainerView, DeployView, ListenerView, LossEventView, LossView, SenderView, StopView,
-    StormView,
+    ContainerView, DeployView, ListenerView, LossEventView, SenderView, StopView, StormView,
 };
 
 /// Converts kernel monotonic time to wall-clock time.
@@ -42,19 +41,6 @@ fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-fn loss_view(l: &Loss) -> LossView {
-    LossView {
-        accepted_after_sigterm: l.accepted_after_sigterm,
-        idle_closed: l.idle_closed,
-        inflight_cut: l.inflight_cut,
-        refused: l.refused,
-        resets_sent: l.resets_sent.clone(),
-        retry_duplicates: l.retry_duplicates,
-        unreachable: l.unreachable,
-        upstream_aborts: l.upstream_aborts,
-    }
-}
-
 pub fn stop_view(s: &Stop, clock: &Clock) -> StopView {
     let c = &s.container;
     StopView {
@@ -88,7 +74,7 @@ pub fn stop_view(s: &Stop, clock: &Clock) -> StopView {
                 closed_at: clock.opt(l.closed_at),
             })
             .collect(),
-        loss: loss_view(&s.loss),
+        loss: s.loss.clone(),
         loss_events: s
             .events
             .iter()
@@ -116,7 +102,7 @@ pub fn deploy_view(d: &Deploy, clock: &Clock) -> DeployView {
         id: d.id.clone(),
         in_progress: d.in_progress,
         last_stop_at: clock.rfc3339(d.last_stop_at),
-        loss: loss_view(&d.loss),
+        loss: d.loss.clone(),
         namespace: d.namespace.clone(),
         outcomes: d.outcomes.clone(),
         revisions: d.revisions.clone(),
@@ -186,7 +172,7 @@ mod tests {
 
     use super::*;
     use crate::model::{
-        ContainerIdentity, ExitInfo, LossKind, SECOND, Sender,
+        ContainerIdentity, ExitInfo, Loss, LossKind, SECOND, Sender,
         stop::{ListenerTimeline, LossEvent},
     };
 

@@ -92,36 +92,9 @@ pub struct ListenerView {
     pub closed_at: Option<String>,
 }
 
-/// What a stop (or a deploy) cost, by kind.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct LossView {
-    pub accepted_after_sigterm: u64,
-    pub idle_closed: u64,
-    pub inflight_cut: u64,
-    pub refused: u64,
-    /// RSTs sent, by kernel reason.
-    pub resets_sent: BTreeMap<String, u64>,
-    pub retry_duplicates: u64,
-    pub unreachable: u64,
-    pub upstream_aborts: u64,
-}
-
-impl LossView {
-    /// The count of one kind (resets summed over reasons).
-    pub fn get(&self, kind: LossKind) -> u64 {
-        match kind {
-            LossKind::InflightCut => self.inflight_cut,
-            LossKind::IdleClosed => self.idle_closed,
-            LossKind::Refused => self.refused,
-            LossKind::Unreachable => self.unreachable,
-            LossKind::AcceptedAfterSigterm => self.accepted_after_sigterm,
-            LossKind::RetryDuplicates => self.retry_duplicates,
-            LossKind::UpstreamAborts => self.upstream_aborts,
-            LossKind::ResetsSent => self.resets_sent.values().sum(),
-        }
-    }
-}
+/// What a stop (or a deploy) cost, by kind: the record's own type, whose fields are declared
+/// in the API's order.
+pub type LossView = crate::model::Loss;
 
 /// One loss where it happened, for the timeline.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -84,17 +84,20 @@ impl ResetDirection {
     }
 }
 
+/// Fields in alphabetical order: the order the API has always served them in (it is also the
+/// API's type, `export::view::LossView`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Loss {
-    pub inflight_cut: u64,
+    pub accepted_after_sigterm: u64,
     pub idle_closed: u64,
+    pub inflight_cut: u64,
+    pub refused: u64,
     /// RSTs sent, by kernel reason.
     pub resets_sent: BTreeMap<String, u64>,
-    pub refused: u64,
-    pub unreachable: u64,
-    pub accepted_after_sigterm: u64,
     /// Cut requests a proxy re-sent to another backend (done twice, invisible to the client).
     pub retry_duplicates: u64,
+    pub unreachable: u64,
     /// Cut requests no proxy re-sent (the client saw an error).
     pub upstream_aborts: u64,
 }
