@@ -1,3 +1,6 @@
+//! `inet_csk_accept` returned (kretprobe): a connection left a listener's accept queue. Also
+//! `emit_accepted`, which the accept syscall tracepoints (`sys_exit_accept`) share.
+
 use aya_ebpf::{macros::kretprobe, programs::RetProbeContext};
 use drainwatch_common::{EventKind, Tuple, inet_csk_accept::Event};
 
@@ -19,9 +22,9 @@ pub fn kretprobe_inet_csk_accept(ctx: RetProbeContext) -> u32 {
 /// Reports that accept() handed `sk` to the application (both accept hooks use it).
 #[inline(always)]
 pub fn emit_accepted(sk: u64) -> Option<()> {
-    let netns = sock_netns(sk);
+    let netns = sock_netns(EventKind::InetCskAccept, sk);
     let mut tuple = zeroed::<Tuple>();
-    sock_tuple(sk, &mut tuple);
+    sock_tuple(EventKind::InetCskAccept, sk, &mut tuple);
     if out_of_scope(EventKind::InetCskAccept, netns, &tuple) {
         return None;
     }

@@ -1,3 +1,6 @@
+//! `inet_sk_error_report`: an error reported on a TCP socket. Preferred: tp_btf, the socket
+//! read with plain loads; fallback: the classic tracepoint, whose record has no socket.
+
 use aya_ebpf::{
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
@@ -56,14 +59,14 @@ pub fn inet_sk_error_report(ctx: TracePointContext) -> u32 {
 }
 
 fn try_inet_sk_error_report(ctx: &TracePointContext) -> Option<()> {
-    let rec = Record::load(ctx);
+    let rec = Record::load(ctx, EventKind::InetSkErrorReport);
     let f: Fields = cfg(&CONFIG.inet_sk_error_report);
     if rec.get::<u16>(f.protocol)? != IPPROTO_TCP {
         return None;
     }
     // The format has no socket pointer: the namespace is the current task's, which is the
     // socket owner's only in process context (userspace knows which case it has).
-    let netns = task_netns();
+    let netns = task_netns(EventKind::InetSkErrorReport);
     let mut tuple = zeroed::<Tuple>();
     tp_tuple(&rec, &f.addr, &mut tuple);
     if out_of_scope(EventKind::InetSkErrorReport, netns, &tuple) {

@@ -17,6 +17,8 @@ use crate::util::{
     fill_header_task, kread, ld, out_of_scope, reserve, sock_netns, submit, tp_tuple, zeroed,
 };
 
+const KIND: EventKind = EventKind::InetSockSetState;
+
 /// Whether `state` has its bit in `mask` (states outside 0..32 pass: no filter can name them).
 #[inline(always)]
 fn in_mask(mask: u32, state: i32) -> bool {
@@ -56,14 +58,14 @@ fn emit<S: Socket>(s: &S, f: &Fields, skaddr: u64, oldstate: i32, newstate: i32)
     let backlog_new = cfg(&f.backlog_new);
     let listener = in_mask(backlog_new, newstate)
         || (in_mask(backlog_new, oldstate) && in_mask(cfg(&f.listener_closed_new), newstate));
-    if !listener && out_of_scope(EventKind::InetSockSetState, netns, &tuple) {
+    if !listener && out_of_scope(KIND, netns, &tuple) {
         return None;
     }
-    let mut entry = reserve::<Event>(EventKind::InetSockSetState)?;
+    let mut entry = reserve::<Event>(KIND)?;
     let ev = unsafe { entry.assume_init_mut() };
     fill_header_task(
         &mut ev.header,
-        EventKind::InetSockSetState,
+        KIND,
         netns,
         in_mask(cfg(&f.task_new), newstate),
     );
@@ -162,7 +164,7 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
 }
 
 fn try_inet_sock_set_state(ctx: &TracePointContext) -> Option<()> {
-    let rec = Record::load(ctx);
+    let rec = Record::load(ctx, KIND);
     let f: Fields = cfg(&CONFIG.inet_sock_set_state);
     if rec.get::<u16>(f.protocol)? != IPPROTO_TCP {
         return None;
@@ -195,7 +197,7 @@ struct Probed<'a> {
 impl Socket for Probed<'_> {
     #[inline(always)]
     fn netns(&self) -> u32 {
-        sock_netns(self.skaddr)
+        sock_netns(KIND, self.skaddr)
     }
 
     #[inline(always)]
@@ -206,16 +208,18 @@ impl Socket for Probed<'_> {
     #[inline(always)]
     fn counters(&self, ev: &mut Event) {
         let (sk, k) = (self.skaddr, &CONFIG.kernel);
-        ev.bytes_received = kread::<u64>(sk, cfg(&k.tcp_bytes_received)).unwrap_or(0);
-        ev.bytes_sent = kread::<u64>(sk, cfg(&k.tcp_bytes_sent)).unwrap_or(0);
-        ev.rcv_nxt = kread::<u32>(sk, cfg(&k.tcp_rcv_nxt)).unwrap_or(0);
-        ev.copied_seq = kread::<u32>(sk, cfg(&k.tcp_copied_seq)).unwrap_or(0);
-        ev.lrcvtime = kread::<u32>(sk, cfg(&k.tcp_lrcvtime)).unwrap_or(0);
-        ev.lsndtime = kread::<u32>(sk, cfg(&k.tcp_lsndtime)).unwrap_or(0);
+        let u64_at = |off: u32| kread::<u64>(KIND, sk, off).unwrap_or(0);
+        let u32_at = |off: u32| kread::<u32>(KIND, sk, off).unwrap_or(0);
+        ev.bytes_received = u64_at(cfg(&k.tcp_bytes_received));
+        ev.bytes_sent = u64_at(cfg(&k.tcp_bytes_sent));
+        ev.rcv_nxt = u32_at(cfg(&k.tcp_rcv_nxt));
+        ev.copied_seq = u32_at(cfg(&k.tcp_copied_seq));
+        ev.lrcvtime = u32_at(cfg(&k.tcp_lrcvtime));
+        ev.lsndtime = u32_at(cfg(&k.tcp_lsndtime));
     }
 
     #[inline(always)]
     fn max_ack_backlog(&self) -> u32 {
-        kread::<u32>(self.skaddr, cfg(&CONFIG.kernel.sock_max_ack_backlog)).unwrap_or(0)
+        kread::<u32>(KIND, self.skaddr, cfg(&CONFIG.kernel.sock_max_ack_backlog)).unwrap_or(0)
     }
 }

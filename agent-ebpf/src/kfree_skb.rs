@@ -1,3 +1,6 @@
+//! `kfree_skb`, kept only for one drop reason (`TCP_LISTEN_OVERFLOW`, numbered by this kernel):
+//! tp_btf on 6.11+ (the listener passed as `rx_sk`), the classic tracepoint elsewhere.
+
 use aya_ebpf::{
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
@@ -71,7 +74,7 @@ pub fn kfree_skb(ctx: TracePointContext) -> u32 {
 }
 
 fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
-    let rec = Record::load(ctx);
+    let rec = Record::load(ctx, EventKind::KfreeSkb);
     let f: Fields = cfg(&CONFIG.kfree_skb);
     // Hot path: every freed packet passes here; leave before doing anything else.
     let reason = rec.get::<u32>(f.reason)?;
@@ -81,9 +84,9 @@ fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
     let skbaddr = rec.get::<u64>(f.skbaddr).unwrap_or(0);
     let rx_sk = rec.get::<u64>(f.rx_sk).unwrap_or(0);
     let netns = if rx_sk != 0 {
-        sock_netns(rx_sk)
+        sock_netns(EventKind::KfreeSkb, rx_sk)
     } else {
-        skb_netns(skbaddr)
+        skb_netns(EventKind::KfreeSkb, skbaddr)
     };
     let mut entry = reserve::<Event>(EventKind::KfreeSkb)?;
     let ev = unsafe { entry.assume_init_mut() };
@@ -91,7 +94,7 @@ fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
     ev.skbaddr = skbaddr;
     ev.rx_sk = rx_sk;
     ev.tuple = zeroed::<Tuple>();
-    sock_tuple(rx_sk, &mut ev.tuple);
+    sock_tuple(EventKind::KfreeSkb, rx_sk, &mut ev.tuple);
     ev.reason = reason;
     ev.protocol = rec.get::<u16>(f.protocol).map_or(0, u32::from);
     submit(entry);

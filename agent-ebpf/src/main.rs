@@ -1,10 +1,12 @@
 //! drainwatch's eBPF programs: one module per kernel hook, each a thin wrapper that copies what
 //! the hook offers into a ring-buffer record. Field and struct offsets are not compiled in: the
-//! agent reads them from tracefs and BTF at start-up and writes them into `CONFIG`.
+//! agent reads them from tracefs and BTF at start-up and writes them into `CONFIG`. Reads that
+//! fail are counted and logged (`fault`).
 #![no_std]
 #![no_main]
 
 mod cgroup_rmdir;
+mod fault;
 mod inet_csk_accept;
 mod inet_sk_error_report;
 mod inet_sock_set_state;

@@ -1,11 +1,16 @@
+//! `sched:sched_process_exit`: a process (its last thread) exited; the exit code is read from
+//! `task_struct` at the BTF offset, since the format has none.
+
 use aya_ebpf::{helpers::bpf_get_current_task, macros::tracepoint, programs::TracePointContext};
 use drainwatch_common::{
     ABSENT_U32, EventKind,
-    config::NO_FIELD,
+    fields::NO_FIELD,
     sched_process_exit::{Event, Fields},
 };
 
 use crate::util::{CONFIG, Record, cfg, fill_header, kread, reserve, submit, task_netns};
+
+const KIND: EventKind = EventKind::SchedProcessExit;
 
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
@@ -17,7 +22,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
 }
 
 fn try_sched_process_exit(ctx: &TracePointContext) -> Option<()> {
-    let rec = Record::load(ctx);
+    let rec = Record::load(ctx, KIND);
     let f: Fields = cfg(&CONFIG.sched_process_exit);
     // A process ends when its last thread does; kernels without `group_dead` fall back to the
     // group leader's exit.
@@ -32,10 +37,10 @@ fn try_sched_process_exit(ctx: &TracePointContext) -> Option<()> {
     }
     let task = unsafe { bpf_get_current_task() };
     let exit_code =
-        kread::<i32>(task, cfg(&CONFIG.kernel.task_exit_code)).unwrap_or(ABSENT_U32 as i32);
-    let mut entry = reserve::<Event>(EventKind::SchedProcessExit)?;
+        kread::<i32>(KIND, task, cfg(&CONFIG.kernel.task_exit_code)).unwrap_or(ABSENT_U32 as i32);
+    let mut entry = reserve::<Event>(KIND)?;
     let ev = unsafe { entry.assume_init_mut() };
-    fill_header(&mut ev.header, EventKind::SchedProcessExit, task_netns());
+    fill_header(&mut ev.header, KIND, task_netns(KIND));
     ev.exit_code = exit_code;
     ev.group_dead = 1;
     submit(entry);

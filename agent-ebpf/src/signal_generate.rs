@@ -1,3 +1,6 @@
+//! `signal:signal_generate`: a signal was sent; only the signals a container stop is made of
+//! (`SIGNALS`) are emitted.
+
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use drainwatch_common::{
     EventKind,
@@ -16,7 +19,7 @@ pub fn signal_generate(ctx: TracePointContext) -> u32 {
 }
 
 fn try_signal_generate(ctx: &TracePointContext) -> Option<()> {
-    let rec = Record::load(ctx);
+    let rec = Record::load(ctx, EventKind::SignalGenerate);
     let f: Fields = cfg(&CONFIG.signal_generate);
     let sig = rec.get::<i32>(f.sig)?;
     if !SIGNALS.contains(&sig) {
@@ -24,7 +27,11 @@ fn try_signal_generate(ctx: &TracePointContext) -> Option<()> {
     }
     let mut entry = reserve::<Event>(EventKind::SignalGenerate)?;
     let ev = unsafe { entry.assume_init_mut() };
-    fill_header(&mut ev.header, EventKind::SignalGenerate, task_netns());
+    fill_header(
+        &mut ev.header,
+        EventKind::SignalGenerate,
+        task_netns(EventKind::SignalGenerate),
+    );
     ev.sig = sig;
     ev.target_pid = rec.get::<i32>(f.pid).unwrap_or(-1);
     ev.group = rec.get::<i32>(f.group).unwrap_or(-1);

@@ -1,11 +1,18 @@
+//! `syscalls:sys_exit_accept{,4}`: accept() returned a descriptor, followed to its socket
+//! through BTF offsets; emits the same `inet_csk_accept` event as the kretprobe.
+
 use aya_ebpf::{helpers::bpf_get_current_task, macros::tracepoint, programs::TracePointContext};
 
-use drainwatch_common::{EventKind, config::NO_FIELD, watch};
+use drainwatch_common::{EventKind, faults::FaultKind, fields::NO_FIELD, watch};
 
 use crate::{
+    fault::fault,
     inet_csk_accept::emit_accepted,
     util::{CONFIG, cfg, count_filtered, current_netns, is_host, kread, watched_port},
 };
+
+/// The program emits `inet_csk_accept` events; its faults count there.
+const KIND: EventKind = EventKind::InetCskAccept;
 
 /// Attached to both `sys_exit_accept4` and `sys_exit_accept` (same layout).
 #[tracepoint]
@@ -23,16 +30,16 @@ pub fn sys_exit_accept(ctx: TracePointContext) -> u32 {
 fn socket_of_fd(fd: u64) -> Option<u64> {
     let k = &CONFIG.kernel;
     let task = unsafe { bpf_get_current_task() };
-    let files = kread::<u64>(task, cfg(&k.task_files))?;
-    let fdt = kread::<u64>(files, cfg(&k.files_fdt))?;
-    let max = kread::<u32>(fdt, cfg(&k.fdtable_max_fds))?;
+    let files = kread::<u64>(KIND, task, cfg(&k.task_files))?;
+    let fdt = kread::<u64>(KIND, files, cfg(&k.files_fdt))?;
+    let max = kread::<u32>(KIND, fdt, cfg(&k.fdtable_max_fds))?;
     if fd >= u64::from(max) {
         return None;
     }
-    let fds = kread::<u64>(fdt, cfg(&k.fdtable_fd))?;
-    let file = kread::<u64>(fds + fd * 8, 0)?;
-    let socket = kread::<u64>(file, cfg(&k.file_private_data))?;
-    kread::<u64>(socket, cfg(&k.socket_sk)).filter(|sk| *sk != 0)
+    let fds = kread::<u64>(KIND, fdt, cfg(&k.fdtable_fd))?;
+    let file = kread::<u64>(KIND, fds + fd * 8, 0)?;
+    let socket = kread::<u64>(KIND, file, cfg(&k.file_private_data))?;
+    kread::<u64>(KIND, socket, cfg(&k.socket_sk)).filter(|sk| *sk != 0)
 }
 
 fn try_sys_exit_accept(ctx: &TracePointContext) -> Option<()> {
@@ -41,14 +48,17 @@ fn try_sys_exit_accept(ctx: &TracePointContext) -> Option<()> {
     if off == NO_FIELD {
         return None;
     }
-    let ret = unsafe { ctx.read_at::<i64>(usize::from(off)) }.ok()?;
+    let Ok(ret) = (unsafe { ctx.read_at::<i64>(usize::from(off)) }) else {
+        fault(KIND, FaultKind::RecordRead);
+        return None;
+    };
     if ret < 0 {
         return None;
     }
     // In the host namespace only host-network containers' listeners matter, and while there
     // are none the walk to the socket is skipped.
     if is_host(current_netns()) && !watched_port(watch::ANY_PORT) {
-        count_filtered(EventKind::InetCskAccept);
+        count_filtered(KIND);
         return None;
     }
     let sk = socket_of_fd(ret as u64)?;

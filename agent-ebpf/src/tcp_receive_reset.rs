@@ -1,3 +1,6 @@
+//! `tcp:tcp_receive_reset`: a RST arrived on a socket. Preferred: tp_btf, the socket read with
+//! plain loads; fallback: the classic tracepoint.
+
 use aya_ebpf::{
     helpers::generated::bpf_get_socket_cookie,
     macros::{btf_tracepoint, tracepoint},
@@ -51,10 +54,10 @@ pub fn tcp_receive_reset(ctx: TracePointContext) -> u32 {
 }
 
 fn try_tcp_receive_reset(ctx: &TracePointContext) -> Option<()> {
-    let rec = Record::load(ctx);
+    let rec = Record::load(ctx, EventKind::TcpReceiveReset);
     let f: Fields = cfg(&CONFIG.tcp_receive_reset);
     let skaddr = rec.get::<u64>(f.skaddr).unwrap_or(0);
-    let netns = sock_netns(skaddr);
+    let netns = sock_netns(EventKind::TcpReceiveReset, skaddr);
     let mut tuple = zeroed::<Tuple>();
     tp_tuple(&rec, &f.addr, &mut tuple);
     if out_of_scope(EventKind::TcpReceiveReset, netns, &tuple) {
@@ -66,7 +69,7 @@ fn try_tcp_receive_reset(ctx: &TracePointContext) -> Option<()> {
     ev.skaddr = skaddr;
     ev.sock_cookie = rec.get::<u64>(f.sock_cookie).unwrap_or(0);
     ev.tuple = tuple;
-    ev.state = sock_state(skaddr);
+    ev.state = sock_state(EventKind::TcpReceiveReset, skaddr);
     ev._pad = 0;
     submit(entry);
     Some(())

@@ -1,3 +1,7 @@
+//! `tcp:tcp_send_reset`: this host sent a RST. Preferred: tp_btf (6.10+), the socket read with
+//! plain loads and a socket-less RST's tuple from the packet it answers; fallbacks: the classic
+//! tracepoint, then kprobes on the functions that send resets.
+
 use aya_ebpf::{
     helpers::bpf_probe_read_kernel,
     macros::{btf_tracepoint, kprobe, tracepoint},
@@ -5,13 +9,18 @@ use aya_ebpf::{
 };
 use drainwatch_common::{
     ABSENT_U32, AF_INET, AF_INET6, EventKind, Tuple,
-    config::NO_FIELD,
+    faults::FaultKind,
+    fields::NO_FIELD,
     tcp_send_reset::{Event, Fields},
 };
 
-use crate::util::{
-    CONFIG, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, cfg, fill_header, ld,
-    out_of_scope, reserve, skb_netns, sock_netns, sock_state, sock_tuple, submit, tp_tuple, zeroed,
+use crate::{
+    fault::fault,
+    util::{
+        CONFIG, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, cfg, fill_header, ld,
+        out_of_scope, reserve, skb_netns, sock_netns, sock_state, sock_tuple, submit, tp_tuple,
+        zeroed,
+    },
 };
 
 /// tp_btf, 6.10+: `tcp_send_reset(const struct sock *sk, const struct sk_buff *skb, enum
@@ -82,11 +91,13 @@ fn packet_tuple(skb: *const u8, t: &mut Tuple) {
         return;
     };
     let Ok(ports) = (unsafe { bpf_probe_read_kernel(data as *const [u8; 4]) }) else {
+        fault(EventKind::TcpSendReset, FaultKind::PacketRead);
         return;
     };
     // IPv4's 20 bytes or IPv6's 40, whichever the version nibble says.
     let Ok(ip) = (unsafe { bpf_probe_read_kernel((head + u64::from(nh)) as *const [u8; 40]) })
     else {
+        fault(EventKind::TcpSendReset, FaultKind::PacketRead);
         return;
     };
     t.dport = u16::from_be_bytes([ports[0], ports[1]]);
@@ -125,13 +136,14 @@ fn sockaddr(blob: &[u8; 28], family: &mut u16, port: &mut u16, addr: &mut [u8; 1
 }
 
 fn try_tcp_send_reset(ctx: &TracePointContext) -> Option<()> {
-    let rec = Record::load(ctx);
+    let rec = Record::load(ctx, EventKind::TcpSendReset);
     let f: Fields = cfg(&CONFIG.tcp_send_reset);
     let skaddr = rec.get::<u64>(f.skaddr).unwrap_or(0);
     let netns = if skaddr != 0 {
-        sock_netns(skaddr)
+        sock_netns(EventKind::TcpSendReset, skaddr)
     } else {
-        rec.get::<u64>(f.skbaddr).map_or(0, skb_netns)
+        rec.get::<u64>(f.skbaddr)
+            .map_or(0, |skb| skb_netns(EventKind::TcpSendReset, skb))
     };
     let mut tuple = zeroed::<Tuple>();
     if f.sockaddr_saddr != NO_FIELD {
@@ -171,14 +183,15 @@ fn try_tcp_send_reset(ctx: &TracePointContext) -> Option<()> {
 fn probe_send_reset(ctx: &ProbeContext, has_skb: bool) -> Option<()> {
     let sk: u64 = ctx.arg::<*const u8>(0).map_or(0, |p| p as u64);
     let netns = if sk != 0 {
-        sock_netns(sk)
+        sock_netns(EventKind::TcpSendReset, sk)
     } else if has_skb {
-        ctx.arg::<*const u8>(1).map_or(0, |p| skb_netns(p as u64))
+        ctx.arg::<*const u8>(1)
+            .map_or(0, |p| skb_netns(EventKind::TcpSendReset, p as u64))
     } else {
         0
     };
     let mut tuple = zeroed::<Tuple>();
-    sock_tuple(sk, &mut tuple);
+    sock_tuple(EventKind::TcpSendReset, sk, &mut tuple);
     if out_of_scope(EventKind::TcpSendReset, netns, &tuple) {
         return None;
     }
@@ -187,7 +200,11 @@ fn probe_send_reset(ctx: &ProbeContext, has_skb: bool) -> Option<()> {
     fill_header(&mut ev.header, EventKind::TcpSendReset, netns);
     ev.skaddr = sk;
     ev.tuple = tuple;
-    ev.state = if sk == 0 { -1 } else { sock_state(sk) };
+    ev.state = if sk == 0 {
+        -1
+    } else {
+        sock_state(EventKind::TcpSendReset, sk)
+    };
     ev.reason = ABSENT_U32;
     submit(entry);
     Some(())

@@ -1,5 +1,6 @@
 //! What every program shares: the ring buffer, the loss counters, the configuration global and
-//! reads through BTF offsets.
+//! reads through BTF offsets. Reads that can fail (helper calls) count their failures under the
+//! event kind they are for (`fault`).
 
 use aya_ebpf::{
     EbpfContext,
@@ -14,9 +15,13 @@ use aya_ebpf::{
 };
 use drainwatch_common::{
     AF_INET, AF_INET6, EventKind, Header, Tuple,
-    config::{AddrFields, Config, NO_FIELD, NO_OFFSET},
+    config::Config,
+    faults::FaultKind,
+    fields::{AddrFields, NO_FIELD, NO_OFFSET},
     watch,
 };
+
+use crate::fault::fault;
 
 /// Overridden by the agent before load (`--ring-buffer-bytes`).
 #[map]
@@ -204,18 +209,24 @@ static RECORDS: PerCpuArray<[u8; RECORD]> = PerCpuArray::with_max_entries(1, 0);
 pub struct Record<'a> {
     ctx: &'a TracePointContext,
     buf: Option<*const u8>,
+    kind: EventKind,
 }
 
 impl<'a> Record<'a> {
+    /// The record of a program emitting `kind` events (whose faults count under it).
     #[inline(always)]
-    pub fn load(ctx: &'a TracePointContext) -> Self {
+    pub fn load(ctx: &'a TracePointContext, kind: EventKind) -> Self {
         let buf = RECORDS.get_ptr_mut(0).and_then(|b| {
             let dst = unsafe { &mut *b };
-            unsafe { bpf_probe_read_kernel_buf(ctx.as_ptr() as *const u8, dst) }
-                .ok()
-                .map(|()| b as *const u8)
+            match unsafe { bpf_probe_read_kernel_buf(ctx.as_ptr() as *const u8, dst) } {
+                Ok(()) => Some(b as *const u8),
+                Err(_) => {
+                    fault(kind, FaultKind::RecordRead);
+                    None
+                }
+            }
         });
-        Self { ctx, buf }
+        Self { ctx, buf, kind }
     }
 
     /// The field at an offset from the format file; `None` if this kernel lacks it.
@@ -229,7 +240,13 @@ impl<'a> Record<'a> {
             Some(b) if off + core::mem::size_of::<T>() <= RECORD => {
                 Some(unsafe { core::ptr::read_unaligned(b.add(off) as *const T) })
             }
-            _ => unsafe { self.ctx.read_at::<T>(off) }.ok(),
+            _ => match unsafe { self.ctx.read_at::<T>(off) } {
+                Ok(v) => Some(v),
+                Err(_) => {
+                    fault(self.kind, FaultKind::RecordRead);
+                    None
+                }
+            },
         }
     }
 }
@@ -295,33 +312,40 @@ pub fn btf_inet_sport(sk: *const u8) -> u16 {
     u16::from_be(ld::<u16>(tp, cfg(&CONFIG.kernel.tcp_inet_sport)).unwrap_or(0))
 }
 
-/// Reads a `T` at `base + off` in kernel memory; `None` for unresolved offsets or NULL bases.
+/// Reads a `T` at `base + off` in kernel memory; `None` for unresolved offsets or NULL bases,
+/// and for a failed read, which counts as a `kind` fault.
 #[inline(always)]
-pub fn kread<T>(base: u64, off: u32) -> Option<T> {
+pub fn kread<T>(kind: EventKind, base: u64, off: u32) -> Option<T> {
     if base == 0 || off == NO_OFFSET {
         return None;
     }
-    unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) }.ok()
+    match unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) } {
+        Ok(v) => Some(v),
+        Err(_) => {
+            fault(kind, FaultKind::KernelRead);
+            None
+        }
+    }
 }
 
 #[inline(always)]
-fn net_inum(net: u64) -> u32 {
-    kread::<u32>(net, cfg(&CONFIG.kernel.net_inum)).unwrap_or(0)
+fn net_inum(kind: EventKind, net: u64) -> u32 {
+    kread::<u32>(kind, net, cfg(&CONFIG.kernel.net_inum)).unwrap_or(0)
 }
 
 /// Network namespace inode of a `struct sock`.
 #[inline(always)]
-pub fn sock_netns(sk: u64) -> u32 {
-    kread::<u64>(sk, cfg(&CONFIG.kernel.sock_net)).map_or(0, net_inum)
+pub fn sock_netns(kind: EventKind, sk: u64) -> u32 {
+    kread::<u64>(kind, sk, cfg(&CONFIG.kernel.sock_net)).map_or(0, |n| net_inum(kind, n))
 }
 
 /// Network namespace inode of the device a packet arrived on (sockets-less paths).
 #[inline(always)]
-pub fn skb_netns(skb: u64) -> u32 {
+pub fn skb_netns(kind: EventKind, skb: u64) -> u32 {
     let k = &CONFIG.kernel;
-    kread::<u64>(skb, cfg(&k.skb_dev))
-        .and_then(|dev| kread::<u64>(dev, cfg(&k.net_device_nd_net)))
-        .map_or(0, net_inum)
+    kread::<u64>(kind, skb, cfg(&k.skb_dev))
+        .and_then(|dev| kread::<u64>(kind, dev, cfg(&k.net_device_nd_net)))
+        .map_or(0, |n| net_inum(kind, n))
 }
 
 /// Network namespace inode of the current task, by plain loads from its BTF-typed
@@ -343,34 +367,36 @@ pub fn current_netns() -> u32 {
 
 /// Network namespace inode of the current task.
 #[inline(always)]
-pub fn task_netns() -> u32 {
+pub fn task_netns(kind: EventKind) -> u32 {
     let k = &CONFIG.kernel;
     let task = unsafe { bpf_get_current_task() };
-    kread::<u64>(task, cfg(&k.task_nsproxy))
-        .and_then(|ns| kread::<u64>(ns, cfg(&k.nsproxy_net_ns)))
-        .map_or(0, net_inum)
+    kread::<u64>(kind, task, cfg(&k.task_nsproxy))
+        .and_then(|ns| kread::<u64>(kind, ns, cfg(&k.nsproxy_net_ns)))
+        .map_or(0, |n| net_inum(kind, n))
 }
 
 /// TCP state of a `struct sock`, -1 if unreadable.
 #[inline(always)]
-pub fn sock_state(sk: u64) -> i32 {
-    kread::<u8>(sk, cfg(&CONFIG.kernel.sock_state)).map_or(-1, i32::from)
+pub fn sock_state(kind: EventKind, sk: u64) -> i32 {
+    kread::<u8>(kind, sk, cfg(&CONFIG.kernel.sock_state)).map_or(-1, i32::from)
 }
 
 /// The 4-tuple a `struct sock` holds (local = s*, remote = d*).
 #[inline(always)]
-pub fn sock_tuple(sk: u64, t: &mut Tuple) {
+pub fn sock_tuple(kind: EventKind, sk: u64, t: &mut Tuple) {
     let k = &CONFIG.kernel;
-    t.family = kread::<u16>(sk, cfg(&k.sock_family)).unwrap_or(0);
-    t.sport = kread::<u16>(sk, cfg(&k.sock_num)).unwrap_or(0);
-    t.dport = u16::from_be(kread::<u16>(sk, cfg(&k.sock_dport)).unwrap_or(0));
+    let rd = |off: u32| kread::<u16>(kind, sk, off).unwrap_or(0);
+    t.family = rd(cfg(&k.sock_family));
+    t.sport = rd(cfg(&k.sock_num));
+    t.dport = u16::from_be(rd(cfg(&k.sock_dport)));
     if t.family == AF_INET {
-        t.saddr[..4]
-            .copy_from_slice(&kread::<[u8; 4]>(sk, cfg(&k.sock_rcv_saddr)).unwrap_or([0; 4]));
-        t.daddr[..4].copy_from_slice(&kread::<[u8; 4]>(sk, cfg(&k.sock_daddr)).unwrap_or([0; 4]));
+        let v4 = |off: u32| kread::<[u8; 4]>(kind, sk, off).unwrap_or([0; 4]);
+        t.saddr[..4].copy_from_slice(&v4(cfg(&k.sock_rcv_saddr)));
+        t.daddr[..4].copy_from_slice(&v4(cfg(&k.sock_daddr)));
     } else if t.family == AF_INET6 {
-        t.saddr = kread::<[u8; 16]>(sk, cfg(&k.sock_v6_rcv_saddr)).unwrap_or([0; 16]);
-        t.daddr = kread::<[u8; 16]>(sk, cfg(&k.sock_v6_daddr)).unwrap_or([0; 16]);
+        let v6 = |off: u32| kread::<[u8; 16]>(kind, sk, off).unwrap_or([0; 16]);
+        t.saddr = v6(cfg(&k.sock_v6_rcv_saddr));
+        t.daddr = v6(cfg(&k.sock_v6_daddr));
     }
 }
 

@@ -1,6 +1,6 @@
 //! `cgroup:cgroup_rmdir`: a cgroup directory was removed (a container's cgroup is gone).
 
-use crate::{Header, config::NO_FIELD};
+use crate::{Header, fields::NO_FIELD};
 
 pub const PATH_LEN: usize = 256;
 
@@ -39,3 +39,6 @@ impl Fields {
 }
 
 pod!(Event, Fields);
+
+// The layout is a contract with the kernel side (see the crate root).
+const _: () = assert!(core::mem::size_of::<Event>() == 328);

@@ -13,3 +13,6 @@ pub struct Event {
 }
 
 pod!(Event);
+
+// The layout is a contract with the kernel side (see the crate root).
+const _: () = assert!(core::mem::size_of::<Event>() == 96);

@@ -3,7 +3,7 @@
 
 use crate::{
     Header, Tuple,
-    config::{AddrFields, NO_FIELD},
+    fields::{AddrFields, NO_FIELD},
 };
 
 #[repr(C)]
@@ -33,3 +33,6 @@ impl Fields {
 }
 
 pod!(Event, Fields);
+
+// The layout is a contract with the kernel side (see the crate root).
+const _: () = assert!(core::mem::size_of::<Event>() == 96);

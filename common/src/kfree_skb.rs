@@ -2,7 +2,7 @@
 //! listener's accept queue was full). The reason's number differs between kernels; the agent
 //! reads it from the format's symbol table.
 
-use crate::{Header, Tuple, config::NO_FIELD};
+use crate::{Header, Tuple, fields::NO_FIELD};
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -39,3 +39,6 @@ impl Fields {
 }
 
 pod!(Event, Fields);
+
+// The layout is a contract with the kernel side (see the crate root).
+const _: () = assert!(core::mem::size_of::<Event>() == 112);

@@ -1,6 +1,7 @@
 //! Types shared by the eBPF programs (`agent-ebpf`) and the agent: one module per kernel hook,
-//! named after the hook, plus the header every event starts with and the start-up configuration
-//! the agent hands to the programs as globals.
+//! named after the hook (its `Event` record and the `Fields` its program reads), the table of
+//! hooks (`hooks.rs`), the header every event starts with, and the start-up configuration the
+//! agent hands to the programs as globals.
 //!
 //! Every struct is `#[repr(C)]`, 8-byte aligned at most (ring-buffer records must be) and laid
 //! out without implicit padding, so the bytes the kernel writes are the bytes userspace reads.
@@ -16,8 +17,12 @@ macro_rules! pod {
     };
 }
 
+pub mod hooks;
+
 pub mod cgroup_rmdir;
 pub mod config;
+pub mod faults;
+pub mod fields;
 pub mod inet_csk_accept;
 pub mod inet_sk_error_report;
 pub mod inet_sock_set_state;
@@ -29,45 +34,7 @@ pub mod tcp_receive_reset;
 pub mod tcp_send_reset;
 pub mod watch;
 
-/// Which hook produced an event; the first field of every record.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EventKind {
-    TcpSendReset = 1,
-    TcpReceiveReset = 2,
-    InetSockSetState = 3,
-    InetSkErrorReport = 4,
-    SignalGenerate = 5,
-    SchedProcessExit = 6,
-    CgroupRmdir = 7,
-    KfreeSkb = 8,
-    InetCskAccept = 9,
-}
-
-impl EventKind {
-    pub const ALL: [EventKind; 9] = [
-        EventKind::TcpSendReset,
-        EventKind::TcpReceiveReset,
-        EventKind::InetSockSetState,
-        EventKind::InetSkErrorReport,
-        EventKind::SignalGenerate,
-        EventKind::SchedProcessExit,
-        EventKind::CgroupRmdir,
-        EventKind::KfreeSkb,
-        EventKind::InetCskAccept,
-    ];
-
-    pub fn from_u32(v: u32) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| *k as u32 == v)
-    }
-
-    pub const COUNT: u32 = Self::ALL.len() as u32;
-
-    /// Index into per-kind arrays (loss counters), 0-based.
-    pub const fn index(self) -> usize {
-        self as usize - 1
-    }
-}
+pub use hooks::EventKind;
 
 pub const TASK_COMM_LEN: usize = 16;
 
@@ -113,15 +80,6 @@ pod!(Header, Tuple);
 // The layouts are a contract with the kernel side: no implicit padding, ring-buffer friendly.
 const _: () = assert!(core::mem::size_of::<Header>() == 48);
 const _: () = assert!(core::mem::size_of::<Tuple>() == 40);
-const _: () = assert!(core::mem::size_of::<tcp_send_reset::Event>() == 104);
-const _: () = assert!(core::mem::size_of::<tcp_receive_reset::Event>() == 112);
-const _: () = assert!(core::mem::size_of::<inet_sock_set_state::Event>() == 144);
-const _: () = assert!(core::mem::size_of::<inet_sk_error_report::Event>() == 96);
-const _: () = assert!(core::mem::size_of::<signal_generate::Event>() == 88);
-const _: () = assert!(core::mem::size_of::<sched_process_exit::Event>() == 56);
-const _: () = assert!(core::mem::size_of::<cgroup_rmdir::Event>() == 328);
-const _: () = assert!(core::mem::size_of::<kfree_skb::Event>() == 112);
-const _: () = assert!(core::mem::size_of::<inet_csk_accept::Event>() == 96);
 
 /// Marks a value the kernel did not provide (field absent from this kernel's format).
 pub const ABSENT_U32: u32 = u32::MAX;

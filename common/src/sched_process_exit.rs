@@ -1,7 +1,7 @@
 //! `sched:sched_process_exit`: a task exited. The format carries no exit code: the program reads
 //! `task_struct.exit_code` (a wait status) at the BTF offset. Emitted for thread-group exits only.
 
-use crate::{Header, config::NO_FIELD};
+use crate::{Header, fields::NO_FIELD};
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -29,3 +29,6 @@ impl Fields {
 }
 
 pod!(Event, Fields);
+
+// The layout is a contract with the kernel side (see the crate root).
+const _: () = assert!(core::mem::size_of::<Event>() == 56);

@@ -1,7 +1,7 @@
 //! `signal:signal_generate`: a signal was sent. The header describes the sender (the current
 //! task); only the signals in `SIGNALS` are emitted.
 
-use crate::{Header, TASK_COMM_LEN, config::NO_FIELD};
+use crate::{Header, TASK_COMM_LEN, fields::NO_FIELD};
 
 pub const SIGINT: i32 = 2;
 pub const SIGQUIT: i32 = 3;
@@ -49,3 +49,6 @@ impl Fields {
 }
 
 pod!(Event, Fields);
+
+// The layout is a contract with the kernel side (see the crate root).
+const _: () = assert!(core::mem::size_of::<Event>() == 88);

@@ -3,7 +3,7 @@
 //! BTF) and emits an `inet_csk_accept::Event`: the same fact the kprobe gives, from syscall
 //! tracepoints that every kernel has.
 
-use crate::config::NO_FIELD;
+use crate::fields::NO_FIELD;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

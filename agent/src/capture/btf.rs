@@ -2,7 +2,7 @@
 //! no layout is compiled in. Rust eBPF objects carry no CO-RE relocations: this replaces them.
 
 use btf_rs::{Btf, Type};
-use drainwatch_common::config::{KernelOffsets, NO_OFFSET};
+use drainwatch_common::fields::{KernelOffsets, NO_OFFSET};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BtfError {

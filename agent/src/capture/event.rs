@@ -1,5 +1,7 @@
 //! Decoded events: what the rest of the pipeline consumes. Raw ring-buffer records become these
-//! in the hook modules (`hooks::*::decode`); nothing downstream sees kernel layouts.
+//! in the hook modules (`hooks::<stem>::decode`, which also define each decoded type); nothing
+//! downstream sees kernel layouts. `events!` below is the agent's list of hooks: one line per
+//! event kind of the common table (`drainwatch_common::for_each_hook!`).
 
 use std::{
     collections::BTreeMap,
@@ -50,18 +52,9 @@ pub fn record_kind(bytes: &[u8]) -> Result<EventKind, DecodeError> {
     EventKind::from_u32(v).ok_or(DecodeError::UnknownKind(v))
 }
 
+/// The kind's name (its hook's stem). Same as `EventKind::name`, which callers should use.
 pub fn kind_name(kind: EventKind) -> &'static str {
-    match kind {
-        EventKind::TcpSendReset => "tcp_send_reset",
-        EventKind::TcpReceiveReset => "tcp_receive_reset",
-        EventKind::InetSockSetState => "inet_sock_set_state",
-        EventKind::InetSkErrorReport => "inet_sk_error_report",
-        EventKind::SignalGenerate => "signal_generate",
-        EventKind::SchedProcessExit => "sched_process_exit",
-        EventKind::CgroupRmdir => "cgroup_rmdir",
-        EventKind::KfreeSkb => "kfree_skb",
-        EventKind::InetCskAccept => "inet_csk_accept",
-    }
+    kind.name()
 }
 
 /// Who was on the CPU and where. In softirq context (packet paths) the task is whatever was
@@ -164,215 +157,56 @@ impl KernelNames {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResetSent {
-    pub meta: Meta,
-    /// 0 when the RST answered a packet that matched no socket.
-    pub skaddr: u64,
-    pub conn: Option<Endpoints>,
-    pub state: Option<TcpState>,
-    /// `None` on kernels before 6.10 (no reason in the tracepoint).
-    pub reason: Option<Named>,
-}
+/// `Event`, its `meta()` and `kind()`, `decode()` and the re-exports of the decoded types,
+/// from one line per event kind: `<EventKind variant> => <Event variant>(<hook module>)`. The
+/// variant's payload is the type of the same name in `hooks::<stem>`, which also has
+/// `decode(bytes, names)`.
+macro_rules! events {
+    ($($(#[$doc:meta])* $kind:ident => $variant:ident($stem:ident),)*) => {
+        $(pub use super::hooks::$stem::$variant;)*
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResetReceived {
-    pub meta: Meta,
-    pub skaddr: u64,
-    pub sock_cookie: u64,
-    pub conn: Option<Endpoints>,
-    pub state: Option<TcpState>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StateChange {
-    pub meta: Meta,
-    pub skaddr: u64,
-    pub conn: Option<Endpoints>,
-    pub old: Option<TcpState>,
-    pub new: Option<TcpState>,
-    pub counters: TcpCounters,
-    /// Entering LISTEN: the accept queue's limit, when BTF gave its offset.
-    pub max_ack_backlog: Option<u32>,
-}
-
-/// A connection's `tcp_sock` counters at a state change.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TcpCounters {
-    pub bytes_received: u64,
-    pub bytes_sent: u64,
-    /// Bytes received but not yet read by the application.
-    pub unread: u32,
-    /// Jiffies of the last data segment received and sent.
-    pub last_received: u32,
-    pub last_sent: u32,
-}
-
-impl TcpCounters {
-    /// Whether the peer was waiting for an answer: data arrived after the last data this side
-    /// sent, or sits unread. Jiffies are coarse (4 ms at HZ=250): a request that arrives in the
-    /// same tick as the previous response counts as answered.
-    pub fn request_pending(&self) -> bool {
-        if self.unread > 0 {
-            return true;
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub enum Event {
+            $($(#[$doc])* $variant($variant),)*
         }
-        if self.bytes_received == 0 {
-            return false;
+
+        impl Event {
+            pub fn meta(&self) -> &Meta {
+                match self {
+                    $(Event::$variant(e) => &e.meta,)*
+                }
+            }
+
+            pub fn kind(&self) -> EventKind {
+                match self {
+                    $(Event::$variant(_) => EventKind::$kind,)*
+                }
+            }
         }
-        // Wrapping comparison, as the kernel's own `after()` does.
-        self.bytes_sent == 0 || (self.last_received.wrapping_sub(self.last_sent) as i32) > 0
-    }
-}
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SocketError {
-    pub meta: Meta,
-    pub conn: Option<Endpoints>,
-    /// Positive errno, e.g. 111 ECONNREFUSED.
-    pub errno: i32,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Signal {
-    /// The sender.
-    pub meta: Meta,
-    pub sig: i32,
-    pub target_pid: i32,
-    pub target_comm: String,
-    pub group: bool,
-    /// `TRACE_SIGNAL_*`: 0 delivered, 1 ignored, 2 already pending, ...
-    pub result: i32,
-}
-
-/// How a process ended, decoded from the kernel's wait status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExitStatus {
-    Exited(i32),
-    Killed {
-        signal: i32,
-        core: bool,
-    },
-    /// BTF gave no offset for `task_struct.exit_code`.
-    Unknown,
-}
-
-impl ExitStatus {
-    pub fn from_wait_status(status: i32) -> Self {
-        if status == drainwatch_common::ABSENT_U32 as i32 {
-            return Self::Unknown;
+        /// Decodes one raw ring-buffer record.
+        pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<Event, DecodeError> {
+            // Exhaustive: a kind of the common table without a line here does not build.
+            Ok(match record_kind(bytes)? {
+                $(EventKind::$kind => Event::$variant(super::hooks::$stem::decode(bytes, names)?),)*
+            })
         }
-        match status & 0x7f {
-            0 => Self::Exited((status >> 8) & 0xff),
-            sig => Self::Killed {
-                signal: sig,
-                core: status & 0x80 != 0,
-            },
-        }
-    }
-
-    /// The shell's convention: the exit code, or 128 + the killing signal (143 for SIGTERM).
-    pub fn shell_code(self) -> Option<i32> {
-        match self {
-            Self::Exited(c) => Some(c),
-            Self::Killed { signal, .. } => Some(128 + signal),
-            Self::Unknown => None,
-        }
-    }
+    };
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Exit {
-    pub meta: Meta,
-    pub status: ExitStatus,
+events! {
+    TcpSendReset => ResetSent(tcp_send_reset),
+    TcpReceiveReset => ResetReceived(tcp_receive_reset),
+    InetSockSetState => StateChange(inet_sock_set_state),
+    InetSkErrorReport => SocketError(inet_sk_error_report),
+    SignalGenerate => Signal(signal_generate),
+    SchedProcessExit => Exit(sched_process_exit),
+    CgroupRmdir => CgroupRemoved(cgroup_rmdir),
+    KfreeSkb => ListenOverflow(kfree_skb),
+    InetCskAccept => Accepted(inet_csk_accept),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CgroupRemoved {
-    pub meta: Meta,
-    pub id: u64,
-    /// Hierarchy id: 0 is cgroup v2.
-    pub hierarchy: i32,
-    pub level: i32,
-    pub path: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListenOverflow {
-    pub meta: Meta,
-    /// The listener's address, when the kernel passed the listening socket.
-    pub listener: Option<SocketAddr>,
-    pub reason: Named,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Accepted {
-    pub meta: Meta,
-    pub skaddr: u64,
-    pub conn: Option<Endpoints>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
-    ResetSent(ResetSent),
-    ResetReceived(ResetReceived),
-    StateChange(StateChange),
-    SocketError(SocketError),
-    Signal(Signal),
-    Exit(Exit),
-    CgroupRemoved(CgroupRemoved),
-    ListenOverflow(ListenOverflow),
-    Accepted(Accepted),
-}
-
-impl Event {
-    pub fn meta(&self) -> &Meta {
-        match self {
-            Event::ResetSent(e) => &e.meta,
-            Event::ResetReceived(e) => &e.meta,
-            Event::StateChange(e) => &e.meta,
-            Event::SocketError(e) => &e.meta,
-            Event::Signal(e) => &e.meta,
-            Event::Exit(e) => &e.meta,
-            Event::CgroupRemoved(e) => &e.meta,
-            Event::ListenOverflow(e) => &e.meta,
-            Event::Accepted(e) => &e.meta,
-        }
-    }
-
-    pub fn kind(&self) -> EventKind {
-        match self {
-            Event::ResetSent(_) => EventKind::TcpSendReset,
-            Event::ResetReceived(_) => EventKind::TcpReceiveReset,
-            Event::StateChange(_) => EventKind::InetSockSetState,
-            Event::SocketError(_) => EventKind::InetSkErrorReport,
-            Event::Signal(_) => EventKind::SignalGenerate,
-            Event::Exit(_) => EventKind::SchedProcessExit,
-            Event::CgroupRemoved(_) => EventKind::CgroupRmdir,
-            Event::ListenOverflow(_) => EventKind::KfreeSkb,
-            Event::Accepted(_) => EventKind::InetCskAccept,
-        }
-    }
-}
-
-/// Decodes one raw ring-buffer record.
-pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<Event, DecodeError> {
-    use super::hooks::*;
-    Ok(match record_kind(bytes)? {
-        EventKind::TcpSendReset => Event::ResetSent(tcp_send_reset::decode(bytes, names)?),
-        EventKind::TcpReceiveReset => {
-            Event::ResetReceived(tcp_receive_reset::decode(bytes, names)?)
-        }
-        EventKind::InetSockSetState => {
-            Event::StateChange(inet_sock_set_state::decode(bytes, names)?)
-        }
-        EventKind::InetSkErrorReport => Event::SocketError(inet_sk_error_report::decode(bytes)?),
-        EventKind::SignalGenerate => Event::Signal(signal_generate::decode(bytes)?),
-        EventKind::SchedProcessExit => Event::Exit(sched_process_exit::decode(bytes)?),
-        EventKind::CgroupRmdir => Event::CgroupRemoved(cgroup_rmdir::decode(bytes)?),
-        EventKind::KfreeSkb => Event::ListenOverflow(kfree_skb::decode(bytes, names)?),
-        EventKind::InetCskAccept => Event::Accepted(inet_csk_accept::decode(bytes)?),
-    })
-}
+pub use super::hooks::{inet_sock_set_state::TcpCounters, sched_process_exit::ExitStatus};
 
 #[cfg(test)]
 pub(crate) mod tests {
@@ -414,31 +248,6 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn exit_status_follows_wait_status_encoding() {
-        assert_eq!(ExitStatus::from_wait_status(0), ExitStatus::Exited(0));
-        assert_eq!(ExitStatus::from_wait_status(3 << 8), ExitStatus::Exited(3));
-        let term = ExitStatus::from_wait_status(15);
-        assert_eq!(
-            term,
-            ExitStatus::Killed {
-                signal: 15,
-                core: false
-            }
-        );
-        assert_eq!(term.shell_code(), Some(143));
-        assert_eq!(ExitStatus::from_wait_status(9).shell_code(), Some(137));
-        assert_eq!(
-            ExitStatus::from_wait_status(0x80 | 11),
-            ExitStatus::Killed {
-                signal: 11,
-                core: true
-            }
-        );
-        assert_eq!(ExitStatus::from_wait_status(-1), ExitStatus::Unknown);
-        assert_eq!(ExitStatus::Unknown.shell_code(), None);
-    }
-
-    #[test]
     fn tuples_become_socket_addresses_for_both_families() {
         let t = v4_tuple([127, 0, 0, 1], 40000, [10, 88, 0, 2], 8080);
         let e = Endpoints::from_tuple(&t).unwrap();
@@ -466,43 +275,6 @@ pub(crate) mod tests {
         assert!(matches!(decode(&b, &names), Err(DecodeError::Short { .. })));
         b[16..20].copy_from_slice(&77u32.to_ne_bytes());
         assert_eq!(decode(&b, &names), Err(DecodeError::UnknownKind(77)));
-    }
-
-    #[test]
-    fn a_request_is_pending_when_data_came_after_the_last_answer() {
-        let answered = TcpCounters {
-            bytes_received: 100,
-            bytes_sent: 2000,
-            unread: 0,
-            last_received: 500,
-            last_sent: 510,
-        };
-        assert!(!answered.request_pending());
-        let waiting = TcpCounters {
-            last_received: 520,
-            ..answered
-        };
-        assert!(waiting.request_pending());
-        let unread = TcpCounters {
-            unread: 7,
-            ..answered
-        };
-        assert!(unread.request_pending());
-        let first_request = TcpCounters {
-            bytes_sent: 0,
-            last_sent: 0,
-            ..answered
-        };
-        assert!(first_request.request_pending());
-        let idle = TcpCounters::default();
-        assert!(!idle.request_pending());
-        // Jiffies wrap: 3 ticks after u32::MAX is still "after".
-        let wrapped = TcpCounters {
-            last_received: 2,
-            last_sent: u32::MAX - 1,
-            ..answered
-        };
-        assert!(wrapped.request_pending());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 pub mod btf;
 pub mod event;
+pub mod faults;
 pub mod hooks;
 pub mod plan;
 pub mod reader;
@@ -15,7 +16,12 @@ use aya::{
     Ebpf, EbpfLoader,
     programs::{BtfTracePoint, KProbe, TracePoint},
 };
-use drainwatch_common::config::{Config, KernelOffsets, NO_OFFSET};
+use drainwatch_common::{
+    EventKind,
+    config::Config,
+    faults::FaultKind,
+    fields::{KernelOffsets, NO_OFFSET},
+};
 use event::KernelNames;
 use plan::{Hook, PLAN, SignalStatus};
 use tracefs::{Format, Resolver};
@@ -111,29 +117,24 @@ fn resolve_tracepoints(
 ) -> (BTreeMap<&'static str, TracepointInfo>, Resolution) {
     let mut infos = BTreeMap::new();
     let mut res = Resolution::default();
-    macro_rules! hook {
-        ($cat:literal, $name:ident) => {{
-            let format = read_format(dir, $cat, stringify!($name));
+    // Every tracepoint of the common table: its format fills `config.<stem>`.
+    macro_rules! resolve {
+        (
+            kinds { $($_k:tt)* }
+            tracepoints { $($category:ident / $stem:ident;)* }
+        ) => {$({
+            let name = stringify!($stem);
+            let format = read_format(dir, stringify!($category), name);
             if let Ok(fmt) = &format {
                 let mut r = Resolver::new(fmt);
-                config.$name = hooks::$name::fields(&mut r);
-                res.missing_required
-                    .insert(stringify!($name), r.missing_required);
-                res.missing_optional
-                    .insert(stringify!($name), r.missing_optional);
+                config.$stem = hooks::$stem::fields(&mut r);
+                res.missing_required.insert(name, r.missing_required);
+                res.missing_optional.insert(name, r.missing_optional);
             }
-            infos.insert(stringify!($name), TracepointInfo { format });
-        }};
+            infos.insert(name, TracepointInfo { format });
+        })*};
     }
-    hook!("tcp", tcp_send_reset);
-    hook!("tcp", tcp_receive_reset);
-    hook!("sock", inet_sock_set_state);
-    hook!("sock", inet_sk_error_report);
-    hook!("signal", signal_generate);
-    hook!("sched", sched_process_exit);
-    hook!("cgroup", cgroup_rmdir);
-    hook!("skb", kfree_skb);
-    hook!("syscalls", sys_exit_accept);
+    drainwatch_common::for_each_hook!(resolve);
     let table = |hook: &str, field: &str| {
         infos
             .get(hook)
@@ -188,6 +189,8 @@ pub struct Capture {
     /// of the one second the agent has to exit.
     links: Vec<Box<dyn Send>>,
     ebpf: Ebpf,
+    /// The programs' log records on their way to `tracing` (see `faults`).
+    _log: faults::LogDrain,
     pub statuses: Vec<SignalStatus>,
     pub names: KernelNames,
     pub kernel_offsets: KernelOffsets,
@@ -219,6 +222,7 @@ impl Capture {
             .map_max_entries("EVENTS", size)
             .load(EBPF_OBJECT)
             .map_err(CaptureError::Load)?;
+        let log = faults::LogDrain::start(&mut ebpf);
 
         let mut statuses = Vec::new();
         let mut links = Vec::new();
@@ -281,6 +285,7 @@ impl Capture {
         Ok(Self {
             links,
             ebpf,
+            _log: log,
             statuses,
             names,
             kernel_offsets: kernel,
@@ -295,6 +300,22 @@ impl Capture {
     /// Takes the maps that say which host-namespace traffic to keep; call once.
     pub fn take_watch(&mut self) -> Result<watch::Watch, CaptureError> {
         watch::Watch::take(&mut self.ebpf)
+    }
+
+    /// Takes the fault counters (for a thread other than the one holding `Capture`); after
+    /// this, `faults()` is empty. Call once.
+    pub fn take_faults(&mut self) -> Result<faults::Faults, CaptureError> {
+        faults::Faults::take(&mut self.ebpf)
+    }
+
+    /// How often each (kind, fault) pair happened since load, summed over CPUs, every pair
+    /// included (zeros too): see `drainwatch_common::faults`. Empty once `take_faults` ran.
+    pub fn faults(&self) -> Vec<(EventKind, FaultKind, u64)> {
+        self.ebpf
+            .map("FAULTS")
+            .and_then(|m| aya::maps::PerCpuArray::try_from(m).ok())
+            .map(|a| faults::read(&a))
+            .unwrap_or_default()
     }
 
     pub fn all_attached(&self) -> bool {

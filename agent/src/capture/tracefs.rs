@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use drainwatch_common::config::{AddrFields, NO_FIELD};
+use drainwatch_common::fields::{AddrFields, NO_FIELD};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FormatError {

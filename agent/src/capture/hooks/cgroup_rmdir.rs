@@ -1,9 +1,22 @@
+//! `cgroup:cgroup_rmdir`: the format fields its program reads, and `CgroupRemoved`, what its
+//! records decode to.
+
 use drainwatch_common::cgroup_rmdir::{Event, Fields};
 
 use crate::capture::{
-    event::{CgroupRemoved, DecodeError, Meta, c_string, read_record},
+    event::{DecodeError, KernelNames, Meta, c_string, read_record},
     tracefs::Resolver,
 };
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupRemoved {
+    pub meta: Meta,
+    pub id: u64,
+    /// Hierarchy id: 0 is cgroup v2.
+    pub hierarchy: i32,
+    pub level: i32,
+    pub path: String,
+}
 
 pub fn fields(r: &mut Resolver) -> Fields {
     let mut f = Fields::ABSENT;
@@ -14,7 +27,7 @@ pub fn fields(r: &mut Resolver) -> Fields {
     f
 }
 
-pub fn decode(bytes: &[u8]) -> Result<CgroupRemoved, DecodeError> {
+pub fn decode(bytes: &[u8], _names: &KernelNames) -> Result<CgroupRemoved, DecodeError> {
     let e: Event = read_record("cgroup_rmdir", bytes)?;
     let len = (e.path_len as usize).min(e.path.len());
     Ok(CgroupRemoved {
@@ -58,12 +71,18 @@ mod tests {
             _pad: 0,
             path,
         };
-        let d = decode(&bytes_of(&e)).unwrap();
+        let d = decode(&bytes_of(&e), &KernelNames::default()).unwrap();
         assert_eq!(d.path.as_bytes(), p);
         assert_eq!((d.id, d.hierarchy, d.level), (9001, 0, 2));
         // A length past the buffer (corrupt record) is clamped, not trusted.
         let mut bad = e;
         bad.path_len = 10_000;
-        assert_eq!(decode(&bytes_of(&bad)).unwrap().path.as_bytes(), p);
+        assert_eq!(
+            decode(&bytes_of(&bad), &KernelNames::default())
+                .unwrap()
+                .path
+                .as_bytes(),
+            p
+        );
     }
 }

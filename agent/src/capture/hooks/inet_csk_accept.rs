@@ -1,8 +1,18 @@
+//! `inet_csk_accept` (kretprobe, or the accept syscall tracepoints): `Accepted`, what its
+//! records decode to.
+
 use drainwatch_common::inet_csk_accept::Event;
 
-use crate::capture::event::{Accepted, DecodeError, Endpoints, Meta, read_record};
+use crate::capture::event::{DecodeError, Endpoints, KernelNames, Meta, read_record};
 
-pub fn decode(bytes: &[u8]) -> Result<Accepted, DecodeError> {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accepted {
+    pub meta: Meta,
+    pub skaddr: u64,
+    pub conn: Option<Endpoints>,
+}
+
+pub fn decode(bytes: &[u8], _names: &KernelNames) -> Result<Accepted, DecodeError> {
     let e: Event = read_record("inet_csk_accept", bytes)?;
     Ok(Accepted {
         meta: Meta::from(&e.header),
@@ -25,7 +35,7 @@ mod tests {
             skaddr: 7,
             tuple: v4_tuple([127, 0, 0, 1], 8080, [127, 0, 0, 1], 50123),
         };
-        let d = decode(&bytes_of(&e)).unwrap();
+        let d = decode(&bytes_of(&e), &KernelNames::default()).unwrap();
         assert_eq!(d.conn.unwrap().remote.port(), 50123);
         assert_eq!(d.skaddr, 7);
     }

@@ -1,9 +1,20 @@
+//! `sock:inet_sk_error_report`: the format fields its program reads, and `SocketError`, what
+//! its records decode to.
+
 use drainwatch_common::inet_sk_error_report::{Event, Fields};
 
 use crate::capture::{
-    event::{DecodeError, Endpoints, Meta, SocketError, read_record},
+    event::{DecodeError, Endpoints, KernelNames, Meta, read_record},
     tracefs::Resolver,
 };
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SocketError {
+    pub meta: Meta,
+    pub conn: Option<Endpoints>,
+    /// Positive errno, e.g. 111 ECONNREFUSED.
+    pub errno: i32,
+}
 
 pub fn fields(r: &mut Resolver) -> Fields {
     let mut f = Fields::ABSENT;
@@ -13,7 +24,7 @@ pub fn fields(r: &mut Resolver) -> Fields {
     f
 }
 
-pub fn decode(bytes: &[u8]) -> Result<SocketError, DecodeError> {
+pub fn decode(bytes: &[u8], _names: &KernelNames) -> Result<SocketError, DecodeError> {
     let e: Event = read_record("inet_sk_error_report", bytes)?;
     Ok(SocketError {
         meta: Meta::from(&e.header),
@@ -60,7 +71,7 @@ mod tests {
             error: 111,
             _pad: 0,
         };
-        let d = decode(&bytes_of(&e)).unwrap();
+        let d = decode(&bytes_of(&e), &KernelNames::default()).unwrap();
         assert_eq!(d.errno, 111);
         assert_eq!(d.conn.unwrap().local.port(), 51000);
     }

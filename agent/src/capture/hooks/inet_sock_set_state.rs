@@ -1,11 +1,52 @@
+//! `sock:inet_sock_set_state`: the format fields and in-kernel state filters its program
+//! uses, and `StateChange` (with the connection's `TcpCounters`), what its records decode to.
+
 use drainwatch_common::inet_sock_set_state::{Event, Fields};
 
 use crate::capture::{
-    event::{
-        DecodeError, Endpoints, KernelNames, Meta, StateChange, TcpCounters, TcpState, read_record,
-    },
+    event::{DecodeError, Endpoints, KernelNames, Meta, TcpState, read_record},
     tracefs::Resolver,
 };
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateChange {
+    pub meta: Meta,
+    pub skaddr: u64,
+    pub conn: Option<Endpoints>,
+    pub old: Option<TcpState>,
+    pub new: Option<TcpState>,
+    pub counters: TcpCounters,
+    /// Entering LISTEN: the accept queue's limit, when BTF gave its offset.
+    pub max_ack_backlog: Option<u32>,
+}
+
+/// A connection's `tcp_sock` counters at a state change.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TcpCounters {
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+    /// Bytes received but not yet read by the application.
+    pub unread: u32,
+    /// Jiffies of the last data segment received and sent.
+    pub last_received: u32,
+    pub last_sent: u32,
+}
+
+impl TcpCounters {
+    /// Whether the peer was waiting for an answer: data arrived after the last data this side
+    /// sent, or sits unread. Jiffies are coarse (4 ms at HZ=250): a request that arrives in the
+    /// same tick as the previous response counts as answered.
+    pub fn request_pending(&self) -> bool {
+        if self.unread > 0 {
+            return true;
+        }
+        if self.bytes_received == 0 {
+            return false;
+        }
+        // Wrapping comparison, as the kernel's own `after()` does.
+        self.bytes_sent == 0 || (self.last_received.wrapping_sub(self.last_sent) as i32) > 0
+    }
+}
 
 pub fn fields(r: &mut Resolver) -> Fields {
     let mut f = Fields::ABSENT;
@@ -130,5 +171,42 @@ mod tests {
         // The receive queue's ends wrap around the sequence space.
         assert_eq!(d.counters.unread, 10);
         assert!(d.counters.request_pending());
+    }
+
+    #[test]
+    fn a_request_is_pending_when_data_came_after_the_last_answer() {
+        let answered = TcpCounters {
+            bytes_received: 100,
+            bytes_sent: 2000,
+            unread: 0,
+            last_received: 500,
+            last_sent: 510,
+        };
+        assert!(!answered.request_pending());
+        let waiting = TcpCounters {
+            last_received: 520,
+            ..answered
+        };
+        assert!(waiting.request_pending());
+        let unread = TcpCounters {
+            unread: 7,
+            ..answered
+        };
+        assert!(unread.request_pending());
+        let first_request = TcpCounters {
+            bytes_sent: 0,
+            last_sent: 0,
+            ..answered
+        };
+        assert!(first_request.request_pending());
+        let idle = TcpCounters::default();
+        assert!(!idle.request_pending());
+        // Jiffies wrap: 3 ticks after u32::MAX is still "after".
+        let wrapped = TcpCounters {
+            last_received: 2,
+            last_sent: u32::MAX - 1,
+            ..answered
+        };
+        assert!(wrapped.request_pending());
     }
 }

@@ -1,9 +1,22 @@
+//! `skb:kfree_skb`: the format fields (and the drop reason to keep) its program uses, and
+//! `ListenOverflow`, what its records decode to.
+
+use std::net::SocketAddr;
+
 use drainwatch_common::kfree_skb::{Event, Fields};
 
 use crate::capture::{
-    event::{DecodeError, Endpoints, KernelNames, ListenOverflow, Meta, read_record},
+    event::{DecodeError, Endpoints, KernelNames, Meta, Named, read_record},
     tracefs::Resolver,
 };
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenOverflow {
+    pub meta: Meta,
+    /// The listener's address, when the kernel passed the listening socket.
+    pub listener: Option<SocketAddr>,
+    pub reason: Named,
+}
 
 /// The program keeps one drop reason; its number comes from this kernel's symbol table, and
 /// without it the hook cannot work (`reason` then counts as missing).

@@ -1,9 +1,24 @@
+//! `signal:signal_generate`: the format fields its program reads, and `Signal`, what its
+//! records decode to.
+
 use drainwatch_common::signal_generate::{Event, Fields};
 
 use crate::capture::{
-    event::{DecodeError, Meta, Signal, c_string, read_record},
+    event::{DecodeError, KernelNames, Meta, c_string, read_record},
     tracefs::Resolver,
 };
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signal {
+    /// The sender.
+    pub meta: Meta,
+    pub sig: i32,
+    pub target_pid: i32,
+    pub target_comm: String,
+    pub group: bool,
+    /// `TRACE_SIGNAL_*`: 0 delivered, 1 ignored, 2 already pending, ...
+    pub result: i32,
+}
 
 pub fn fields(r: &mut Resolver) -> Fields {
     let mut f = Fields::ABSENT;
@@ -16,7 +31,7 @@ pub fn fields(r: &mut Resolver) -> Fields {
     f
 }
 
-pub fn decode(bytes: &[u8]) -> Result<Signal, DecodeError> {
+pub fn decode(bytes: &[u8], _names: &KernelNames) -> Result<Signal, DecodeError> {
     let e: Event = read_record("signal_generate", bytes)?;
     Ok(Signal {
         meta: Meta::from(&e.header),
@@ -64,7 +79,7 @@ mod tests {
             _pad: 0,
             target_comm,
         };
-        let d = decode(&bytes_of(&e)).unwrap();
+        let d = decode(&bytes_of(&e), &KernelNames::default()).unwrap();
         assert_eq!(
             (d.sig, d.target_pid, d.target_comm.as_str(), d.group),
             (15, 4242, "server", true)

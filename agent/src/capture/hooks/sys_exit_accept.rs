@@ -1,3 +1,6 @@
+//! `syscalls:sys_exit_accept{,4}`: the format field its program reads. Its records are
+//! `inet_csk_accept` events.
+
 use drainwatch_common::sys_exit_accept::Fields;
 
 use crate::capture::tracefs::Resolver;

@@ -1,9 +1,21 @@
+//! `tcp:tcp_receive_reset`: the format fields its program reads, and `ResetReceived`, what
+//! its records decode to.
+
 use drainwatch_common::tcp_receive_reset::{Event, Fields};
 
 use crate::capture::{
-    event::{DecodeError, Endpoints, KernelNames, Meta, ResetReceived, read_record},
+    event::{DecodeError, Endpoints, KernelNames, Meta, TcpState, read_record},
     tracefs::Resolver,
 };
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResetReceived {
+    pub meta: Meta,
+    pub skaddr: u64,
+    pub sock_cookie: u64,
+    pub conn: Option<Endpoints>,
+    pub state: Option<TcpState>,
+}
 
 pub fn fields(r: &mut Resolver) -> Fields {
     let mut f = Fields::ABSENT;

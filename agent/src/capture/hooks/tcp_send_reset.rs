@@ -1,12 +1,26 @@
+//! `tcp:tcp_send_reset`: the format fields its program reads, and `ResetSent`, what its
+//! records decode to.
+
 use drainwatch_common::{
     ABSENT_U32,
     tcp_send_reset::{Event, Fields},
 };
 
 use crate::capture::{
-    event::{DecodeError, Endpoints, KernelNames, Meta, ResetSent, read_record},
+    event::{DecodeError, Endpoints, KernelNames, Meta, Named, TcpState, read_record},
     tracefs::Resolver,
 };
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResetSent {
+    pub meta: Meta,
+    /// 0 when the RST answered a packet that matched no socket.
+    pub skaddr: u64,
+    pub conn: Option<Endpoints>,
+    pub state: Option<TcpState>,
+    /// `None` on kernels before 6.10 (no reason in the tracepoint).
+    pub reason: Option<Named>,
+}
 
 /// Since 6.10 the addresses are 28-byte sockaddr blobs and `reason` exists; before, separate
 /// port/family/address fields and no reason.
@@ -43,7 +57,7 @@ pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<ResetSent, DecodeErro
 
 #[cfg(test)]
 mod tests {
-    use drainwatch_common::{EventKind, config::NO_FIELD};
+    use drainwatch_common::{EventKind, fields::NO_FIELD};
 
     use super::*;
     use crate::capture::{

@@ -1,0 +1,100 @@
+//! Failures inside the programs that leave an event incomplete: a kernel read that failed, a
+//! path cut short. The programs count each in the per-CPU array `FAULTS`, one entry per
+//! (event kind, fault kind) (`slot`), and log the first, second, fourth, eighth… of each on a
+//! CPU through aya-log; the agent reads the counts (`Capture::faults`).
+
+use crate::EventKind;
+
+/// What went wrong. `as_str` is the `fault` label value: a closed set.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FaultKind {
+    /// Copying the tracepoint's record (or reading one field of it) failed: its fields read as
+    /// absent.
+    RecordRead = 0,
+    /// `bpf_probe_read_kernel` of a kernel struct member failed (socket, task, packet device,
+    /// file table): the value reads as unknown (0 or -1).
+    KernelRead = 1,
+    /// The headers of the packet a socket-less RST answers could not be read: no addresses.
+    PacketRead = 2,
+    /// `cgroup_rmdir`'s path could not be read: the event has no path.
+    PathRead = 3,
+    /// `cgroup_rmdir`'s path was longer than the record holds (`PATH_LEN`): it is cut.
+    PathTruncated = 4,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 5] = [
+        FaultKind::RecordRead,
+        FaultKind::KernelRead,
+        FaultKind::PacketRead,
+        FaultKind::PathRead,
+        FaultKind::PathTruncated,
+    ];
+
+    pub const COUNT: u32 = Self::ALL.len() as u32;
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FaultKind::RecordRead => "record_read",
+            FaultKind::KernelRead => "kernel_read",
+            FaultKind::PacketRead => "packet_read",
+            FaultKind::PathRead => "path_read",
+            FaultKind::PathTruncated => "path_truncated",
+        }
+    }
+}
+
+/// Entries of the `FAULTS` map.
+pub const SLOTS: u32 = EventKind::COUNT * FaultKind::COUNT;
+
+/// The `FAULTS` entry of a (kind, fault) pair.
+#[inline(always)]
+pub const fn slot(kind: EventKind, fault: FaultKind) -> u32 {
+    kind.index() as u32 * FaultKind::COUNT + fault as u32
+}
+
+/// The pair a `FAULTS` entry counts; `None` past the end.
+pub fn pair(slot: u32) -> Option<(EventKind, FaultKind)> {
+    let kind = EventKind::ALL.get((slot / FaultKind::COUNT) as usize)?;
+    let fault = FaultKind::ALL.get((slot % FaultKind::COUNT) as usize)?;
+    Some((*kind, *fault))
+}
+
+// `ALL` in discriminant order: `slot` and `pair` rely on it.
+const _: () = {
+    let mut i = 0;
+    while i < FaultKind::ALL.len() {
+        assert!(FaultKind::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_cover_every_pair_once() {
+        let mut seen = [false; SLOTS as usize];
+        for kind in EventKind::ALL {
+            for fault in FaultKind::ALL {
+                let s = slot(kind, fault);
+                assert!(!seen[s as usize]);
+                seen[s as usize] = true;
+                assert_eq!(pair(s), Some((kind, fault)));
+            }
+        }
+        assert!(seen.iter().all(|s| *s));
+        assert_eq!(pair(SLOTS), None);
+    }
+
+    #[test]
+    fn label_values_are_distinct() {
+        for a in FaultKind::ALL {
+            for b in FaultKind::ALL {
+                assert_eq!(a == b, a.as_str() == b.as_str());
+            }
+        }
+    }
+}
