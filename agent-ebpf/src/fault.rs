@@ -36,7 +36,8 @@ fn record(slot: u32, hook: &'static str, fault: &'static str) {
     if n.is_power_of_two() {
         aya_log_ebpf::warn!(
             &(),
-            "{} {}: failure {} on this CPU (logged at powers of two, all counted)",
+            target: "drainwatch::ebpf",
+            "{} {}: failure {} on this CPU (logged at powers of two; every one is counted)",
             hook,
             fault,
             n

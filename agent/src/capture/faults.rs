@@ -5,10 +5,8 @@
 use std::borrow::Borrow;
 
 use aya::maps::{MapData, PerCpuArray};
-use drainwatch_common::{
-    EventKind,
-    faults::{self, FaultKind},
-};
+pub use drainwatch_common::faults::FaultKind;
+use drainwatch_common::{EventKind, faults};
 use tokio::io::unix::AsyncFd;
 use tracing_log::log::{Log, Metadata, Record};
 
