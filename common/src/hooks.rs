@@ -55,7 +55,7 @@ macro_rules! event_kinds {
     ) => {
         /// Which hook produced an event; the first field of every record.
         #[repr(u32)]
-        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum EventKind {
             $(
                 #[doc = concat!("`", stringify!($stem), "`")]
