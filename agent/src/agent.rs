@@ -361,7 +361,8 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         capture.names.clone(),
         telemetry.clone(),
         tx,
-    )?;
+    )?
+    .with_faults(capture.take_faults()?);
     let watch = capture.take_watch()?;
     let reader = tokio::spawn(reader.run(shutdown_rx.clone()));
     let mut enricher = Enricher::new(Procfs {

@@ -301,6 +301,36 @@ fn a_removed_cgroup_reports_its_id_and_path() {
 }
 
 #[test]
+fn a_cgroup_path_longer_than_the_record_is_counted_as_truncated() {
+    use drainwatch_common::{EventKind, faults::FaultKind};
+    let truncated = |h: &Harness| {
+        h.capture
+            .faults()
+            .into_iter()
+            .find(|(k, f, _)| *k == EventKind::CgroupRmdir && *f == FaultKind::PathTruncated)
+            .map(|(_, _, n)| n)
+    };
+    let mut h = Harness::start(&["cgroup_removals"], RING);
+    assert_eq!(truncated(&h), Some(0), "every pair is reported, zeros too");
+    // 1 + 29 + 180 + 1 + 100 bytes below the v2 root: past the 256 the record holds.
+    let outer = cgroup_v2_root().join(format!(
+        "drainwatch-test-{}-{}",
+        std::process::id(),
+        "a".repeat(180)
+    ));
+    let inner = outer.join("b".repeat(100));
+    std::fs::create_dir_all(&inner).expect("mkdir cgroups");
+    std::fs::remove_dir(&inner).expect("rmdir inner");
+    std::fs::remove_dir(&outer).expect("rmdir outer");
+    let events = h.events();
+    assert!(
+        events.iter().any(|e| matches!(e, Event::CgroupRemoved(_))),
+        "{events:#?}"
+    );
+    assert_eq!(truncated(&h), Some(1), "only the inner path is too long");
+}
+
+#[test]
 fn ipv6_resets_carry_ipv6_addresses() {
     let mut h = Harness::start(&["resets_sent", "socket_errors"], RING);
     let target = TcpListener::bind("[::1]:0").unwrap().local_addr().unwrap();

@@ -52,11 +52,6 @@ pub fn record_kind(bytes: &[u8]) -> Result<EventKind, DecodeError> {
     EventKind::from_u32(v).ok_or(DecodeError::UnknownKind(v))
 }
 
-/// The kind's name (its hook's stem). Same as `EventKind::name`, which callers should use.
-pub fn kind_name(kind: EventKind) -> &'static str {
-    kind.name()
-}
-
 /// Who was on the CPU and where. In softirq context (packet paths) the task is whatever was
 /// interrupted: attribute those events by socket, namespace and address instead.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -61,6 +61,8 @@ pub struct Reader {
     names: KernelNames,
     telemetry: std::sync::Arc<Telemetry>,
     tx: crate::queue::Sender<Event>,
+    /// The programs' fault counters (`Capture::take_faults`), polled with the loss counters.
+    faults: Option<super::faults::Faults>,
 }
 
 impl Reader {
@@ -81,7 +83,14 @@ impl Reader {
             names,
             telemetry,
             tx,
+            faults: None,
         })
+    }
+
+    /// Also brings the eBPF programs' fault counters to telemetry, with the loss counters.
+    pub fn with_faults(mut self, faults: super::faults::Faults) -> Self {
+        self.faults = Some(faults);
+        self
     }
 
     /// Reads every record available now; returns how many were read.
@@ -129,6 +138,9 @@ impl Reader {
             .filter_map(Result::ok)
             .map(|per_cpu| per_cpu.iter().sum::<u64>())
             .sum();
+        for (kind, fault, n) in self.faults.iter().flat_map(|f| f.read()) {
+            self.telemetry.agent.ebpf_faults(kind, fault, n);
+        }
         if total > self.lost_seen {
             EventsLost {
                 stage: LossStage::Ringbuf,

@@ -9,11 +9,11 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use drainwatch_common::EventKind;
+use drainwatch_common::{EventKind, faults::FaultKind};
 
 use super::labels::{
-    BuildLabels, FileLabels, Hook, KindLabels, LossStage, MapLabels, ProbeLabels, ProcfsFile,
-    SignalLabels, StageLabels, WatchMap,
+    BuildLabels, Fault, FaultLabels, FileLabels, Hook, KindLabels, LossStage, MapLabels,
+    ProbeLabels, ProcfsFile, SignalLabels, StageLabels, WatchMap,
 };
 
 const KINDS: usize = EventKind::ALL.len();
@@ -45,6 +45,8 @@ pub struct AgentMetrics {
     probe_attached: Family<ProbeLabels, Gauge>,
     probe_degraded: Family<SignalLabels, Gauge>,
     procfs_errors: [Counter; ProcfsFile::ALL.len()],
+    /// Per hook, per fault kind: what the eBPF programs could not do.
+    faults: [[Counter; FaultKind::ALL.len()]; KINDS],
 }
 
 impl AgentMetrics {
@@ -58,6 +60,7 @@ impl AgentMetrics {
         let probe_attached = Family::<ProbeLabels, Gauge>::default();
         let probe_degraded = Family::<SignalLabels, Gauge>::default();
         let procfs_errors = Family::<FileLabels, Counter>::default();
+        let faults = Family::<FaultLabels, Counter>::default();
         registry.register(
             "drainwatch_events",
             "Events received from the kernel, by hook",
@@ -111,6 +114,11 @@ impl AgentMetrics {
             "procfs files that could not be parsed, by file",
             procfs_errors.clone(),
         );
+        registry.register(
+            "drainwatch_ebpf_faults",
+            "What the eBPF programs could not do, by hook and fault: kernel reads that failed, paths cut at the record's size (each also logged under drainwatch::ebpf, at powers of two)",
+            faults.clone(),
+        );
         // Every closed-set series exists from the start, and its handle is kept.
         let per_kind = |family: &Family<KindLabels, Counter>| {
             EventKind::ALL.map(|k| family.get_or_create_owned(&KindLabels { kind: Hook(k) }))
@@ -127,6 +135,14 @@ impl AgentMetrics {
             probe_degraded,
             procfs_errors: ProcfsFile::ALL
                 .map(|file| procfs_errors.get_or_create_owned(&FileLabels { file })),
+            faults: EventKind::ALL.map(|k| {
+                FaultKind::ALL.map(|f| {
+                    faults.get_or_create_owned(&FaultLabels {
+                        kind: Hook(k),
+                        fault: Fault(f),
+                    })
+                })
+            }),
         }
     }
 
@@ -141,6 +157,20 @@ impl AgentMetrics {
     /// Events the kernel dropped as out of scope since the last poll.
     pub fn filtered(&self, kind: EventKind, n: u64) {
         self.filtered[kind.index()].inc_by(n);
+    }
+
+    /// Brings a (hook, fault) counter up to the kernel's total since load.
+    pub fn ebpf_faults(&self, kind: EventKind, fault: FaultKind, total: u64) {
+        let Some(c) = self
+            .faults
+            .get(kind.index())
+            .and_then(|per_kind| per_kind.get(fault as usize))
+        else {
+            return;
+        };
+        if let Some(grew) = total.checked_sub(c.get()) {
+            c.inc_by(grew);
+        }
     }
 
     pub fn lost_count(&self, stage: LossStage) -> u64 {

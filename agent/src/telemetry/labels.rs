@@ -5,7 +5,7 @@
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 
-use drainwatch_common::EventKind;
+use drainwatch_common::{EventKind, faults::FaultKind};
 
 use crate::model::{ContainerIdentity, ResetDirection, stop::Outcome};
 
@@ -25,6 +25,7 @@ label_value_as_str!(
     ResetDirection,
     LossStage,
     Hook,
+    Fault,
     ProcfsFile,
     WatchMap
 );
@@ -61,31 +62,23 @@ impl LossStage {
     }
 }
 
-/// A kernel hook kind, named by its stem (the name of its module in `capture/hooks/`, the
-/// same as `capture::event::kind_name`, which a test holds it to).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A kernel hook kind, named by its stem (`EventKind::name`, from common's one list of hooks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Hook(pub EventKind);
-
-impl std::hash::Hash for Hook {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        // `EventKind` (no_std, shared with the eBPF side) does not derive Hash.
-        (self.0 as u32).hash(state);
-    }
-}
 
 impl Hook {
     pub fn as_str(self) -> &'static str {
-        match self.0 {
-            EventKind::TcpSendReset => "tcp_send_reset",
-            EventKind::TcpReceiveReset => "tcp_receive_reset",
-            EventKind::InetSockSetState => "inet_sock_set_state",
-            EventKind::InetSkErrorReport => "inet_sk_error_report",
-            EventKind::SignalGenerate => "signal_generate",
-            EventKind::SchedProcessExit => "sched_process_exit",
-            EventKind::CgroupRmdir => "cgroup_rmdir",
-            EventKind::KfreeSkb => "kfree_skb",
-            EventKind::InetCskAccept => "inet_csk_accept",
-        }
+        self.0.name()
+    }
+}
+
+/// What an eBPF program could not do (`drainwatch_common::faults`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Fault(pub FaultKind);
+
+impl Fault {
+    pub fn as_str(self) -> &'static str {
+        self.0.as_str()
     }
 }
 
@@ -208,6 +201,12 @@ pub struct KindLabels {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct FaultLabels {
+    pub kind: Hook,
+    pub fault: Fault,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct StageLabels {
     pub stage: LossStage,
 }
@@ -243,13 +242,6 @@ pub struct BuildLabels {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hooks_are_named_by_their_stem_as_the_decoder_names_them() {
-        for k in EventKind::ALL {
-            assert_eq!(Hook(k).as_str(), crate::capture::event::kind_name(k));
-        }
-    }
 
     #[test]
     fn indexes_are_positions_in_all() {
