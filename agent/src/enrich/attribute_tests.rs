@@ -873,3 +873,58 @@ fn a_host_network_containers_listeners_are_watched_until_it_is_forgotten() {
     e.expire(1_000 + 300, 300);
     assert_eq!(e.watch_set(), Default::default());
 }
+
+#[test]
+fn a_shim_adopted_before_its_entrypoint_started_gets_its_main_process_at_the_next_scan() {
+    // Seen with `podman run --init`: a scan between podman-init's start and its first fork.
+    let mut e = Enricher::new(FakeHost {
+        procs: vec![proc(100, 80, "podman-init", 1, true)],
+    });
+    assert!(matches!(e.scan().as_slice(), [O::Container { .. }]));
+    e.host_mut().procs = vec![
+        proc(100, 80, "podman-init", 1, true),
+        proc(106, 100, "python3", 6, true),
+    ];
+    assert!(e.scan().is_empty(), "the same container, not a new run");
+    let exit = |pid, code| {
+        Event::Exit(Exit {
+            meta: meta(pid, NS, 777),
+            status: ExitStatus::Exited(code),
+        })
+    };
+    assert!(
+        matches!(e.on_event(&exit(106, 143)).as_slice(), [O::Exit { .. }]),
+        "the entrypoint is its main process"
+    );
+}
+
+#[test]
+fn an_entrypoint_that_forks_the_server_and_exits_is_not_the_container_exiting() {
+    // A wrapper (a pyenv shim, a script) is the shim's first child; the server it started is
+    // reparented to the shim and lives on.
+    let mut e = Enricher::new(FakeHost {
+        procs: vec![
+            proc(100, 80, "podman-init", 1, true),
+            proc(102, 100, "bash", 2, true),
+        ],
+    });
+    assert!(matches!(e.scan().as_slice(), [O::Container { .. }]));
+    e.host_mut().procs = vec![
+        proc(100, 80, "podman-init", 1, true),
+        proc(106, 100, "python3", 6, true),
+    ];
+    let exit = |pid, code| {
+        Event::Exit(Exit {
+            meta: meta(pid, NS, 777),
+            status: ExitStatus::Exited(code),
+        })
+    };
+    assert!(
+        e.on_event(&exit(102, 0)).is_empty(),
+        "the wrapper's exit is not the container's"
+    );
+    assert!(
+        matches!(e.on_event(&exit(106, 143)).as_slice(), [O::Exit { .. }]),
+        "the server is its main process now"
+    );
+}

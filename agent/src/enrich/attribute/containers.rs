@@ -5,6 +5,7 @@
 use std::{
     collections::{HashMap, HashSet},
     net::SocketAddr,
+    ops::Not,
     sync::Arc,
 };
 
@@ -111,7 +112,7 @@ impl<H: HostView> Enricher<H> {
             // later scan or event adopts it once its PID 1 exists.
             let created =
                 procs.iter().any(|p| p.ns_pid == Some(1)) || !procs.iter().any(bootstrapping);
-            if !known && (procs.is_empty() || !created) {
+            if !known && (main_process(&procs).is_none() || !created) {
                 continue;
             }
             for pid in &pids {
@@ -120,10 +121,59 @@ impl<H: HostView> Enricher<H> {
             }
             if !known {
                 out.extend(self.adopt(&key, &owner, &path, &procs));
+            } else if self.containers.get(&key).is_some_and(|c| c.shim_as_main) {
+                // Adopted while its init shim had not started the entrypoint yet: the shim
+                // stood in as the main process until now.
+                let procs: Vec<ProcInfo> =
+                    pids.iter().filter_map(|p| self.host.process(*p)).collect();
+                if let Some(main) = main_process(&procs).filter(|m| is_shim(m).not()) {
+                    let main = (main.pid, main.netns);
+                    self.replace_main(&key, main);
+                }
             }
         }
         out.extend(self.refresh_identities());
         out
+    }
+
+    /// When a container's main process exits while its init shim lives on with another child
+    /// (an entrypoint that forked the real server and exited, a wrapper script), that child
+    /// is the main process now and the exit is not the container's. `None`: it is.
+    pub(super) fn successor(&mut self, key: &str, exited: u32) -> Option<u32> {
+        let init = self
+            .containers
+            .get(key)?
+            .init_pid
+            .filter(|i| *i != exited)?;
+        if !self.host.process(init).is_some_and(|p| is_shim(&p)) {
+            return None;
+        }
+        let next = self
+            .host
+            .container_pids()
+            .into_iter()
+            .filter(|(pid, path)| {
+                *pid != exited && parse_cgroup_path(path).is_some_and(|o| o.id == key)
+            })
+            .filter_map(|(pid, _)| self.host.process(pid))
+            .filter(|p| p.ppid == init && !bootstrapping(p))
+            .min_by_key(|p| p.pid)?;
+        let main = (next.pid, next.netns);
+        self.by_pid.insert(next.pid, key.to_string());
+        self.replace_main(key, main);
+        Some(main.0)
+    }
+
+    /// A new main process: its listeners are sampled afresh.
+    fn replace_main(&mut self, key: &str, (pid, netns): (u32, Option<u32>)) {
+        if let Some(c) = self.containers.get_mut(key) {
+            tracing::debug!(container = %c.identity.name, from = ?c.main_pid, to = pid, "main process");
+            c.main_pid = Some(pid);
+            c.shim_as_main = false;
+            c.netns = netns.or(c.netns);
+            c.listener_inodes.clear();
+            c.sampled = false;
+        }
     }
 
     fn adopt(
@@ -146,6 +196,12 @@ impl<H: HostView> Enricher<H> {
         let runtime_identity = identity.clone();
         let identity = self.kube_identity(&identity, owner.pod_uid.as_deref());
         let main = main_process(procs);
+        tracing::debug!(
+            container = %identity.name,
+            main = ?main.map(|p| (p.pid, &p.comm)),
+            processes = ?procs.iter().map(|p| (p.pid, p.ns_pid, &p.comm)).collect::<Vec<_>>(),
+            "container adopted"
+        );
         let netns = main.and_then(|p| p.netns);
         let main_pid = main.map(|p| p.pid);
         if let Some(id) = self.host.cgroup_v2_id(path) {
@@ -198,6 +254,7 @@ impl<H: HostView> Enricher<H> {
                 identity: Arc::new(identity.clone()),
                 main_pid,
                 init_pid: procs.iter().find(|p| p.ns_pid == Some(1)).map(|p| p.pid),
+                shim_as_main: main.is_some_and(|m| m.ns_pid == Some(1) && is_shim(m)),
                 netns,
                 listener_inodes: HashSet::new(),
                 sampled: false,
@@ -253,17 +310,22 @@ impl<H: HostView> Enricher<H> {
     }
 }
 
+fn is_shim(p: &ProcInfo) -> bool {
+    INIT_SHIMS.contains(&p.comm.as_str())
+}
+
 /// The process a container is about: its init, or the init's first child when the init is a
-/// shim that only forwards signals.
+/// shim that only forwards signals. Never one of the runtime's bootstrap stages, which exit
+/// within milliseconds (with code 0: taken for the main process, a "crashed" stop).
 fn main_process(procs: &[ProcInfo]) -> Option<&ProcInfo> {
-    let init = procs.iter().find(|p| p.ns_pid == Some(1));
+    let candidates = || procs.iter().filter(|p| !bootstrapping(p));
+    let init = candidates().find(|p| p.ns_pid == Some(1));
     match init {
-        Some(i) if INIT_SHIMS.contains(&i.comm.as_str()) => procs
-            .iter()
+        Some(i) if is_shim(i) => candidates()
             .filter(|p| p.ppid == i.pid)
             .min_by_key(|p| p.pid)
             .or(Some(i)),
         Some(i) => Some(i),
-        None => procs.iter().min_by_key(|p| p.pid),
+        None => candidates().min_by_key(|p| p.pid),
     }
 }

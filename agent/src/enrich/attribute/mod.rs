@@ -36,6 +36,9 @@ struct Container {
     main_pid: Option<u32>,
     /// The container's PID 1 (an init shim or the main process itself).
     init_pid: Option<u32>,
+    /// The main process is the init shim itself, for lack of a child when it was adopted: each
+    /// scan looks for the entrypoint the shim starts.
+    shim_as_main: bool,
     netns: Option<u32>,
     /// Its listening sockets' inodes as of the last full listen-path sample.
     listener_inodes: HashSet<u64>,
@@ -173,7 +176,7 @@ impl<H: HostView> Enricher<H> {
                 self.upstreams.proxies.remove(&pid);
                 let Some(key) = key else { return out };
                 let is_main = self.containers.get(&key).and_then(|c| c.main_pid) == Some(pid);
-                if is_main {
+                if is_main && self.successor(&key, pid).is_none() {
                     let exit = match x.status {
                         ExitStatus::Exited(code) => ExitInfo {
                             code: Some(code),
