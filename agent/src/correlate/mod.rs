@@ -8,10 +8,8 @@ pub mod retries;
 pub mod stops;
 pub mod storms;
 
-use std::collections::HashSet;
-
 use crate::model::{
-    Emitted, Fact, ListenSample, Mono, Observation, Workload, stop::Stop, storm::Storm,
+    Emitted, Fact, HashSet, ListenSample, Mono, Observation, Workload, stop::Stop, storm::Storm,
 };
 
 /// The stop tracker (with its retry matcher) and the storm detector behind one door.
@@ -59,11 +57,14 @@ impl Correlator {
                     port,
                     fact,
                 } => {
-                    let w = container.workload_key();
-                    match fact {
-                        Fact::Arrival => self.storms.arrival(&w, &container.name, *port, at),
-                        Fact::AcceptWait(secs) => self.storms.accept_wait(&w, *port, *secs, at),
-                        Fact::Overflow => self.storms.overflow(&w, *port),
+                    // Most of the time no storm is watched or open: no workload key to build.
+                    if !self.storms.is_idle() {
+                        let w = container.workload_key();
+                        match fact {
+                            Fact::Arrival => self.storms.arrival(&w, &container.name, *port, at),
+                            Fact::AcceptWait(secs) => self.storms.accept_wait(&w, *port, *secs, at),
+                            Fact::Overflow => self.storms.overflow(&w, *port),
+                        }
                     }
                     out.push(Emitted::Listener {
                         container: container.clone(),

@@ -6,10 +6,10 @@
 //! (the client saw a 502 or a reset). Requests are compared by size in bytes, not parsed, so
 //! this works for any protocol and through TLS. Pure: fed observations and a clock.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 pub use crate::model::Proxy;
-use crate::model::{Mono, SECOND};
+use crate::model::{HashMap, Mono, SECOND};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cut {
@@ -65,7 +65,7 @@ impl Matcher {
         Self {
             window,
             cuts: Vec::new(),
-            upstreams: HashMap::new(),
+            upstreams: HashMap::default(),
             max_wait: 300 * SECOND,
         }
     }

@@ -6,9 +6,9 @@
 //! while connections queued (its capacity), and the reconnect window it would have needed:
 //! clients ÷ that rate. Pure: fed listener facts, procfs samples and a clock.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
-use crate::model::{ListenCounters, Mono, SECOND, Workload, storm::Storm};
+use crate::model::{HashSet, ListenCounters, Mono, SECOND, Workload, storm::Storm};
 
 /// Ticks (seconds) a container's namespace counters are kept without a new sample: longer
 /// than the at-rest sampling period (10 s).
@@ -128,6 +128,12 @@ impl Storms {
     }
 
     /// A connection completed its handshake on `container`'s listener on `port`.
+    /// Whether no workload is watched for a storm and none is open: listener facts change
+    /// nothing then.
+    pub fn is_idle(&self) -> bool {
+        self.watching.is_empty() && self.open.is_empty()
+    }
+
     pub fn arrival(&mut self, workload: &Workload, container: &str, port: u16, at: Mono) {
         let Some((stop_id, since, _)) = self.watching.get(workload) else {
             return;

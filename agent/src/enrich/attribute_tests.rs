@@ -1,9 +1,6 @@
 //! Attribution driven by synthetic events against a fake host.
 
-use std::{
-    collections::HashSet,
-    net::{IpAddr, SocketAddr},
-};
+use std::net::{IpAddr, SocketAddr};
 
 use super::{
     attribute::Enricher,
@@ -17,7 +14,7 @@ use crate::{
         CgroupRemoved, Endpoints, Event, Exit, ExitStatus, Meta, Named, ResetSent, Signal,
         StateChange, TcpCounters,
     },
-    model::{ExitInfo, Fact, Observation as O, ResetDirection, TcpState},
+    model::{ExitInfo, Fact, HashSet, Observation as O, ResetDirection, TcpState},
 };
 
 const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -710,11 +707,11 @@ fn listener_facts_arrivals_accept_wait_overflows_and_queues() {
     }
     e.on_event(&listen);
     // A fast sample of the workload reuses the listener found by the full one.
-    let web: HashSet<_> = [(String::new(), "web".to_string())].into();
+    let web: HashSet<_> = [(String::new(), "web".to_string())].into_iter().collect();
     let (fast, _) = e.sample_listen_path(Some(&web));
     assert_eq!(fast.queues.len(), 1);
     assert_eq!(fast.queues[0].3, Some(128));
-    let other: HashSet<_> = [(String::new(), "api".to_string())].into();
+    let other: HashSet<_> = [(String::new(), "api".to_string())].into_iter().collect();
     let (none, _) = e.sample_listen_path(Some(&other));
     assert!(none.queues.is_empty() && none.netns.is_empty());
 }

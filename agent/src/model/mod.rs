@@ -17,6 +17,12 @@ pub use loss::{Loss, LossKind, ResetDirection};
 pub use observation::{Fact, ListenCounters, ListenSample, Observation};
 pub use tcp::TcpState;
 
+/// The maps and sets of the event path. Their keys are container ids, socket addresses and
+/// tuples, hashed once or more per event: aHash with a per-map random seed instead of std's
+/// SipHash, still resistant to a remote peer choosing colliding ports.
+pub type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
+pub type HashSet<K> = std::collections::HashSet<K, ahash::RandomState>;
+
 /// Kernel monotonic time, nanoseconds (`bpf_ktime_get_ns`).
 pub type Mono = u64;
 

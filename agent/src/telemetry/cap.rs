@@ -2,7 +2,7 @@
 //! creating a series, and a container past the cap is dropped and counted in
 //! `drainwatch_series_dropped_total{metric}`, never silently.
 
-use std::{collections::HashSet, sync::Mutex};
+use std::sync::Mutex;
 
 use prometheus_client::{
     metrics::{counter::Counter, family::Family},
@@ -10,6 +10,7 @@ use prometheus_client::{
 };
 
 use super::labels::{ContainerLabels, MetricLabels};
+use crate::model::HashSet;
 
 /// Most distinct containers (namespace, workload, container) the per-container families
 /// keep; past it new ones are dropped and counted in `drainwatch_series_dropped_total`.
@@ -23,7 +24,7 @@ pub struct Cap {
 impl Cap {
     pub fn register(registry: &mut Registry) -> Self {
         let cap = Self {
-            seen: Mutex::new(HashSet::new()),
+            seen: Mutex::new(HashSet::default()),
             dropped: Family::default(),
         };
         registry.register(

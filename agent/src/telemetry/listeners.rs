@@ -3,8 +3,8 @@
 //! own listen counters, and what each storm needed. Every series goes through the cap.
 
 use std::{
-    collections::{HashMap, HashSet},
-    sync::{Arc, Mutex, atomic::AtomicU64},
+    collections::hash_map::Entry,
+    sync::{Arc, Mutex, Weak, atomic::AtomicU64},
 };
 
 use prometheus_client::{
@@ -16,7 +16,7 @@ use super::{
     cap::Cap,
     labels::{ContainerLabels, PortLabels},
 };
-use crate::model::{ContainerIdentity, Fact, ListenCounters, storm::Storm};
+use crate::model::{ContainerIdentity, Fact, HashMap, HashSet, ListenCounters, storm::Storm};
 
 /// Buckets of the accept wait, 0.5 ms to 5 s.
 fn accept_wait_buckets() -> Histogram {
@@ -42,6 +42,28 @@ pub struct ListenerMetrics {
     netns_seen: Mutex<HashMap<ContainerLabels, ListenCounters>>,
     /// Listeners whose queue gauges were set last time, to remove the ones that went away.
     queues_seen: Mutex<HashSet<PortLabels>>,
+    /// Each listener's per-connection series, resolved once (see [`Handles`]).
+    handles: Mutex<HandleCache>,
+}
+
+/// The series of one listener's per-connection facts: arrivals and accept waits come with
+/// every connection, so their label sets are built, capped and looked up once per listener,
+/// not per event. Keyed by the address of the container identity's allocation, held weakly
+/// so that address is not reused while the entry lives. An identity that changed (the
+/// Kubernetes API named the pod) is a new allocation, so a new entry under the new labels.
+struct Handles {
+    identity: Weak<ContainerIdentity>,
+    labels: PortLabels,
+    arrivals: Option<Counter>,
+    accept_wait: Option<Histogram>,
+    overflows: Option<Counter>,
+}
+
+#[derive(Default)]
+struct HandleCache {
+    by_listener: HashMap<(usize, u16), Handles>,
+    /// Entries of identities no longer alive are dropped when the cache reaches this size.
+    prune_at: usize,
 }
 
 impl ListenerMetrics {
@@ -61,6 +83,7 @@ impl ListenerMetrics {
             netns_listen_drops: Family::default(),
             netns_seen: Mutex::default(),
             queues_seen: Mutex::default(),
+            handles: Mutex::default(),
         };
         registry.register(
             "drainwatch_accept_wait_seconds",
@@ -133,25 +156,57 @@ impl ListenerMetrics {
     }
 
     /// An arrival, accept wait or overflow on one of a container's listeners.
-    pub fn listener_fact(&self, container: &ContainerIdentity, port: u16, fact: &Fact) {
+    pub fn listener_fact(&self, container: &Arc<ContainerIdentity>, port: u16, fact: &Fact) {
+        let metric = match fact {
+            Fact::Arrival => "drainwatch_connection_arrivals",
+            Fact::AcceptWait(_) => "drainwatch_accept_wait_seconds",
+            Fact::Overflow => "drainwatch_listen_overflows",
+        };
+        let Ok(mut cache) = self.handles.lock() else {
+            return;
+        };
+        let cache = &mut *cache;
+        let h = match cache
+            .by_listener
+            .entry((Arc::as_ptr(container) as usize, port))
+        {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                // Refused by the cap: not cached, so each refusal is counted.
+                let Some(labels) = self.port_labels(container, port, metric) else {
+                    return;
+                };
+                e.insert(Handles {
+                    identity: Arc::downgrade(container),
+                    labels,
+                    arrivals: None,
+                    accept_wait: None,
+                    overflows: None,
+                })
+            }
+        };
+        let labels = &h.labels;
         match *fact {
             Fact::Arrival => {
-                if let Some(l) = self.port_labels(container, port, "drainwatch_connection_arrivals")
-                {
-                    self.arrivals.get_or_create(&l).inc();
-                }
+                h.arrivals
+                    .get_or_insert_with(|| self.arrivals.get_or_create(labels).clone())
+                    .inc();
             }
-            Fact::AcceptWait(secs) => {
-                if let Some(l) = self.port_labels(container, port, "drainwatch_accept_wait_seconds")
-                {
-                    self.accept_wait.get_or_create(&l).observe(secs);
-                }
-            }
+            Fact::AcceptWait(secs) => h
+                .accept_wait
+                .get_or_insert_with(|| self.accept_wait.get_or_create(labels).clone())
+                .observe(secs),
             Fact::Overflow => {
-                if let Some(l) = self.port_labels(container, port, "drainwatch_listen_overflows") {
-                    self.listen_overflows.get_or_create(&l).inc();
-                }
+                h.overflows
+                    .get_or_insert_with(|| self.listen_overflows.get_or_create(labels).clone())
+                    .inc();
             }
+        }
+        if cache.by_listener.len() >= cache.prune_at {
+            cache
+                .by_listener
+                .retain(|_, h| h.identity.strong_count() > 0);
+            cache.prune_at = (cache.by_listener.len() * 2).max(256);
         }
     }
 
@@ -211,7 +266,7 @@ impl ListenerMetrics {
         let Ok(mut seen) = self.queues_seen.lock() else {
             return;
         };
-        let mut now = HashSet::new();
+        let mut now = HashSet::default();
         for (c, port, depth, limit) in sample {
             let Some(l) = self.port_labels(c, *port, "drainwatch_accept_queue_depth") else {
                 continue;
@@ -240,10 +295,72 @@ impl ListenerMetrics {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use crate::{
-        model::{ContainerIdentity, ListenCounters},
-        telemetry::Telemetry,
+        model::{ContainerIdentity, Fact, ListenCounters},
+        telemetry::{Telemetry, cap::MAX_CONTAINERS},
     };
+
+    #[test]
+    fn listener_series_follow_an_identity_change_and_every_capped_fact_is_counted() {
+        let m = Telemetry::new("k");
+        let runtime = Arc::new(ContainerIdentity {
+            name: "web-1".into(),
+            workload: "web".into(),
+            ..Default::default()
+        });
+        m.listeners.listener_fact(&runtime, 8080, &Fact::Arrival);
+        m.listeners.listener_fact(&runtime, 8080, &Fact::Arrival);
+        // The Kubernetes API named the pod: a new identity, its own series.
+        let kube = Arc::new(ContainerIdentity {
+            namespace: "shop".into(),
+            ..(*runtime).clone()
+        });
+        drop(runtime);
+        m.listeners.listener_fact(&kube, 8080, &Fact::Arrival);
+        m.listeners
+            .listener_fact(&kube, 8080, &Fact::AcceptWait(0.002));
+        m.listeners.listener_fact(&kube, 9090, &Fact::Overflow);
+        let text = m.encode_prometheus().unwrap();
+        let at = |ns: &str, port: u16| {
+            format!("{{namespace=\"{ns}\",workload=\"web\",container=\"web-1\",port=\"{port}\"}}")
+        };
+        for line in [
+            format!("drainwatch_connection_arrivals_total{} 2", at("", 8080)),
+            format!("drainwatch_connection_arrivals_total{} 1", at("shop", 8080)),
+            format!("drainwatch_accept_wait_seconds_count{} 1", at("shop", 8080)),
+            format!("drainwatch_listen_overflows_total{} 1", at("shop", 9090)),
+        ] {
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert!(!text.contains(&format!(
+            "drainwatch_listen_overflows_total{}",
+            at("shop", 8080)
+        )));
+
+        for i in 0..MAX_CONTAINERS {
+            let c = ContainerIdentity {
+                name: format!("c{i}"),
+                ..Default::default()
+            };
+            m.stops.refused_connection(&c);
+        }
+        let late = Arc::new(ContainerIdentity {
+            name: "late".into(),
+            ..Default::default()
+        });
+        for _ in 0..3 {
+            m.listeners.listener_fact(&late, 8080, &Fact::Arrival);
+        }
+        let text = m.encode_prometheus().unwrap();
+        assert!(
+            text.contains(
+                "drainwatch_series_dropped_total{metric=\"drainwatch_connection_arrivals\"} 3"
+            ),
+            "{text}"
+        );
+    }
 
     #[test]
     fn accept_queue_gauges_follow_the_sample_and_drop_gone_listeners() {

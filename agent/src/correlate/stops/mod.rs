@@ -5,11 +5,9 @@
 
 mod lifecycle;
 
-use std::collections::HashMap;
-
 use super::retries::{Cut, Matcher};
 use crate::model::{
-    ContainerIdentity, Emitted, Loss, LossKind, Mono, Observation, ResetDirection, SECOND,
+    ContainerIdentity, Emitted, HashMap, Loss, LossKind, Mono, Observation, ResetDirection, SECOND,
     stop::{ListenerTimeline, LossEvent, MAX_LOSS_EVENTS, Stop},
 };
 
@@ -87,7 +85,7 @@ impl Tracker {
         Self {
             retries: Matcher::new(config.retry_window),
             config,
-            containers: HashMap::new(),
+            containers: HashMap::default(),
             stops: Vec::new(),
             dropped: 0,
             emitted: Vec::new(),

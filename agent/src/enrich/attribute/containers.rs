@@ -2,12 +2,7 @@
 //! event names a pid not seen yet), adopted with their main process, namespace, addresses,
 //! listeners and open connections, and named from the runtime's state or the Kubernetes API.
 
-use std::{
-    collections::{HashMap, HashSet},
-    net::SocketAddr,
-    ops::Not,
-    sync::Arc,
-};
+use std::{net::SocketAddr, ops::Not, sync::Arc};
 
 use super::{Container, Enricher, Key, Tracked};
 use crate::{
@@ -16,7 +11,7 @@ use crate::{
         host::{HostView, ProcInfo},
         kube::{self, SharedStore},
     },
-    model::{ContainerIdentity, Observation},
+    model::{ContainerIdentity, HashMap, HashSet, Observation},
 };
 
 /// Init shims that forward signals to the real main process (`--init`, tini, dumb-init).
@@ -82,7 +77,7 @@ impl<H: HostView> Enricher<H> {
     /// Finds running containers (at start-up, then periodically): their processes, main
     /// process, namespace, addresses, listeners and open inbound connections.
     pub fn scan(&mut self) -> Vec<Observation> {
-        let mut groups: HashMap<String, (CgroupOwner, String, Vec<u32>)> = HashMap::new();
+        let mut groups: HashMap<String, (CgroupOwner, String, Vec<u32>)> = HashMap::default();
         for (pid, path) in self.host.container_pids() {
             let Some(owner) = parse_cgroup_path(&path) else {
                 continue;
@@ -256,7 +251,7 @@ impl<H: HostView> Enricher<H> {
                 init_pid: procs.iter().find(|p| p.ns_pid == Some(1)).map(|p| p.pid),
                 shim_as_main: main.is_some_and(|m| m.ns_pid == Some(1) && is_shim(m)),
                 netns,
-                listener_inodes: HashSet::new(),
+                listener_inodes: HashSet::default(),
                 sampled: false,
                 gone_at: None,
                 runtime_identity,

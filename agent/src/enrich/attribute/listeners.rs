@@ -2,11 +2,7 @@
 //! a connection waiting, overflows) and samples of accept-queue depths and the namespace's
 //! listen counters from procfs.
 
-use std::{
-    collections::{HashMap, HashSet},
-    net::SocketAddr,
-    sync::Arc,
-};
+use std::{net::SocketAddr, sync::Arc};
 
 use super::{Enricher, Key};
 use crate::{
@@ -15,7 +11,9 @@ use crate::{
         host::HostView,
         netstat::{NetstatError, parse_listen_counters},
     },
-    model::{ContainerIdentity, Fact, Observation, Workload, observation::ListenSample},
+    model::{
+        ContainerIdentity, Fact, HashMap, HashSet, Observation, Workload, observation::ListenSample,
+    },
 };
 
 /// Containers' listening sockets by (network namespace, port).
@@ -140,7 +138,7 @@ impl<H: HostView> Enricher<H> {
             .collect();
         keys.sort_by_key(|k| &self.containers[*k].identity.name);
         let keys: Vec<String> = keys.into_iter().cloned().collect();
-        let mut namespaces = HashSet::new();
+        let mut namespaces = HashSet::default();
         let mut counters = Vec::new();
         for key in keys {
             let Some(c) = self.containers.get_mut(&key) else {

@@ -17,16 +17,15 @@ use listeners::Listeners;
 use sockets::{Sockets, Tracked};
 use upstreams::Upstreams;
 
-use std::{
-    collections::{HashMap, HashSet},
-    net::IpAddr,
-    sync::Arc,
-};
+use std::{net::IpAddr, sync::Arc};
 
 use super::{cgroup_path::parse_cgroup_path, host::HostView, kube::SharedStore};
 use crate::{
     capture::event::{Event, ExitStatus},
-    model::{ContainerIdentity, ExitInfo, Observation, ResetDirection, Sender, TcpState},
+    model::{
+        ContainerIdentity, ExitInfo, HashMap, HashSet, Observation, ResetDirection, Sender,
+        TcpState,
+    },
 };
 
 #[derive(Debug, Default)]
@@ -82,14 +81,14 @@ impl<H: HostView> Enricher<H> {
     pub fn new(host: H) -> Self {
         Self {
             host,
-            containers: HashMap::new(),
-            by_pid: HashMap::new(),
-            by_cgroup: HashMap::new(),
-            by_ip: HashMap::new(),
+            containers: HashMap::default(),
+            by_pid: HashMap::default(),
+            by_cgroup: HashMap::default(),
+            by_ip: HashMap::default(),
             listeners: Listeners::default(),
             sockets: Sockets::default(),
             upstreams: Upstreams::default(),
-            not_containers: HashSet::new(),
+            not_containers: HashSet::default(),
             kube: None,
             kube_generation: None,
             host_netns: None,

@@ -2,17 +2,13 @@
 //! handshake (or adopted by 4-tuple from a scan) to the close that says whether the container
 //! cut a request; failed connects to a container's address; resets on its connections.
 
-use std::{
-    collections::{HashMap, HashSet, VecDeque},
-    net::SocketAddr,
-    sync::Arc,
-};
+use std::{collections::VecDeque, net::SocketAddr, sync::Arc};
 
 use super::{Enricher, Key};
 use crate::{
     capture::event::{Endpoints, StateChange},
     enrich::host::HostView,
-    model::{Fact, Mono, Observation, ResetDirection, TcpState},
+    model::{Fact, HashMap, HashSet, Mono, Observation, ResetDirection, TcpState},
 };
 
 use TcpState::{Close, CloseWait, Established, Listen, SynRecv, SynSent};
@@ -77,12 +73,12 @@ pub(super) struct Sockets {
 impl Default for Sockets {
     fn default() -> Self {
         Self {
-            tracked: HashMap::new(),
-            seeded: HashMap::new(),
-            adopted: HashMap::new(),
+            tracked: HashMap::default(),
+            seeded: HashMap::default(),
+            adopted: HashMap::default(),
             next_seed: 1,
-            refused_attempts: HashSet::new(),
-            recent: HashMap::new(),
+            refused_attempts: HashSet::default(),
+            recent: HashMap::default(),
             recent_order: VecDeque::new(),
         }
     }

@@ -2,16 +2,13 @@
 //! HAProxy, Envoy: no list of names); its connections to containers are followed, so that a
 //! cut on the container side names the proxy and its retry can be judged.
 
-use std::{
-    collections::{HashMap, HashSet, VecDeque},
-    net::SocketAddr,
-};
+use std::{collections::VecDeque, net::SocketAddr};
 
 use super::Enricher;
 use crate::{
     capture::event::{Endpoints, StateChange},
     enrich::host::HostView,
-    model::{Mono, Observation, Proxy, TcpState},
+    model::{HashMap, HashSet, Mono, Observation, Proxy, TcpState},
 };
 
 use TcpState::{Close, CloseWait, Established, SynSent};
