@@ -4,6 +4,7 @@
 //! socket fields cost a helper call each. Both emit the same event through `emit`.
 
 use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid,
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
@@ -50,6 +51,10 @@ trait Socket {
 
 #[inline(always)]
 fn emit<S: Socket>(s: &S, f: &Fields, skaddr: u64, oldstate: i32, newstate: i32) -> Option<()> {
+    if in_mask(cfg(&f.connect_new), newstate) {
+        // Before the scope filter: a proxy's upstream is followed wherever it goes.
+        crate::sock_length::on_connect(skaddr, (bpf_get_current_pid_tgid() >> 32) as u32);
+    }
     let netns = s.netns();
     let mut tuple = zeroed::<Tuple>();
     s.tuple(&mut tuple);

@@ -13,6 +13,7 @@ mod inet_sock_set_state;
 mod kfree_skb;
 mod sched_process_exit;
 mod signal_generate;
+mod sock_length;
 mod sys_exit_accept;
 mod tcp_receive_reset;
 mod tcp_send_reset;

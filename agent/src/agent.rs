@@ -227,6 +227,12 @@ fn consume(
                 Err(error) => WatchUpdateFailed { error }.emit(&telemetry),
             }
         }
+        let follow = pipeline.take_follow();
+        if !follow.is_empty()
+            && let Err(error) = watch.follow(&follow)
+        {
+            WatchUpdateFailed { error }.emit(&telemetry);
+        }
     };
     pipeline.start();
     sync_watch(&mut pipeline);
@@ -329,6 +335,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         host_netns,
         skip_hooks: cli.skip_hooks.clone(),
         attach_only: cli.attach_only,
+        retry_window: capture::RETRY_WINDOW,
     })?;
     if cli.attach_only {
         tracing::warn!("--attach-only: the programs return at once, nothing is captured");

@@ -58,6 +58,12 @@ impl<H: HostView> Pipeline<H> {
         Some(self.enricher.watch_set())
     }
 
+    /// Upstream sockets the agent must add to the kernel's map itself (see
+    /// `Enricher::take_follow`).
+    pub fn take_follow(&mut self) -> Vec<u64> {
+        self.enricher.take_follow()
+    }
+
     pub fn container_count(&self) -> usize {
         self.enricher.container_count()
     }

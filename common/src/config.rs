@@ -27,6 +27,9 @@ macro_rules! config {
             /// Non-zero: every program returns at once (`--attach-only`, a benchmark floor: what
             /// the hooks cost the kernel before any of the programs' work).
             pub attach_only: u32,
+            /// How soon after a cut the same worker's next upstream action counts as its retry
+            /// (`sock_length`), in microseconds.
+            pub retry_window_us: u32,
         }
 
         impl Config {
@@ -36,6 +39,7 @@ macro_rules! config {
                 $($stem: crate::$stem::Fields::ABSENT,)*
                 host_netns: 0,
                 attach_only: 0,
+                retry_window_us: 0,
             };
         }
     };
@@ -46,4 +50,4 @@ crate::for_each_hook!(config);
 pod!(Config);
 
 // No implicit padding: the agent writes these bytes verbatim into the program's global.
-const _: () = assert!(core::mem::size_of::<Config>() == 308);
+const _: () = assert!(core::mem::size_of::<Config>() == 312);

@@ -30,6 +30,8 @@ macro_rules! for_each_hook {
                 7 => CgroupRmdir, cgroup_rmdir;
                 8 => KfreeSkb, kfree_skb;
                 9 => InetCskAccept, inet_csk_accept;
+                // tp_btf only (sock_send_length + sock_recv_length): no format fields read.
+                10 => SockLength, sock_length;
             }
             tracepoints {
                 tcp / tcp_send_reset;
@@ -107,12 +109,13 @@ mod tests {
 
     #[test]
     fn kinds_round_trip_and_name_their_hooks() {
-        assert_eq!(EventKind::COUNT, 9);
+        assert_eq!(EventKind::COUNT, 10);
         for k in EventKind::ALL {
             assert_eq!(EventKind::from_u32(k as u32), Some(k));
         }
         assert_eq!(EventKind::from_u32(0), None);
-        assert_eq!(EventKind::from_u32(10), None);
+        assert_eq!(EventKind::from_u32(11), None);
+        assert_eq!(EventKind::SockLength.name(), "sock_length");
         assert_eq!(EventKind::TcpSendReset.name(), "tcp_send_reset");
         assert_eq!(EventKind::InetCskAccept.name(), "inet_csk_accept");
     }

@@ -54,7 +54,9 @@ pub struct Fields {
     /// (connect(): SYN_SENT, listen(): LISTEN): only these read the task's cgroup and command
     /// (two helper calls); other transitions mostly run in softirq, for an unrelated task.
     pub task_new: u32,
-    pub _pad: u32,
+    /// New states of a connect() (SYN_SENT): a proxy's (`PROXIES`) new socket gets an
+    /// `UPSTREAM_SOCKS` entry, and may be the retry of a cut its thread just saw.
+    pub connect_new: u32,
 }
 
 impl Fields {
@@ -69,7 +71,7 @@ impl Fields {
         backlog_new: u32::MAX,
         listener_closed_new: u32::MAX,
         task_new: u32::MAX,
-        _pad: 0,
+        connect_new: 0,
     };
 }
 

@@ -25,6 +25,8 @@ pub enum DecodeError {
     NoHeader(usize),
     #[error("unknown event kind {0}")]
     UnknownKind(u32),
+    #[error("sock_length record with unknown phase {0}")]
+    UnknownPhase(u32),
 }
 
 /// Reads a `#[repr(C)]` record from the front of `bytes`. The types are plain integers and
@@ -199,9 +201,12 @@ events! {
     CgroupRmdir => CgroupRemoved(cgroup_rmdir),
     KfreeSkb => ListenOverflow(kfree_skb),
     InetCskAccept => Accepted(inet_csk_accept),
+    SockLength => UpstreamIo(sock_length),
 }
 
-pub use super::hooks::{inet_sock_set_state::TcpCounters, sched_process_exit::ExitStatus};
+pub use super::hooks::{
+    inet_sock_set_state::TcpCounters, sched_process_exit::ExitStatus, sock_length::IoStep,
+};
 
 #[cfg(test)]
 pub(crate) mod tests {

@@ -64,7 +64,13 @@ pub struct Options {
     pub skip_hooks: Vec<String>,
     /// Programs return at once (the benchmark's floor; see `Config::attach_only`).
     pub attach_only: bool,
+    /// How soon after a cut its worker's next upstream action counts as its retry.
+    pub retry_window: std::time::Duration,
 }
+
+/// nginx re-sends from the failed read's handler, tens of microseconds after the cut; the
+/// window only bounds a chain the worker never continued (no other socket I/O ends it first).
+pub const RETRY_WINDOW: std::time::Duration = std::time::Duration::from_millis(5);
 
 impl Default for Options {
     fn default() -> Self {
@@ -75,6 +81,7 @@ impl Default for Options {
             host_netns: None,
             skip_hooks: Vec::new(),
             attach_only: false,
+            retry_window: RETRY_WINDOW,
         }
     }
 }
@@ -214,6 +221,7 @@ impl Capture {
         config.kernel = kernel;
         config.host_netns = opts.host_netns.unwrap_or(0);
         config.attach_only = u32::from(opts.attach_only);
+        config.retry_window_us = u32::try_from(opts.retry_window.as_micros()).unwrap_or(u32::MAX);
         let mut names = KernelNames::default();
         let (infos, res) = resolve_tracepoints(&events_dir, &mut config, &mut names);
 
@@ -260,12 +268,13 @@ impl Capture {
                     Hook::BtfTracepoint {
                         name,
                         program,
+                        also,
                         offsets,
-                    } => attach_btf_tracepoint(
+                    } => attach_btf_tracepoints(
                         &mut ebpf,
                         &mut links,
                         (&opts.btf_path, &mut aya_btf),
-                        (name, program),
+                        std::iter::once((*name, *program)).chain(also.iter().copied()),
                         offsets,
                         &missing_members,
                     )
@@ -381,11 +390,13 @@ fn attach_tracepoint(
     Ok(res.missing_optional.get(name).cloned().unwrap_or_default())
 }
 
-fn attach_btf_tracepoint(
+/// Every (tracepoint, program) pair, or none: links taken so far are dropped (detached) if a
+/// later one fails.
+fn attach_btf_tracepoints<'a>(
     ebpf: &mut Ebpf,
     links: &mut Vec<Box<dyn Send>>,
     (btf_path, btf): (&str, &mut Option<aya::Btf>),
-    (name, program): (&str, &str),
+    pairs: impl Iterator<Item = (&'a str, &'a str)>,
     offsets: &[&str],
     missing_members: &[String],
 ) -> Result<(), String> {
@@ -396,6 +407,21 @@ fn attach_btf_tracepoint(
     if !lacking.is_empty() {
         return Err(format!("BTF lacks {lacking:?}"));
     }
+    let mut attached = Vec::new();
+    for (name, program) in pairs {
+        attach_btf_tracepoint(ebpf, &mut attached, (btf_path, btf), (name, program))
+            .map_err(|e| format!("{name}: {e}"))?;
+    }
+    links.extend(attached);
+    Ok(())
+}
+
+fn attach_btf_tracepoint(
+    ebpf: &mut Ebpf,
+    links: &mut Vec<Box<dyn Send>>,
+    (btf_path, btf): (&str, &mut Option<aya::Btf>),
+    (name, program): (&str, &str),
+) -> Result<(), String> {
     let prog: &mut BtfTracePoint = ebpf
         .program_mut(program)
         .ok_or_else(|| format!("program {program} missing from the eBPF object"))?

@@ -25,6 +25,8 @@ pub enum Hook {
         /// The tracepoint; the program is `<name>_btf`.
         name: &'static str,
         program: &'static str,
+        /// More (tracepoint, program) pairs attached with it, all or none.
+        also: &'static [(&'static str, &'static str)],
         offsets: &'static [&'static str],
     },
     /// kprobes on every listed function (all must attach), or kretprobes when `ret`.
@@ -51,7 +53,14 @@ impl Hook {
                 }
                 l
             }
-            Hook::BtfTracepoint { name, .. } => format!("tp_btf:{name}"),
+            Hook::BtfTracepoint { name, also, .. } => {
+                let mut l = format!("tp_btf:{name}");
+                for (a, _) in *also {
+                    l.push('+');
+                    l.push_str(a);
+                }
+                l
+            }
             Hook::Kprobe { functions, ret } => {
                 let kind = if *ret { "kretprobe" } else { "kprobe" };
                 let names: Vec<_> = functions.iter().map(|(f, _)| *f).collect();
@@ -91,6 +100,7 @@ pub const PLAN: &[SignalPlan] = &[
             Hook::BtfTracepoint {
                 name: "tcp_send_reset",
                 program: "tcp_send_reset_btf",
+                also: &[],
                 offsets: &[
                     "sock.__sk_common.skc_net",
                     "net.ns.inum",
@@ -136,6 +146,7 @@ pub const PLAN: &[SignalPlan] = &[
             Hook::BtfTracepoint {
                 name: "tcp_receive_reset",
                 program: "tcp_receive_reset_btf",
+                also: &[],
                 offsets: &["sock.__sk_common.skc_net", "net.ns.inum"],
             },
             tp("tcp", "tcp_receive_reset"),
@@ -149,6 +160,7 @@ pub const PLAN: &[SignalPlan] = &[
             Hook::BtfTracepoint {
                 name: "inet_sock_set_state",
                 program: "inet_sock_set_state_btf",
+                also: &[],
                 offsets: &[
                     "sock.sk_protocol",
                     "sock.__sk_common.skc_net",
@@ -166,6 +178,7 @@ pub const PLAN: &[SignalPlan] = &[
             Hook::BtfTracepoint {
                 name: "inet_sk_error_report",
                 program: "inet_sk_error_report_btf",
+                also: &[],
                 offsets: &[
                     "sock.sk_protocol",
                     "sock.sk_err",
@@ -205,6 +218,7 @@ pub const PLAN: &[SignalPlan] = &[
             Hook::BtfTracepoint {
                 name: "kfree_skb",
                 program: "kfree_skb_btf",
+                also: &[],
                 offsets: &["sock.__sk_common.skc_net", "net.ns.inum"],
             },
             tp("skb", "kfree_skb"),
@@ -229,6 +243,21 @@ pub const PLAN: &[SignalPlan] = &[
             },
         ],
         unavailable: "needs kprobe, fentry or the syscalls:sys_exit_accept tracepoints",
+    },
+    SignalPlan {
+        signal: "upstream_requests",
+        title: "upstream requests",
+        hooks: &[
+            // 6.3+. Only proxies' upstream sockets are followed (`UPSTREAM_SOCKS`). Without
+            // it no cut is judged: a retry cannot be told from a new request of equal size.
+            Hook::BtfTracepoint {
+                name: "sock_send_length",
+                program: "sock_send_length_btf",
+                also: &[("sock_recv_length", "sock_recv_length_btf")],
+                offsets: &[],
+            },
+        ],
+        unavailable: "needs tp_btf sock:sock_send_length and sock:sock_recv_length (Linux 6.3+): proxy retries and upstream aborts are not judged",
     },
 ];
 
@@ -303,6 +332,11 @@ mod tests {
                 "tp_btf:inet_sock_set_state",
                 "tracepoint:sock:inet_sock_set_state"
             ]
+        );
+        let io = PLAN.iter().find(|p| p.signal == "upstream_requests").unwrap();
+        assert_eq!(
+            io.hooks[0].label(),
+            "tp_btf:sock_send_length+sock_recv_length"
         );
     }
 

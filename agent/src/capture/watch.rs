@@ -7,6 +7,7 @@ use std::{collections::BTreeSet, net::IpAddr};
 use aya::maps::{Array, HashMap, MapData, MapError};
 use drainwatch_common::{
     AF_INET, AF_INET6,
+    sock_length::ReqState,
     watch::{ANY_PORT, Addr},
 };
 
@@ -18,6 +19,9 @@ use super::CaptureError;
 pub struct WatchSet {
     pub addrs: BTreeSet<IpAddr>,
     pub ports: BTreeSet<u16>,
+    /// Proxies (thread-group ids): their connects get followed upstream sockets
+    /// (`sock_length`).
+    pub proxies: BTreeSet<u32>,
 }
 
 /// The map key for an address; `None` for those the programs never look up (loopback, unset).
@@ -35,6 +39,9 @@ pub fn key(ip: IpAddr) -> Option<Addr> {
 pub struct Watch {
     ports: Array<MapData, u8>,
     addrs: HashMap<MapData, Addr, u8>,
+    proxies: HashMap<MapData, u32, u8>,
+    /// `UPSTREAM_SOCKS` (an LRU hash, which aya's `HashMap` handles too).
+    upstreams: HashMap<MapData, u64, ReqState>,
     current: WatchSet,
 }
 
@@ -55,11 +62,34 @@ impl Watch {
         let addrs = ebpf
             .take_map("WATCH_ADDRS")
             .ok_or(CaptureError::NoMap("WATCH_ADDRS"))?;
+        let proxies = ebpf
+            .take_map("PROXIES")
+            .ok_or(CaptureError::NoMap("PROXIES"))?;
+        let upstreams = ebpf
+            .take_map("UPSTREAM_SOCKS")
+            .ok_or(CaptureError::NoMap("UPSTREAM_SOCKS"))?;
         Ok(Self {
             ports: Array::try_from(ports)?,
             addrs: HashMap::try_from(addrs)?,
+            proxies: HashMap::try_from(proxies)?,
+            upstreams: HashMap::try_from(upstreams)?,
             current: WatchSet::default(),
         })
+    }
+
+    /// Follows upstream sockets the kernel did not (opened before their process was in
+    /// `PROXIES`); an entry the kernel made already is left alone.
+    pub fn follow(&mut self, socks: &[u64]) -> Result<(), MapError> {
+        const BPF_NOEXIST: u64 = 1;
+        for sk in socks {
+            match self.upstreams.insert(sk, ReqState::default(), BPF_NOEXIST) {
+                Ok(()) => {}
+                Err(MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Makes the maps say `want`. An address the kernel refuses is left out (and retried on
@@ -107,11 +137,18 @@ impl Watch {
             self.ports
                 .set(ANY_PORT, u8::from(!want.ports.is_empty()), 0),
         );
+        for gone in self.current.proxies.difference(&want.proxies) {
+            note(self.proxies.remove(gone));
+        }
+        for new in want.proxies.difference(&self.current.proxies) {
+            note(self.proxies.insert(new, 1, 0));
+        }
         applied.addrs = addrs.len();
         applied.ports = want.ports.len();
         self.current = WatchSet {
             addrs,
             ports: want.ports.clone(),
+            proxies: want.proxies.clone(),
         };
         first_err.map_or(Ok(applied), Err)
     }

@@ -1,165 +1,212 @@
-//! Proxy retry duplicates: when a backend cuts a proxy's upstream connection with a request
-//! pending, did the proxy re-send that request to another backend? A new upstream connection
-//! from the same proxy process, to a different backend, opened within the retry window, that
-//! carried a request of the same size, is a **retry duplicate** (the client saw a success;
-//! the backends did the work twice). A cut with no such follow-up is an **upstream abort**
-//! (the client saw a 502 or a reset). Requests are compared by size in bytes, not parsed, so
-//! this works for any protocol and through TLS. Pure: fed observations and a clock.
+//! Proxy retries: when a backend cuts a proxy's upstream connection with a request pending,
+//! did the proxy re-send that request to another backend, and had the cut backend read it?
+//!
+//! Evidence, not coincidence: the kernel (`sock_length`) reports the cut as the proxy's
+//! worker thread saw it (its recv returned EOF or an error with a request of N bytes sent and
+//! no response byte read), and reports as a candidate only the request that same thread
+//! started next, if it started it within the retry window and did no other socket I/O first
+//! (nginx re-sends from the failed read's handler; answering the client 502 instead is I/O
+//! on another socket). The candidate is the retry when it went to another backend and its
+//! size, counted per request (bytes sent since the last response byte, so pooled keep-alive
+//! connections count too), is N. Then:
+//! - the cut backend had read the request (its receive queue did not hold it when it
+//!   closed): a **retry duplicate**, done twice or maybe twice;
+//! - it had not (still unread, or its end was closed before the request was sent): **retried
+//!   unexecuted**, done once;
+//! - no retry: an **upstream abort**, the client saw an error.
+//!
+//! Pure: fed observations and a clock.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 pub use crate::model::Proxy;
-use crate::model::{HashMap, Mono, SECOND};
+use crate::model::{HashMap, Mono, RetryOutcome, SECOND};
 
+/// A request a backend cut, as the proxy's worker saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cut {
+    /// When the worker saw the cut.
     pub at: Mono,
     pub proxy: Proxy,
+    /// The worker thread.
+    pub tid: u32,
     /// The backend container that cut it.
     pub backend: String,
-    /// Bytes the proxy had sent on the cut connection (the request).
-    pub request_bytes: u64,
-    /// When the proxy opened the cut connection.
-    pub upstream_opened_at: Mono,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum Verdict {
-    /// Re-sent to `retried_on`; `added` is how much later than the original the retry began.
-    Duplicate {
-        retried_on: String,
-        added_seconds: f64,
-    },
-    Abort,
+    /// The proxy's socket.
+    pub sock: u64,
+    /// The request's size.
+    pub bytes: u64,
+    /// When its first byte was sent.
+    pub started_at: Mono,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     pub cut: Cut,
-    pub verdict: Verdict,
+    pub outcome: RetryOutcome,
 }
 
+/// The request the cut's worker started next, until it was sent whole.
 #[derive(Debug, Clone)]
-struct Upstream {
-    proxy: u32,
+struct Candidate {
     backend: String,
-    opened_at: Mono,
-    /// Bytes sent, once closed.
-    closed_bytes: Option<u64>,
-    /// Already matched to a cut.
-    used: bool,
+    started_at: Mono,
+}
+
+#[derive(Debug)]
+struct Pending {
+    cut: Cut,
+    candidate: Option<Candidate>,
+}
+
+/// How the container's end of a proxy's connection closed.
+#[derive(Debug, Clone, Copy)]
+struct PeerClose {
+    at: Mono,
+    unread: u32,
 }
 
 #[derive(Debug)]
 pub struct Matcher {
     window: Mono,
-    /// Undecided cuts: wait for the window and for candidate connections to close.
-    cuts: Vec<Cut>,
-    upstreams: HashMap<u64, Upstream>,
-    /// How long to wait for a candidate connection to close before deciding anyway.
+    /// Undecided cuts, by the proxy's socket.
+    pending: HashMap<u64, Pending>,
+    /// Container-side closes of proxies' connections, by the proxy's socket, kept a while.
+    closes: HashMap<u64, PeerClose>,
+    close_order: VecDeque<u64>,
+    /// How long a started retry may take to be sent whole before the cut is decided an abort
+    /// (the proxy gave up on it: a timeout, or the client went away).
     max_wait: Mono,
 }
 
+/// Closes remembered (a cut is decided well within this many later closes).
+const CLOSES: usize = 8192;
+
 impl Matcher {
+    /// `window`: how long after a cut without a candidate it is decided an abort. The kernel
+    /// only reports candidates within its own (shorter) window; this one covers the events'
+    /// way to the agent.
     pub fn new(window: Mono) -> Self {
         Self {
             window,
-            cuts: Vec::new(),
-            upstreams: HashMap::default(),
+            pending: HashMap::default(),
+            closes: HashMap::default(),
+            close_order: VecDeque::new(),
             max_wait: 300 * SECOND,
         }
     }
 
-    pub fn opened(&mut self, sock: u64, proxy: u32, backend: String, at: Mono) {
-        self.upstreams.insert(
-            sock,
-            Upstream {
-                proxy,
-                backend,
-                opened_at: at,
-                closed_bytes: None,
-                used: false,
-            },
-        );
-    }
-
-    pub fn closed(&mut self, sock: u64, bytes_sent: u64) {
-        if let Some(u) = self.upstreams.get_mut(&sock) {
-            u.closed_bytes.get_or_insert(bytes_sent);
+    /// The container closed its end of the proxy's connection `sock`, leaving `unread` bytes.
+    pub fn peer_closed(&mut self, sock: u64, at: Mono, unread: u32) {
+        if self.closes.insert(sock, PeerClose { at, unread }).is_none() {
+            self.close_order.push_back(sock);
+        }
+        while self.close_order.len() > CLOSES {
+            if let Some(old) = self.close_order.pop_front() {
+                self.closes.remove(&old);
+            }
         }
     }
 
     pub fn cut(&mut self, cut: Cut) {
-        self.cuts.push(cut);
+        self.pending.insert(
+            cut.sock,
+            Pending {
+                cut,
+                candidate: None,
+            },
+        );
     }
 
-    fn candidates<'a>(&'a self, c: &'a Cut) -> impl Iterator<Item = (&'a u64, &'a Upstream)> + 'a {
-        self.upstreams.iter().filter(move |(_, u)| {
-            u.proxy == c.proxy.tgid
-                && u.backend != c.backend
-                && !u.used
-                && u.opened_at >= c.at
-                && u.opened_at <= c.at + self.window
+    /// The cut's worker started its next request on a connection to `backend`.
+    pub fn retry_started(&mut self, cut_sock: u64, tid: u32, backend: String, started_at: Mono) {
+        if let Some(p) = self.pending.get_mut(&cut_sock)
+            && p.cut.tid == tid
+            && p.candidate.is_none()
+        {
+            p.candidate = Some(Candidate {
+                backend,
+                started_at,
+            });
+        }
+    }
+
+    /// That request was sent whole, `bytes` long: the cut is decided.
+    pub fn retry_ended(&mut self, cut_sock: u64, tid: u32, bytes: u64) -> Option<Decision> {
+        let p = self.pending.get(&cut_sock)?;
+        if p.cut.tid != tid {
+            return None;
+        }
+        let p = self.pending.remove(&cut_sock)?;
+        let Some(c) = p.candidate else {
+            return Some(Decision {
+                cut: p.cut,
+                outcome: RetryOutcome::Abort,
+            });
+        };
+        // The same request again, elsewhere; anything else was the worker's next job.
+        let same = c.backend != p.cut.backend && bytes == p.cut.bytes;
+        let outcome = if !same {
+            RetryOutcome::Abort
+        } else {
+            let added_seconds =
+                c.started_at.saturating_sub(p.cut.started_at) as f64 / SECOND as f64;
+            if self.read_by_backend(&p.cut) {
+                RetryOutcome::Duplicate { added_seconds }
+            } else {
+                RetryOutcome::Unexecuted { added_seconds }
+            }
+        };
+        Some(Decision {
+            cut: p.cut,
+            outcome,
         })
     }
 
-    /// Decides the cuts that can be decided at `now`, oldest first.
-    pub fn tick(&mut self, now: Mono) -> Vec<Decision> {
-        let mut out = Vec::new();
-        self.cuts.sort_by_key(|c| c.at);
-        let mut remaining = Vec::new();
-        for cut in std::mem::take(&mut self.cuts) {
-            // The oldest matching connection of the right size, in opening order.
-            let mut matching: Vec<(u64, Mono)> = self
-                .candidates(&cut)
-                .filter(|(_, u)| u.closed_bytes == Some(cut.request_bytes))
-                .map(|(s, u)| (*s, u.opened_at))
-                .collect();
-            matching.sort_by_key(|(_, at)| *at);
-            if let Some((sock, opened)) = matching.first().copied() {
-                let retried_on = self
-                    .upstreams
-                    .get(&sock)
-                    .map(|u| u.backend.clone())
-                    .unwrap_or_default();
-                if let Some(u) = self.upstreams.get_mut(&sock) {
-                    u.used = true;
-                }
-                let added = opened.saturating_sub(cut.upstream_opened_at) as f64 / SECOND as f64;
-                out.push(Decision {
-                    cut,
-                    verdict: Verdict::Duplicate {
-                        retried_on,
-                        added_seconds: added,
-                    },
-                });
-                continue;
-            }
-            let window_over = now > cut.at + self.window;
-            let still_open = self.candidates(&cut).any(|(_, u)| u.closed_bytes.is_none());
-            if window_over && (!still_open || now > cut.at + self.max_wait) {
-                out.push(Decision {
-                    cut,
-                    verdict: Verdict::Abort,
-                });
-            } else {
-                remaining.push(cut);
-            }
+    /// Whether the cut backend read the request (or may have): not if its end closed before
+    /// the request was sent, nor if its receive queue still held all of it at the close. Not
+    /// knowing how it closed counts as read: a duplicate is never ruled out on no evidence.
+    fn read_by_backend(&self, cut: &Cut) -> bool {
+        match self.closes.get(&cut.sock) {
+            Some(c) => c.at > cut.started_at && u64::from(c.unread) < cut.bytes,
+            None => true,
         }
-        self.cuts = remaining;
-        // Forget closed connections no undecided cut can use any more.
-        let oldest = self.cuts.iter().map(|c| c.at).min().unwrap_or(now);
-        let horizon = oldest.saturating_sub(self.window);
-        self.upstreams
-            .retain(|_, u| u.closed_bytes.is_none() || u.opened_at >= horizon);
+    }
+
+    /// Decides the cuts that no retry followed within the window, and those whose retry was
+    /// never sent whole within `max_wait`; oldest first.
+    pub fn tick(&mut self, now: Mono) -> Vec<Decision> {
+        let (window, max_wait) = (self.window, self.max_wait);
+        let over: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| {
+                let limit = if p.candidate.is_some() {
+                    max_wait
+                } else {
+                    window
+                };
+                now > p.cut.at.saturating_add(limit)
+            })
+            .map(|(s, _)| *s)
+            .collect();
+        let mut out: Vec<Decision> = over
+            .into_iter()
+            .filter_map(|s| self.pending.remove(&s))
+            .map(|p| Decision {
+                cut: p.cut,
+                outcome: RetryOutcome::Abort,
+            })
+            .collect();
+        out.sort_by_key(|d| d.cut.at);
         out
     }
 
     /// Counts of undecided cuts per proxy (for tests and debugging).
     pub fn pending(&self) -> BTreeMap<u32, usize> {
         let mut m = BTreeMap::new();
-        for c in &self.cuts {
-            *m.entry(c.proxy.tgid).or_default() += 1;
+        for p in self.pending.values() {
+            *m.entry(p.cut.proxy.tgid).or_default() += 1;
         }
         m
     }
@@ -170,6 +217,7 @@ mod tests {
     use super::*;
 
     const MS: Mono = 1_000_000;
+    const US: Mono = 1_000;
     const T: Mono = 1_000 * SECOND;
 
     fn nginx() -> Proxy {
@@ -179,100 +227,123 @@ mod tests {
         }
     }
 
-    fn cut(at: Mono, bytes: u64) -> Cut {
+    fn cut(sock: u64, at: Mono, bytes: u64) -> Cut {
         Cut {
             at,
             proxy: nginx(),
+            tid: 77,
             backend: "s1".into(),
-            request_bytes: bytes,
-            upstream_opened_at: at - 650 * MS,
+            sock,
+            bytes,
+            started_at: at - 300 * MS,
         }
     }
 
-    #[test]
-    fn a_resend_of_the_same_size_to_another_backend_is_a_duplicate() {
-        let mut m = Matcher::new(SECOND);
-        m.opened(1, 77, "s1".into(), T - 650 * MS);
-        m.cut(cut(T, 120));
-        m.closed(1, 120);
-        m.opened(2, 77, "s2".into(), T + 2 * MS);
-        assert!(m.tick(T + 10 * MS).is_empty(), "the retry is still running");
-        m.closed(2, 120);
-        let d = m.tick(T + 1400 * MS);
-        assert_eq!(d.len(), 1);
-        assert_eq!(
-            d[0].verdict,
-            Verdict::Duplicate {
-                retried_on: "s2".into(),
-                added_seconds: 0.652
-            }
-        );
+    fn matcher() -> Matcher {
+        Matcher::new(SECOND)
     }
 
     #[test]
-    fn no_follow_up_is_an_abort_once_the_window_is_over() {
-        let mut m = Matcher::new(SECOND);
-        m.cut(cut(T, 120));
-        assert!(m.tick(T + 500 * MS).is_empty());
-        let d = m.tick(T + SECOND + MS);
-        assert_eq!(d[0].verdict, Verdict::Abort);
+    fn the_same_request_resent_elsewhere_after_the_backend_read_it_is_a_duplicate() {
+        let mut m = matcher();
+        m.peer_closed(1, T - 50 * US, 0);
+        m.cut(cut(1, T, 120));
+        m.retry_started(1, 77, "s2".into(), T + 40 * US);
+        assert!(m.tick(T + 10 * SECOND).is_empty(), "the retry is running");
+        let d = m.retry_ended(1, 77, 120).unwrap();
+        assert_eq!(
+            d.outcome,
+            RetryOutcome::Duplicate {
+                added_seconds: 0.30004
+            }
+        );
         assert!(m.pending().is_empty());
     }
 
     #[test]
-    fn two_concurrent_requests_of_equal_size_match_one_to_one() {
-        let mut m = Matcher::new(SECOND);
-        m.cut(cut(T, 120));
-        m.cut(cut(T + MS, 120));
-        m.opened(10, 77, "s2".into(), T + 2 * MS);
-        m.opened(11, 77, "s2".into(), T + 3 * MS);
-        m.closed(10, 120);
-        m.closed(11, 120);
-        let d = m.tick(T + 2 * SECOND);
-        let dups = d
-            .iter()
-            .filter(|d| matches!(d.verdict, Verdict::Duplicate { .. }))
-            .count();
-        assert_eq!(dups, 2);
+    fn a_request_the_backend_never_read_ran_once() {
+        let mut m = matcher();
+        // Died with the 120 bytes (and a FIN) still queued.
+        m.peer_closed(1, T - 50 * US, 121);
+        m.cut(cut(1, T, 120));
+        m.retry_started(1, 77, "s2".into(), T + 40 * US);
+        let d = m.retry_ended(1, 77, 120).unwrap();
+        assert!(matches!(d.outcome, RetryOutcome::Unexecuted { .. }));
+        // A pooled connection whose backend end had closed before the request went out.
+        let mut m = matcher();
+        let c = cut(2, T, 120);
+        m.peer_closed(2, c.started_at - MS, 0);
+        m.cut(c);
+        m.retry_started(2, 77, "s2".into(), T + 40 * US);
+        let d = m.retry_ended(2, 77, 120).unwrap();
+        assert!(matches!(d.outcome, RetryOutcome::Unexecuted { .. }));
     }
 
     #[test]
-    fn only_one_retry_for_two_cuts_leaves_one_abort() {
-        let mut m = Matcher::new(SECOND);
-        m.cut(cut(T, 120));
-        m.cut(cut(T + MS, 120));
-        m.opened(10, 77, "s2".into(), T + 2 * MS);
-        m.closed(10, 120);
-        let d = m.tick(T + 2 * SECOND);
-        let verdicts: Vec<_> = d
-            .iter()
-            .map(|d| matches!(d.verdict, Verdict::Duplicate { .. }))
-            .collect();
-        assert_eq!(verdicts, [true, false]);
+    fn no_retry_within_the_window_is_an_abort() {
+        let mut m = matcher();
+        m.cut(cut(1, T, 120));
+        assert!(m.tick(T + 500 * MS).is_empty());
+        let d = m.tick(T + SECOND + MS);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].outcome, RetryOutcome::Abort);
+        assert!(m.pending().is_empty());
     }
 
     #[test]
-    fn a_retry_after_the_window_or_of_another_size_or_proxy_is_not_a_duplicate() {
-        let mut m = Matcher::new(SECOND);
-        m.cut(cut(T, 120));
-        m.opened(20, 77, "s2".into(), T + 1500 * MS); // too late
-        m.opened(21, 77, "s2".into(), T + 5 * MS); // different request
-        m.opened(22, 78, "s2".into(), T + 6 * MS); // another proxy process
-        m.opened(23, 77, "s1".into(), T + 7 * MS); // the same backend again
-        for s in 20..24 {
-            m.closed(s, if s == 21 { 300 } else { 120 });
+    fn the_next_request_of_another_size_or_to_the_same_backend_is_not_a_retry() {
+        for (backend, bytes) in [("s2", 121), ("s1", 120)] {
+            let mut m = matcher();
+            m.cut(cut(1, T, 120));
+            m.retry_started(1, 77, backend.into(), T + 40 * US);
+            let d = m.retry_ended(1, 77, bytes).unwrap();
+            assert_eq!(d.outcome, RetryOutcome::Abort, "{backend} {bytes}");
         }
-        let d = m.tick(T + 2 * SECOND);
-        assert_eq!(d[0].verdict, Verdict::Abort);
     }
 
     #[test]
-    fn keep_alive_upstream_connections_opened_before_the_cut_are_not_retries() {
-        let mut m = Matcher::new(SECOND);
-        // A pooled connection to s2, opened long before, closing later with many requests.
-        m.opened(30, 77, "s2".into(), T - 60 * SECOND);
-        m.cut(cut(T, 120));
-        m.closed(30, 120);
-        assert_eq!(m.tick(T + 2 * SECOND)[0].verdict, Verdict::Abort);
+    fn only_the_cut_workers_own_next_request_counts() {
+        let mut m = matcher();
+        m.cut(cut(1, T, 120));
+        // Another thread's request, of the same size: nothing.
+        m.retry_started(1, 78, "s2".into(), T + 40 * US);
+        assert_eq!(m.retry_ended(1, 78, 120), None);
+        assert_eq!(m.tick(T + 2 * SECOND)[0].outcome, RetryOutcome::Abort);
+    }
+
+    #[test]
+    fn concurrent_cuts_match_their_own_retries_one_to_one() {
+        let mut m = matcher();
+        m.cut(cut(1, T, 120));
+        m.cut(cut(2, T + MS, 120));
+        m.retry_started(1, 77, "s2".into(), T + 40 * US);
+        m.retry_started(2, 77, "s2".into(), T + MS + 40 * US);
+        // A second start for the same cut is not taken.
+        m.retry_started(1, 77, "s3".into(), T + 2 * MS);
+        let a = m.retry_ended(2, 77, 120).unwrap();
+        let b = m.retry_ended(1, 77, 120).unwrap();
+        assert_eq!((a.cut.sock, b.cut.sock), (2, 1));
+        assert!(matches!(a.outcome, RetryOutcome::Duplicate { .. }));
+        assert!(matches!(b.outcome, RetryOutcome::Duplicate { .. }));
+        assert_eq!(m.retry_ended(1, 77, 120), None, "decided once");
+    }
+
+    #[test]
+    fn a_retry_never_sent_whole_is_an_abort_after_max_wait() {
+        let mut m = matcher();
+        m.cut(cut(1, T, 120));
+        m.retry_started(1, 77, "s2".into(), T + 40 * US);
+        assert!(m.tick(T + 299 * SECOND).is_empty());
+        assert_eq!(m.tick(T + 301 * SECOND)[0].outcome, RetryOutcome::Abort);
+    }
+
+    #[test]
+    fn closes_are_bounded() {
+        let mut m = matcher();
+        for s in 0..(CLOSES as u64 + 10) {
+            m.peer_closed(s, T, 0);
+        }
+        assert_eq!(m.closes.len(), CLOSES);
+        assert!(!m.closes.contains_key(&0));
     }
 }

@@ -83,6 +83,13 @@ fn common_findings(stop: &StopView, out: &mut Vec<String>) {
             count(dup, "cut request", "cut requests")
         ));
     }
+    let unexecuted = loss.retried_unexecuted;
+    if unexecuted > 0 {
+        out.push(format!(
+            "a proxy re-sent {} it had never read to another backend: done once, only later",
+            count(unexecuted, "cut request", "cut requests")
+        ));
+    }
     let aborts = loss.upstream_aborts;
     if aborts > 0 {
         out.push(format!(

@@ -6,6 +6,29 @@ use super::{
     ContainerIdentity, Fact, ListenSample, LossKind, Mono, ResetDirection, stop::Stop, storm::Storm,
 };
 
+/// What became of a request a backend cut (`correlate::retries`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RetryOutcome {
+    /// Re-sent to another backend after the cut one had read it: done twice (or maybe).
+    /// `added_seconds`: from the original request's start to the retry's.
+    Duplicate { added_seconds: f64 },
+    /// Re-sent after the cut backend died with it unread: done once.
+    Unexecuted { added_seconds: f64 },
+    /// Not re-sent: the client saw an error.
+    Abort,
+}
+
+impl RetryOutcome {
+    /// The loss it counts as against the cut backend's stop.
+    pub fn loss(self) -> LossKind {
+        match self {
+            RetryOutcome::Duplicate { .. } => LossKind::RetryDuplicates,
+            RetryOutcome::Unexecuted { .. } => LossKind::RetriedUnexecuted,
+            RetryOutcome::Abort => LossKind::UpstreamAborts,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Emitted {
     /// A container was announced (scan or first event).
@@ -28,8 +51,7 @@ pub enum Emitted {
     Retry {
         container: ContainerIdentity,
         proxy: String,
-        /// `None` for an abort; the latency the retry added for a duplicate.
-        added_seconds: Option<f64>,
+        outcome: RetryOutcome,
     },
     /// A RST on one of a container's connections, stop or not.
     Reset {

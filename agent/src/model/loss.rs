@@ -21,14 +21,17 @@ pub enum LossKind {
     Unreachable,
     /// A connection accepted after the stop signal.
     AcceptedAfterSigterm,
-    /// A cut request a proxy re-sent to another backend.
+    /// A cut request the backend had read, re-sent by a proxy to another backend.
     RetryDuplicates,
+    /// A cut request the backend never read (still in its receive queue), re-sent by a proxy
+    /// to another backend: it ran once.
+    RetriedUnexecuted,
     /// A cut request no proxy re-sent.
     UpstreamAborts,
 }
 
 impl LossKind {
-    pub const ALL: [LossKind; 8] = [
+    pub const ALL: [LossKind; 9] = [
         LossKind::InflightCut,
         LossKind::IdleClosed,
         LossKind::ResetsSent,
@@ -36,6 +39,7 @@ impl LossKind {
         LossKind::Unreachable,
         LossKind::AcceptedAfterSigterm,
         LossKind::RetryDuplicates,
+        LossKind::RetriedUnexecuted,
         LossKind::UpstreamAborts,
     ];
 
@@ -49,6 +53,7 @@ impl LossKind {
             LossKind::Unreachable => "unreachable",
             LossKind::AcceptedAfterSigterm => "accepted_after_sigterm",
             LossKind::RetryDuplicates => "retry_duplicates",
+            LossKind::RetriedUnexecuted => "retried_unexecuted",
             LossKind::UpstreamAborts => "upstream_aborts",
         }
     }
@@ -95,7 +100,11 @@ pub struct Loss {
     pub refused: u64,
     /// RSTs sent, by kernel reason.
     pub resets_sent: BTreeMap<String, u64>,
-    /// Cut requests a proxy re-sent to another backend (done twice, invisible to the client).
+    /// Cut requests the container never read, re-sent by a proxy to another backend (done
+    /// once, invisible to the client).
+    pub retried_unexecuted: u64,
+    /// Cut requests the container had read, re-sent by a proxy to another backend (done
+    /// twice, or maybe twice, invisible to the client).
     pub retry_duplicates: u64,
     pub unreachable: u64,
     /// Cut requests no proxy re-sent (the client saw an error).
@@ -113,6 +122,7 @@ impl Loss {
         self.unreachable += other.unreachable;
         self.accepted_after_sigterm += other.accepted_after_sigterm;
         self.retry_duplicates += other.retry_duplicates;
+        self.retried_unexecuted += other.retried_unexecuted;
         self.upstream_aborts += other.upstream_aborts;
     }
 
@@ -125,6 +135,7 @@ impl Loss {
             LossKind::Unreachable => self.unreachable += 1,
             LossKind::AcceptedAfterSigterm => self.accepted_after_sigterm += 1,
             LossKind::RetryDuplicates => self.retry_duplicates += 1,
+            LossKind::RetriedUnexecuted => self.retried_unexecuted += 1,
             LossKind::UpstreamAborts => self.upstream_aborts += 1,
             LossKind::ResetsSent => {
                 *self
@@ -144,6 +155,7 @@ impl Loss {
             LossKind::Unreachable => self.unreachable,
             LossKind::AcceptedAfterSigterm => self.accepted_after_sigterm,
             LossKind::RetryDuplicates => self.retry_duplicates,
+            LossKind::RetriedUnexecuted => self.retried_unexecuted,
             LossKind::UpstreamAborts => self.upstream_aborts,
             LossKind::ResetsSent => self.resets_sent.values().sum(),
         }

@@ -11,10 +11,10 @@ pub mod stop;
 pub mod storm;
 pub mod tcp;
 
-pub use emitted::Emitted;
+pub use emitted::{Emitted, RetryOutcome};
 pub use identity::{ContainerIdentity, ExitInfo, Proxy, Sender, StopPolicy, Workload};
 pub use loss::{Loss, LossKind, ResetDirection};
-pub use observation::{Fact, ListenCounters, ListenSample, Observation};
+pub use observation::{Fact, ListenCounters, ListenSample, Observation, UpstreamStep};
 pub use tcp::TcpState;
 
 /// The maps and sets of the event path. Their keys are container ids, socket addresses and

@@ -34,6 +34,25 @@ pub struct ListenSample {
     pub complete: bool,
 }
 
+/// A step of a request on a proxy's upstream connection, as the kernel saw it
+/// (`capture::hooks::sock_length`). Sizes are per request: bytes sent since the last response
+/// byte, so pooled keep-alive connections count each request apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamStep {
+    /// The worker read EOF or a connection error with a request of `bytes`, started at
+    /// `started_at`, unanswered.
+    Cut { bytes: u64, started_at: Mono },
+    /// The worker's next upstream action after the cut on `cut_sock` (at `cut_at`) started a
+    /// request on this connection: the retry, if it is the same request.
+    RetryStarted {
+        cut_sock: u64,
+        cut_at: Mono,
+        started_at: Mono,
+    },
+    /// That request was sent whole: `bytes`.
+    RetryEnded { cut_sock: u64, bytes: u64 },
+}
+
 /// Something the attribution stage established about one container. `key` is the container id.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Observation {
@@ -105,24 +124,21 @@ pub enum Observation {
         port: u16,
         fact: Fact,
     },
-    /// A proxy process on this node opened a connection to the container (`key`).
-    UpstreamOpened {
+    /// What a proxy's worker thread (`tid`) did on its connection `sock` to the container
+    /// (`key`) around a cut (see `UpstreamStep`).
+    UpstreamRequest {
         key: String,
         sock: u64,
         proxy: Proxy,
+        tid: u32,
+        step: UpstreamStep,
     },
-    /// That connection closed after the proxy sent `bytes_sent` bytes on it.
-    UpstreamClosed {
+    /// The container closed (or reset) its end of the proxy's connection `sock` (the proxy's
+    /// socket) with `unread` bytes it never read.
+    UpstreamPeerClosed {
         key: String,
         sock: u64,
-        bytes_sent: u64,
-    },
-    /// The container cut a proxy's connection with a request of `request_bytes` pending.
-    UpstreamCut {
-        key: String,
-        proxy: Proxy,
-        request_bytes: u64,
-        upstream_opened_at: Mono,
+        unread: u32,
     },
 }
 
@@ -144,9 +160,8 @@ impl Observation {
             | Observation::Refused { key }
             | Observation::Unreachable { key }
             | Observation::CgroupRemoved { key }
-            | Observation::UpstreamOpened { key, .. }
-            | Observation::UpstreamClosed { key, .. }
-            | Observation::UpstreamCut { key, .. } => key,
+            | Observation::UpstreamRequest { key, .. }
+            | Observation::UpstreamPeerClosed { key, .. } => key,
         }
     }
 }

@@ -71,8 +71,8 @@ impl Telemetry {
             Emitted::Retry {
                 container,
                 proxy,
-                added_seconds,
-            } => self.stops.retry(container, proxy, *added_seconds),
+                outcome,
+            } => self.stops.retry(container, proxy, *outcome),
             Emitted::Reset {
                 container,
                 direction,

@@ -15,7 +15,7 @@ use super::{
     labels::{ContainerLabels, OutcomeLabels, ProxyLabels, ReasonLabels, ResetLabels},
 };
 use crate::model::{
-    ContainerIdentity, LossKind, ResetDirection,
+    ContainerIdentity, LossKind, ResetDirection, RetryOutcome,
     stop::{Outcome, Stop},
 };
 
@@ -40,6 +40,7 @@ pub struct StopMetrics {
     connection_resets: Family<ResetLabels, Counter>,
     refused_connections: Family<ContainerLabels, Counter>,
     retry_duplicates: Family<ProxyLabels, Counter>,
+    retried_unexecuted: Family<ProxyLabels, Counter>,
     upstream_aborts: Family<ProxyLabels, Counter>,
     retry_added_latency: Family<ContainerLabels, Histogram>,
 }
@@ -60,6 +61,7 @@ impl StopMetrics {
             connection_resets: Family::default(),
             refused_connections: Family::default(),
             retry_duplicates: Family::default(),
+            retried_unexecuted: Family::default(),
             upstream_aborts: Family::default(),
             retry_added_latency: Family::new_with_constructor(seconds_buckets),
         };
@@ -120,8 +122,13 @@ impl StopMetrics {
         );
         registry.register(
             "drainwatch_retry_duplicates",
-            "Requests a container cut that a proxy on this node re-sent to another backend: done twice, invisible to the client",
+            "Requests a container cut after reading them that a proxy on this node re-sent to another backend: done twice (or maybe twice), invisible to the client",
             m.retry_duplicates.clone(),
+        );
+        registry.register(
+            "drainwatch_retried_unexecuted",
+            "Requests a container cut before reading them (still in its receive queue) that a proxy on this node re-sent to another backend: done once",
+            m.retried_unexecuted.clone(),
         );
         registry.register(
             "drainwatch_upstream_aborts",
@@ -130,7 +137,7 @@ impl StopMetrics {
         );
         registry.register(
             "drainwatch_retry_added_latency_seconds",
-            "Latency a proxy retry added: from the original upstream connection to the retry's",
+            "Latency a proxy retry added: from the original upstream request's start to the retry's",
             m.retry_added_latency.clone(),
         );
         m
@@ -189,7 +196,10 @@ impl StopMetrics {
                 return;
             }
             // Counted by their own families (retries) or not per stop (idle closes).
-            LossKind::IdleClosed | LossKind::RetryDuplicates | LossKind::UpstreamAborts => return,
+            LossKind::IdleClosed
+            | LossKind::RetryDuplicates
+            | LossKind::RetriedUnexecuted
+            | LossKind::UpstreamAborts => return,
         };
         let l = ContainerLabels::from(c);
         if self.cap.admit(&l, metric) {
@@ -250,8 +260,8 @@ impl StopMetrics {
         }
     }
 
-    /// What a proxy did about a request `c` cut: re-sent it (`added` latency) or not.
-    pub fn retry(&self, c: &ContainerIdentity, proxy: &str, added: Option<f64>) {
+    /// What a proxy did about a request `c` cut: re-sent it (adding latency) or not.
+    pub fn retry(&self, c: &ContainerIdentity, proxy: &str, outcome: RetryOutcome) {
         let l = ContainerLabels::from(c);
         if !self.cap.admit(&l, "drainwatch_retry_duplicates") {
             return;
@@ -260,14 +270,20 @@ impl StopMetrics {
             container: l,
             proxy: proxy.into(),
         };
-        match added {
-            Some(secs) => {
+        match outcome {
+            RetryOutcome::Duplicate { added_seconds } => {
                 self.retry_duplicates.get_or_create(&labels).inc();
                 self.retry_added_latency
                     .get_or_create(&labels.container)
-                    .observe(secs);
+                    .observe(added_seconds);
             }
-            None => {
+            RetryOutcome::Unexecuted { added_seconds } => {
+                self.retried_unexecuted.get_or_create(&labels).inc();
+                self.retry_added_latency
+                    .get_or_create(&labels.container)
+                    .observe(added_seconds);
+            }
+            RetryOutcome::Abort => {
                 self.upstream_aborts.get_or_create(&labels).inc();
             }
         }

@@ -67,6 +67,8 @@ pub fn fields(r: &mut Resolver) -> Fields {
     f.backlog_new = mask(&["TCP_LISTEN"]).unwrap_or(u32::MAX);
     f.listener_closed_new = mask(&["TCP_CLOSE"]).unwrap_or(u32::MAX);
     f.task_new = mask(&["TCP_SYN_SENT", "TCP_LISTEN"]).unwrap_or(u32::MAX);
+    // No filter here when a name is missing: the program would look every transition up.
+    f.connect_new = mask(&["TCP_SYN_SENT"]).unwrap_or(0);
     f
 }
 
@@ -142,6 +144,7 @@ mod tests {
         );
         assert_eq!(f.counters_old, bit(1) | bit(8));
         assert_eq!(f.backlog_new, bit(10));
+        assert_eq!(f.connect_new, bit(2));
     }
 
     #[test]

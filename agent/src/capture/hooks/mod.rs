@@ -8,6 +8,7 @@ pub mod inet_sock_set_state;
 pub mod kfree_skb;
 pub mod sched_process_exit;
 pub mod signal_generate;
+pub mod sock_length;
 pub mod sys_exit_accept;
 pub mod tcp_receive_reset;
 pub mod tcp_send_reset;

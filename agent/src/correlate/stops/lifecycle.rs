@@ -3,9 +3,9 @@
 
 use super::Tracker;
 use crate::{
-    correlate::retries::Verdict,
+    correlate::retries::Decision,
     model::{
-        Emitted, ExitInfo, LossKind, Mono, Sender,
+        Emitted, ExitInfo, Mono, Sender,
         stop::{SIGINT, SIGKILL, SIGQUIT, SIGTERM},
     },
 };
@@ -35,6 +35,20 @@ impl Tracker {
         }
     }
 
+    /// What became of a cut request, counted against the cut backend.
+    pub(super) fn decided(&mut self, d: Decision) {
+        let key = d.cut.backend;
+        if let Some(c) = self.containers.get(&key) {
+            self.emitted.push(Emitted::Retry {
+                container: c.identity.clone(),
+                proxy: d.cut.proxy.name,
+                outcome: d.outcome,
+            });
+        }
+        // At the cut: where the request was lost, not where it was decided.
+        self.count(&key, d.outcome.loss(), None, d.cut.at, None);
+    }
+
     pub(super) fn on_exit(&mut self, now: Mono, key: &str, exit: ExitInfo) {
         if self.stop_mut(key).is_some_and(|s| s.exit_at.is_some()) {
             return; // duplicate
@@ -57,22 +71,7 @@ impl Tracker {
     /// containers past the retention window, bounds the number of records.
     pub fn tick(&mut self, now: Mono) {
         for d in self.retries.tick(now) {
-            let key = d.cut.backend.clone();
-            let (kind, added) = match d.verdict {
-                Verdict::Duplicate { added_seconds, .. } => {
-                    (LossKind::RetryDuplicates, Some(added_seconds))
-                }
-                Verdict::Abort => (LossKind::UpstreamAborts, None),
-            };
-            if let Some(c) = self.containers.get(&key) {
-                self.emitted.push(Emitted::Retry {
-                    container: c.identity.clone(),
-                    proxy: d.cut.proxy.name.clone(),
-                    added_seconds: added,
-                });
-            }
-            // At the cut: where the request was lost, not where the retry window closed.
-            self.count(&key, kind, None, d.cut.at, None);
+            self.decided(d);
         }
         let settle = self.config.settle;
         let mut settled = Vec::new();

@@ -8,6 +8,7 @@ mod lifecycle;
 use super::retries::{Cut, Matcher};
 use crate::model::{
     ContainerIdentity, Emitted, HashMap, Loss, LossKind, Mono, Observation, ResetDirection, SECOND,
+    UpstreamStep,
     stop::{ListenerTimeline, LossEvent, MAX_LOSS_EVENTS, Stop},
 };
 
@@ -19,7 +20,8 @@ pub struct Config {
     pub settle: Mono,
     /// Most stop records kept.
     pub max_stops: usize,
-    /// How soon after a cut a proxy's new connection counts as its retry.
+    /// How long after a cut with no retry started it is decided an abort (the kernel judges
+    /// the retry itself within a few ms; this covers the events' way here).
     pub retry_window: Mono,
 }
 
@@ -259,24 +261,36 @@ impl Tracker {
                     c.identity = identity;
                 }
             }
-            Observation::UpstreamOpened { key, sock, proxy } => {
-                self.retries.opened(sock, proxy.tgid, key, now);
+            Observation::UpstreamPeerClosed { sock, unread, .. } => {
+                self.retries.peer_closed(sock, now, unread);
             }
-            Observation::UpstreamClosed {
-                sock, bytes_sent, ..
-            } => self.retries.closed(sock, bytes_sent),
-            Observation::UpstreamCut {
+            Observation::UpstreamRequest {
                 key,
+                sock,
                 proxy,
-                request_bytes,
-                upstream_opened_at,
-            } => self.retries.cut(Cut {
-                at: now,
-                proxy,
-                backend: key,
-                request_bytes,
-                upstream_opened_at,
-            }),
+                tid,
+                step,
+            } => match step {
+                UpstreamStep::Cut { bytes, started_at } => self.retries.cut(Cut {
+                    at: now,
+                    proxy,
+                    tid,
+                    backend: key,
+                    sock,
+                    bytes,
+                    started_at,
+                }),
+                UpstreamStep::RetryStarted {
+                    cut_sock,
+                    started_at,
+                    ..
+                } => self.retries.retry_started(cut_sock, tid, key, started_at),
+                UpstreamStep::RetryEnded { cut_sock, bytes } => {
+                    if let Some(d) = self.retries.retry_ended(cut_sock, tid, bytes) {
+                        self.decided(d);
+                    }
+                }
+            },
             Observation::Signal { sig, sender, .. } => self.on_signal(now, &key, sig, sender),
             Observation::Exit { exit, .. } => self.on_exit(now, &key, exit),
             Observation::ListenerOpened { addr, .. } => {

@@ -172,7 +172,9 @@ impl<H: HostView> Enricher<H> {
                 let pid = x.meta.tgid;
                 let key = self.by_pid.remove(&pid);
                 self.not_containers.remove(&pid);
-                self.upstreams.proxies.remove(&pid);
+                if self.upstreams.proxies.remove(&pid).flatten().is_some() {
+                    self.watch_generation += 1; // the kernel's proxy map
+                }
                 let Some(key) = key else { return out };
                 let is_main = self.containers.get(&key).and_then(|c| c.main_pid) == Some(pid);
                 if is_main && self.successor(&key, pid).is_none() {
@@ -231,6 +233,7 @@ impl<H: HostView> Enricher<H> {
             }
             Event::Accepted(a) => self.accepted(a, &mut out),
             Event::ListenOverflow(o) => self.overflow(o, &mut out),
+            Event::UpstreamIo(io) => self.upstream_io(io, &mut out),
             Event::SocketError(_) => {}
         }
         out

@@ -91,7 +91,7 @@ impl<H: HostView> Enricher<H> {
         let (old, new) = (s.old, s.new);
         let ns = s.meta.netns;
         let Some(conn) = s.conn else { return };
-        if self.on_upstream(s, conn, out) {
+        if self.on_upstream(s, conn) {
             return;
         }
         if old == Some(Listen) || new == Some(Listen) {
@@ -137,15 +137,15 @@ impl<H: HostView> Enricher<H> {
                 self.remember_closed(s.skaddr, &t.key);
                 let by_container = !t.peer_done && old == Some(Established);
                 let pending = s.counters.request_pending();
+                // What the container left unread says whether a request cut on this
+                // connection ever ran (the proxy's side of the cut comes from its worker).
                 if by_container
-                    && pending
                     && let Some(up) = self.upstreams.by_tuple.get(&(conn.remote, conn.local))
                 {
-                    out.push(Observation::UpstreamCut {
+                    out.push(Observation::UpstreamPeerClosed {
                         key: t.key.to_string(),
-                        proxy: up.proxy.clone(),
-                        request_bytes: s.counters.bytes_received,
-                        upstream_opened_at: up.opened_at,
+                        sock: up.sock,
+                        unread: s.counters.unread,
                     });
                 }
                 out.push(Observation::InboundClosed {

@@ -1,14 +1,15 @@
 //! Upstreams: a process that listens and connects to a container is a proxy (nginx,
 //! HAProxy, Envoy: no list of names); its connections to containers are followed, so that a
-//! cut on the container side names the proxy and its retry can be judged.
+//! cut on the container side names the proxy, and what its worker did about the cut
+//! (`sock_length` events on the proxy's socket) names the backends involved.
 
 use std::{collections::VecDeque, net::SocketAddr};
 
 use super::Enricher;
 use crate::{
-    capture::event::{Endpoints, StateChange},
+    capture::event::{Endpoints, IoStep, StateChange, UpstreamIo},
     enrich::host::HostView,
-    model::{HashMap, HashSet, Mono, Observation, Proxy, TcpState},
+    model::{HashMap, HashSet, Mono, Observation, Proxy, SECOND, TcpState, UpstreamStep},
 };
 
 use TcpState::{Close, CloseWait, Established, SynSent};
@@ -19,7 +20,6 @@ pub(super) struct Upstream {
     pub(super) sock: u64,
     pub(super) key: String,
     pub(super) proxy: Proxy,
-    pub(super) opened_at: Mono,
 }
 
 /// Proxies and their connections to containers.
@@ -31,14 +31,27 @@ pub(super) struct Upstreams {
     /// how the container side of a cut finds the proxy.
     pub(super) by_tuple: HashMap<(SocketAddr, SocketAddr), Upstream>,
     pub(super) order: VecDeque<(SocketAddr, SocketAddr)>,
-    /// Whether a process is a proxy (it holds a listening socket), cached until it exits.
-    pub(super) proxies: HashMap<u32, Option<Proxy>>,
+    /// Closed connections by kernel address, kept a while: a reset closes the proxy's socket
+    /// before its worker reads the error (the cut).
+    pub(super) closed: HashMap<u64, Upstream>,
+    pub(super) closed_order: VecDeque<u64>,
+    /// Whether a process is a proxy (it holds a listening socket), cached until it exits;
+    /// with when it was found to be one (the kernel follows its connects from shortly after).
+    pub(super) proxies: HashMap<u32, Option<(Proxy, Mono)>>,
+    /// Upstream sockets the kernel may not follow yet (opened before their process was in
+    /// its proxy map): the agent adds them (`take_follow`).
+    pub(super) follow: Vec<u64>,
 }
+
+/// How long after a proxy is found its connects may still precede the kernel knowing it:
+/// the pipeline updates the map after the event that found it, and events reach it in
+/// batches at most a few hundred ms old.
+const KERNEL_CATCH_UP: Mono = 2 * SECOND;
 
 impl<H: HostView> Enricher<H> {
     /// The proxy a process is, if it is one: it holds a listening socket. Named by its
     /// container's workload, or its command outside containers.
-    fn proxy(&mut self, tgid: u32, comm: &str) -> Option<Proxy> {
+    fn proxy(&mut self, tgid: u32, comm: &str, now: Mono) -> Option<(Proxy, Mono)> {
         if let Some(p) = self.upstreams.proxies.get(&tgid) {
             return p.clone();
         }
@@ -49,16 +62,83 @@ impl<H: HostView> Enricher<H> {
                 .sockets(tgid)
                 .iter()
                 .any(|s| s.listening && own.contains(&s.inode));
-        let p = listens.then(|| Proxy {
-            tgid,
-            name: self
-                .by_pid
-                .get(&tgid)
-                .and_then(|k| self.containers.get(k))
-                .map_or_else(|| comm.to_string(), |c| c.identity.workload.clone()),
+        let p = listens.then(|| {
+            let proxy = Proxy {
+                tgid,
+                name: self
+                    .by_pid
+                    .get(&tgid)
+                    .and_then(|k| self.containers.get(k))
+                    .map_or_else(|| comm.to_string(), |c| c.identity.workload.clone()),
+            };
+            (proxy, now)
         });
+        if p.is_some() {
+            self.watch_generation += 1;
+        }
         self.upstreams.proxies.insert(tgid, p.clone());
         p
+    }
+
+    /// The proxies the kernel is to follow the connects of.
+    pub(super) fn proxy_tgids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.upstreams
+            .proxies
+            .iter()
+            .filter_map(|(tgid, p)| p.as_ref().map(|_| *tgid))
+    }
+
+    /// Upstream sockets the agent must add to the kernel's map itself, since the last call.
+    pub fn take_follow(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.upstreams.follow)
+    }
+
+    /// A proxy's worker around a cut on one of its upstream connections.
+    pub(super) fn upstream_io(&mut self, io: &UpstreamIo, out: &mut Vec<Observation>) {
+        let Some(up) = self
+            .upstreams
+            .open
+            .get(&io.skaddr)
+            .or_else(|| self.upstreams.closed.get(&io.skaddr))
+        else {
+            return; // not a connection to a container
+        };
+        let step = match io.step {
+            IoStep::Cut {
+                bytes, started_at, ..
+            } => UpstreamStep::Cut { bytes, started_at },
+            IoStep::RetryStarted {
+                cut_sock,
+                cut_at,
+                started_at,
+            } => UpstreamStep::RetryStarted {
+                cut_sock,
+                cut_at,
+                started_at,
+            },
+            IoStep::RetryEnded {
+                cut_sock, bytes, ..
+            } => UpstreamStep::RetryEnded { cut_sock, bytes },
+        };
+        out.push(Observation::UpstreamRequest {
+            key: up.key.clone(),
+            sock: up.sock,
+            proxy: up.proxy.clone(),
+            tid: io.meta.pid,
+            step,
+        });
+    }
+
+    fn remember_closed_upstream(&mut self, up: Upstream) {
+        let sock = up.sock;
+        if self.upstreams.closed.insert(sock, up).is_none() {
+            self.upstreams.closed_order.push_back(sock);
+        }
+        while self.upstreams.closed_order.len() > Self::RECENT {
+            if let Some(old) = self.upstreams.closed_order.pop_front() {
+                self.upstreams.closed.remove(&old);
+            }
+        }
     }
 
     /// Follows proxies' connections to containers; true when the state change was one.
@@ -66,7 +146,6 @@ impl<H: HostView> Enricher<H> {
         &mut self,
         s: &StateChange,
         conn: Endpoints,
-        out: &mut Vec<Observation>,
     ) -> bool {
         let (old, new) = (s.old, s.new);
         match (old, new) {
@@ -75,21 +154,21 @@ impl<H: HostView> Enricher<H> {
                 let Some(key) = self.by_ip.get(&conn.remote.ip()).cloned() else {
                     return false;
                 };
-                let Some(proxy) = self.proxy(s.meta.tgid, &s.meta.comm) else {
+                let now = s.meta.ts_ns;
+                let Some((proxy, found_at)) = self.proxy(s.meta.tgid, &s.meta.comm, now) else {
                     return false;
                 };
+                if now <= found_at.saturating_add(KERNEL_CATCH_UP) {
+                    self.upstreams.follow.push(s.skaddr);
+                }
+                // A socket address reused: the old connection's record is over.
+                self.upstreams.closed.remove(&s.skaddr);
                 let up = Upstream {
                     sock: s.skaddr,
-                    key: key.clone(),
-                    proxy: proxy.clone(),
-                    opened_at: s.meta.ts_ns,
+                    key,
+                    proxy,
                 };
                 self.upstreams.open.insert(s.skaddr, up);
-                out.push(Observation::UpstreamOpened {
-                    key,
-                    sock: s.skaddr,
-                    proxy,
-                });
                 true
             }
             (Some(SynSent), Some(Established)) => {
@@ -112,11 +191,7 @@ impl<H: HostView> Enricher<H> {
                 let Some(up) = self.upstreams.open.remove(&s.skaddr) else {
                     return false;
                 };
-                out.push(Observation::UpstreamClosed {
-                    key: up.key,
-                    sock: up.sock,
-                    bytes_sent: s.counters.bytes_sent,
-                });
+                self.remember_closed_upstream(up);
                 // A failed attempt goes on to be judged refused or unreachable below.
                 !(old == Some(SynSent) && new == Some(Close))
             }

@@ -21,7 +21,10 @@ impl<H: HostView> Enricher<H> {
     /// the ports of listeners in it that containers own or owned (refused connects to them
     /// still count).
     pub fn watch_set(&self) -> WatchSet {
-        let mut set = WatchSet::default();
+        let mut set = WatchSet {
+            proxies: self.proxy_tgids().collect(),
+            ..WatchSet::default()
+        };
         let Some(host) = self.host_netns else {
             return set;
         };

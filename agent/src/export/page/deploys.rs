@@ -20,9 +20,14 @@ use crate::{
 };
 
 /// The loss kinds the page shows, in order: kind, chip label, CSS class.
-const LOSS_KINDS: [(LossKind, &str, &str); 7] = [
+const LOSS_KINDS: [(LossKind, &str, &str); 8] = [
     (LossKind::InflightCut, "in-flight cut", "cut"),
     (LossKind::RetryDuplicates, "retried (done twice)", "retried"),
+    (
+        LossKind::RetriedUnexecuted,
+        "retried (never ran on it)",
+        "retried",
+    ),
     (LossKind::UpstreamAborts, "seen as 502", "abort"),
     (LossKind::Refused, "refused", "refused"),
     (LossKind::Unreachable, "unreachable", "unreachable"),

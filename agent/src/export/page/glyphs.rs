@@ -28,7 +28,7 @@ impl Glyph {
     pub(super) fn of(kind: LossKind) -> Option<Glyph> {
         match kind {
             LossKind::InflightCut => Some(Glyph::Cut),
-            LossKind::RetryDuplicates => Some(Glyph::Retried),
+            LossKind::RetryDuplicates | LossKind::RetriedUnexecuted => Some(Glyph::Retried),
             LossKind::UpstreamAborts => Some(Glyph::Abort),
             LossKind::Refused => Some(Glyph::Refused),
             LossKind::Unreachable => Some(Glyph::Unreachable),

@@ -120,6 +120,7 @@ fn count_lost(events: &[(f64, LossKind)]) -> String {
         &[
             (LossKind::InflightCut, "cut"),
             (LossKind::RetryDuplicates, "retried"),
+            (LossKind::RetriedUnexecuted, "retried unrun"),
             (LossKind::UpstreamAborts, "as 502"),
         ],
     )
@@ -310,7 +311,10 @@ fn events(axis: &Axis, events: &[(f64, LossKind)]) -> Markup {
     let mut stacked: Vec<(f64, f64, usize)> = Vec::new();
     let mut placed = Vec::new();
     for (t, kind) in events {
-        let proxy_outcome = matches!(kind, LossKind::RetryDuplicates | LossKind::UpstreamAborts);
+        let proxy_outcome = matches!(
+            kind,
+            LossKind::RetryDuplicates | LossKind::RetriedUnexecuted | LossKind::UpstreamAborts
+        );
         let mut x = axis.x(*t) + if proxy_outcome { 11.0 } else { 0.0 };
         let y = if kind.is_routed() {
             GLYPH_Y

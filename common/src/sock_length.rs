@@ -1,0 +1,114 @@
+//! `sock:sock_send_length` / `sock:sock_recv_length` (Linux 6.3+), on proxies' upstream
+//! sockets only: per-request byte accounting (the bytes a proxy sent since the last response
+//! byte it read), and the evidence that one worker thread handled a cut and went straight on
+//! to re-send the request. The programs keep the accounting in `UPSTREAM_SOCKS` and emit an
+//! event only around cuts: a cut, and the start and end of the request that followed it.
+
+use crate::Header;
+
+/// What an `Event` reports.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// A recv() returned 0 (EOF) or a connection error, or a send() failed, while a request
+    /// was sent and no response byte read: the worker (`header.pid`) saw the cut.
+    Cut = 1,
+    /// The same worker's next upstream action started a request on this socket (a new
+    /// connect, or a send on a pooled connection) within the retry window of the cut on
+    /// `cut_sk`, with no other socket I/O in between.
+    RetryStart = 2,
+    /// That request was sent whole (its first response byte was read, or it was cut in turn):
+    /// `req_bytes` is its size.
+    RetryEnd = 3,
+}
+
+impl Phase {
+    pub fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            1 => Some(Phase::Cut),
+            2 => Some(Phase::RetryStart),
+            3 => Some(Phase::RetryEnd),
+            _ => None,
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Event {
+    pub header: Header,
+    /// The upstream socket (`struct sock *`, as `inet_sock_set_state` reports it).
+    pub skaddr: u64,
+    /// For a retry's phases: the socket whose cut it followed. 0 for a cut.
+    pub cut_sk: u64,
+    /// Bytes of the request (sent since the last response byte); for `RetryStart`, 0.
+    pub req_bytes: u64,
+    /// `bpf_ktime_get_ns()` of the request's first byte sent.
+    pub req_start_ns: u64,
+    /// For a retry's phases: when the cut it followed was seen.
+    pub cut_at_ns: u64,
+    /// `Phase`.
+    pub phase: u32,
+    /// The syscall's result: the byte count or -errno (0: EOF).
+    pub ret: i32,
+}
+
+/// An `UPSTREAM_SOCKS` value: one upstream connection's current request.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReqState {
+    pub req_bytes: u64,
+    pub resp_bytes: u64,
+    pub req_start_ns: u64,
+    /// Set (to the cut socket) when this socket's next or current request is a retry
+    /// candidate; cleared when its `RetryEnd` is emitted.
+    pub retry_of: u64,
+    pub retry_cut_at: u64,
+    /// `RETRY_STARTED`.
+    pub flags: u32,
+    pub _pad: u32,
+}
+
+/// `ReqState::flags`: the candidate's `RetryStart` was emitted.
+pub const RETRY_STARTED: u32 = 1;
+
+/// A `CHAINS` slot: a worker thread that saw a cut and has done no other socket I/O since.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Chain {
+    pub cut_sk: u64,
+    pub at: u64,
+    /// 0: empty.
+    pub tid: u32,
+    pub _pad: u32,
+}
+
+/// Capacity of `UPSTREAM_SOCKS` (an LRU hash: stale entries of closed sockets age out).
+pub const UPSTREAM_SOCKS: u32 = 65536;
+/// Capacity of `PROXIES`: processes whose connects create `UPSTREAM_SOCKS` entries.
+pub const PROXIES: u32 = 4096;
+/// `CHAINS` slots, indexed by `tid % CHAINS` (a collision loses a chain: a missed retry,
+/// never a false one, as the slot holds the tid).
+pub const CHAINS: u32 = 256;
+
+/// recv() flag the tracepoint passes through: a peek reads nothing.
+pub const MSG_PEEK: i32 = 2;
+
+/// Connection errors that end a request (others, EAGAIN and EINTR first, are transient).
+pub const CONN_ERRORS: [i32; 8] = [
+    104, // ECONNRESET
+    32,  // EPIPE
+    110, // ETIMEDOUT
+    111, // ECONNREFUSED
+    103, // ECONNABORTED
+    107, // ENOTCONN
+    113, // EHOSTUNREACH
+    101, // ENETUNREACH
+];
+
+pod!(Event, ReqState, Chain);
+
+// The layouts are a contract with the kernel side (see the crate root).
+const _: () = assert!(core::mem::size_of::<Event>() == 96);
+const _: () = assert!(core::mem::size_of::<ReqState>() == 48);
+const _: () = assert!(core::mem::size_of::<Chain>() == 24);
