@@ -7,8 +7,8 @@ use super::{
     stops::{Config, Tracker},
 };
 use crate::model::{
-    ContainerIdentity, Emitted, ExitInfo, LossKind, Mono, Observation as O, ResetDirection, SECOND,
-    Sender,
+    ContainerIdentity, Emitted, ExitInfo, LossKind, Mono, Observation as O, ResetDirection,
+    RetryOutcome, SECOND, Sender, UpstreamStep,
     stop::{self as stops, Outcome, SIGKILL, SIGTERM, Stop},
 };
 
@@ -760,30 +760,46 @@ fn a_retry_is_drawn_at_the_cut_it_repeated() {
             sender: runc(),
         },
     );
+    let request = |sock, key: &str, step| O::UpstreamRequest {
+        key: key.into(),
+        sock,
+        proxy: nginx.clone(),
+        tid: 78,
+        step,
+    };
     t.observe(
         ms(20),
-        O::UpstreamCut {
-            key: key(),
-            proxy: nginx.clone(),
-            request_bytes: 120,
-            upstream_opened_at: ms(0),
-        },
+        request(
+            1,
+            &key(),
+            UpstreamStep::Cut {
+                bytes: 120,
+                started_at: ms(5),
+            },
+        ),
     );
     t.observe(
-        ms(25),
-        O::UpstreamOpened {
-            key: "c2".into(),
-            sock: 99,
-            proxy: nginx,
-        },
+        ms(20),
+        request(
+            99,
+            "c2",
+            UpstreamStep::RetryStarted {
+                cut_sock: 1,
+                cut_at: ms(20),
+                started_at: ms(21),
+            },
+        ),
     );
     t.observe(
         ms(900),
-        O::UpstreamClosed {
-            key: "c2".into(),
-            sock: 99,
-            bytes_sent: 120,
-        },
+        request(
+            99,
+            "c2",
+            UpstreamStep::RetryEnded {
+                cut_sock: 1,
+                bytes: 120,
+            },
+        ),
     );
     t.tick(ms(2000));
     let s = only_stop(&t);
@@ -793,4 +809,110 @@ fn a_retry_is_drawn_at_the_cut_it_repeated() {
         .iter()
         .find(|e| e.kind.as_str() == "retry_duplicates");
     assert_eq!(retry.map(|e| e.at), Some(ms(20)));
+}
+
+#[test]
+fn a_retried_request_the_backend_never_read_counts_apart_and_a_cut_without_retry_aborts() {
+    let nginx = super::retries::Proxy {
+        tgid: 77,
+        name: "nginx".into(),
+    };
+    let mut t = running(0);
+    t.observe(
+        ms(0),
+        O::Container {
+            identity: identity("c2", "other"),
+            listeners: vec![],
+            inbound: vec![],
+        },
+    );
+    t.observe(
+        ms(0),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    let request = |sock, key: &str, step| O::UpstreamRequest {
+        key: key.into(),
+        sock,
+        proxy: nginx.clone(),
+        tid: 78,
+        step,
+    };
+    // Socket 1: the backend died with the request unread (and its FIN) in its queue.
+    t.observe(
+        ms(19),
+        O::UpstreamPeerClosed {
+            key: key(),
+            sock: 1,
+            unread: 121,
+        },
+    );
+    for (sock, retry) in [(1, Some(99)), (2, None)] {
+        t.observe(
+            ms(20),
+            request(
+                sock,
+                &key(),
+                UpstreamStep::Cut {
+                    bytes: 120,
+                    started_at: ms(18),
+                },
+            ),
+        );
+        if let Some(r) = retry {
+            t.observe(
+                ms(20),
+                request(
+                    r,
+                    "c2",
+                    UpstreamStep::RetryStarted {
+                        cut_sock: sock,
+                        cut_at: ms(20),
+                        started_at: ms(21),
+                    },
+                ),
+            );
+            t.observe(
+                ms(25),
+                request(
+                    r,
+                    "c2",
+                    UpstreamStep::RetryEnded {
+                        cut_sock: sock,
+                        bytes: 120,
+                    },
+                ),
+            );
+        }
+    }
+    t.tick(ms(2000));
+    let s = only_stop(&t);
+    assert_eq!(
+        (
+            s.loss.retry_duplicates,
+            s.loss.retried_unexecuted,
+            s.loss.upstream_aborts
+        ),
+        (0, 1, 1)
+    );
+    let outcomes: Vec<_> = t
+        .take_emitted()
+        .into_iter()
+        .filter_map(|e| match e {
+            Emitted::Retry { outcome, .. } => Some(outcome),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            RetryOutcome::Unexecuted {
+                added_seconds: 0.003
+            },
+            RetryOutcome::Abort
+        ]
+    );
 }

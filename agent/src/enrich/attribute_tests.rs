@@ -11,10 +11,10 @@ use super::{
 };
 use crate::{
     capture::event::{
-        CgroupRemoved, Endpoints, Event, Exit, ExitStatus, Meta, Named, ResetSent, Signal,
-        StateChange, TcpCounters,
+        CgroupRemoved, Endpoints, Event, Exit, ExitStatus, IoStep, Meta, Named, ResetSent, Signal,
+        StateChange, TcpCounters, UpstreamIo,
     },
-    model::{ExitInfo, Fact, HashSet, Observation as O, ResetDirection, TcpState},
+    model::{ExitInfo, Fact, HashSet, Observation as O, ResetDirection, TcpState, UpstreamStep},
 };
 
 const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -514,7 +514,7 @@ fn a_gone_container_resolves_until_the_retention_window_ends() {
 }
 
 #[test]
-fn a_proxy_connection_cut_with_a_request_pending_names_the_proxy() {
+fn a_proxy_connection_cut_names_the_proxy_its_worker_and_what_the_backend_left_unread() {
     let mut e = enricher();
     e.scan();
     let mut connect = match state(
@@ -533,16 +533,17 @@ fn a_proxy_connection_cut_with_a_request_pending_names_the_proxy() {
         }
         _ => unreachable!(),
     };
-    let obs = e.on_event(&Event::StateChange(connect.clone()));
-    assert!(
-        matches!(obs.as_slice(), [O::UpstreamOpened { sock: 0xe1, proxy, .. }] if proxy.name == "nginx" && proxy.tgid == 60),
-        "{obs:#?}"
-    );
+    let generation = e.watch_generation();
+    assert!(e.on_event(&Event::StateChange(connect.clone())).is_empty());
+    // Found a proxy: the kernel follows its connects from now on; this one the agent adds.
+    assert_ne!(e.watch_generation(), generation);
+    assert_eq!(e.watch_set().proxies.into_iter().collect::<Vec<_>>(), [60]);
+    assert_eq!(e.take_follow(), [0xe1]);
     connect.old = tcp("TCP_SYN_SENT");
     connect.new = tcp("TCP_ESTABLISHED");
     connect.conn = conn("10.88.0.1:50000", "10.88.0.5:8080");
     assert!(e.on_event(&Event::StateChange(connect)).is_empty());
-    // The container accepts it and is cut with the 120-byte request pending.
+    // The container accepts it and dies with 7 bytes of it unread.
     e.on_event(&state(
         0xa9,
         NS,
@@ -553,42 +554,59 @@ fn a_proxy_connection_cut_with_a_request_pending_names_the_proxy() {
     ));
     let mut counters = pending();
     counters.bytes_received = 120;
+    counters.unread = 7;
     let obs = e.on_event(&state(
         0xa9,
         NS,
         "TCP_ESTABLISHED",
-        "TCP_FIN_WAIT1",
+        "TCP_CLOSE",
         conn("10.88.0.5:8080", "10.88.0.1:50000"),
         counters,
     ));
     assert!(
-        matches!(obs.as_slice(), [O::UpstreamCut { request_bytes: 120, upstream_opened_at: 500, proxy, .. }, O::InboundClosed { pending: true, .. }] if proxy.tgid == 60),
+        matches!(obs.as_slice(), [O::UpstreamPeerClosed { sock: 0xe1, unread: 7, .. }, O::InboundClosed { pending: true, .. }]),
         "{obs:#?}"
     );
-    // nginx closes its side: the connection carried 120 bytes.
-    let sent = TcpCounters {
-        bytes_sent: 120,
-        ..Default::default()
-    };
-    let obs = e.on_event(&state(
+    // nginx's side: the reset closes its socket before its worker reads the error.
+    e.on_event(&state(
         0xe1,
         HOST_NS,
-        "TCP_CLOSE_WAIT",
-        "TCP_LAST_ACK",
+        "TCP_ESTABLISHED",
+        "TCP_CLOSE",
         conn("10.88.0.1:50000", "10.88.0.5:8080"),
-        sent,
+        TcpCounters::default(),
     ));
+    let mut m = meta(60, 0, 0);
+    m.pid = 61;
+    let cut = Event::UpstreamIo(UpstreamIo {
+        meta: m,
+        skaddr: 0xe1,
+        step: IoStep::Cut {
+            bytes: 120,
+            started_at: 400,
+            ret: -104,
+        },
+    });
+    let obs = e.on_event(&cut);
     assert!(
         matches!(
             obs.as_slice(),
-            [O::UpstreamClosed {
+            [O::UpstreamRequest {
                 sock: 0xe1,
-                bytes_sent: 120,
+                tid: 61,
+                step: UpstreamStep::Cut { bytes: 120, started_at: 400 },
+                proxy,
                 ..
-            }]
+            }] if proxy.name == "nginx" && proxy.tgid == 60
         ),
         "{obs:#?}"
     );
+    // A socket that is no proxy's connection to a container says nothing.
+    let Event::UpstreamIo(mut other) = cut else {
+        unreachable!()
+    };
+    other.skaddr = 0xe9;
+    assert!(e.on_event(&Event::UpstreamIo(other)).is_empty());
 }
 
 #[test]
