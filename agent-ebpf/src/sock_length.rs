@@ -19,9 +19,7 @@ use aya_ebpf::{
 };
 use drainwatch_common::{
     EventKind,
-    sock_length::{
-        self, CONN_ERRORS, Chain, Event, MSG_PEEK, Phase, RETRY_STARTED, ReqState,
-    },
+    sock_length::{self, CONN_ERRORS, Chain, Event, MSG_PEEK, Phase, RETRY_STARTED, ReqState},
 };
 
 use crate::util::{CONFIG, cfg, fill_header_task, reserve, submit, zeroed};

@@ -24,11 +24,12 @@ fn variant(spec: RetrySpec) -> Variant {
     let run = lab.run();
     print!("{}", run.report());
     let mut stop = stop_record(&agent, &lab.s1.id);
-    // A cut is decided once the retry window is over and the candidate retries have closed:
-    // wait until every cut has its verdict (bounded), then check which.
+    // A cut is decided once its retry was sent whole, or a second after it without one: wait
+    // until every cut has its verdict (bounded), then check which.
     let deadline = Instant::now() + Duration::from_secs(10);
     let decided = |s: &Value| {
         s["loss"]["retry_duplicates"].as_u64().unwrap_or(0)
+            + s["loss"]["retried_unexecuted"].as_u64().unwrap_or(0)
             + s["loss"]["upstream_aborts"].as_u64().unwrap_or(0)
     };
     while decided(&stop) < stop["loss"]["inflight_cut"].as_u64().unwrap_or(0) {

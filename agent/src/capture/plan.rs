@@ -333,7 +333,10 @@ mod tests {
                 "tracepoint:sock:inet_sock_set_state"
             ]
         );
-        let io = PLAN.iter().find(|p| p.signal == "upstream_requests").unwrap();
+        let io = PLAN
+            .iter()
+            .find(|p| p.signal == "upstream_requests")
+            .unwrap();
         assert_eq!(
             io.hooks[0].label(),
             "tp_btf:sock_send_length+sock_recv_length"

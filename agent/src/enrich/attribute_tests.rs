@@ -564,7 +564,17 @@ fn a_proxy_connection_cut_names_the_proxy_its_worker_and_what_the_backend_left_u
         counters,
     ));
     assert!(
-        matches!(obs.as_slice(), [O::UpstreamPeerClosed { sock: 0xe1, unread: 7, .. }, O::InboundClosed { pending: true, .. }]),
+        matches!(
+            obs.as_slice(),
+            [
+                O::UpstreamPeerClosed {
+                    sock: 0xe1,
+                    unread: 7,
+                    ..
+                },
+                O::InboundClosed { pending: true, .. }
+            ]
+        ),
         "{obs:#?}"
     );
     // nginx's side: the reset closes its socket before its worker reads the error.

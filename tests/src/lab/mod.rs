@@ -11,6 +11,8 @@
 //!   advance (see its docs for why they are exact).
 //! - [`retry`]: the same with nginx: a backend stopped mid-request, and which requests nginx
 //!   ran twice (retry duplicates) or gave up on (502), exactly.
+//! - [`steady`]: the same under a steady stream of same-size requests, the ground truth of
+//!   each cut (duplicate, retried unexecuted, abort) read from nginx's and the backends' logs.
 //! - [`storm`]: reconnect storms: a socket service with a bounded connect path (`Mode::Gate`),
 //!   N persistent clients, the container stopped (rolling update) or restarted in place, and
 //!   each client's own timing of every reconnect.
@@ -28,6 +30,7 @@ pub mod nginx;
 mod proxy;
 pub mod retry;
 pub mod scenario;
+pub mod steady;
 pub mod storm;
 
 pub use client::{Load, Method, Outcome, RequestRecord, Schedule, Summary, Wave};
@@ -36,4 +39,5 @@ pub use haproxy::{Haproxy, HaproxyOpts, HttpLog};
 pub use nginx::{AccessEntry, Nginx, NginxOpts};
 pub use retry::{RetryLab, RetryPlan, RetryRequest, RetryRun, RetrySpec};
 pub use scenario::{Lab, Plan, ScenarioRun, ScenarioSpec, Trigger};
+pub use steady::{SteadyRequest, SteadyRun, Stream};
 pub use storm::{Replace, StormLab, StormRun, StormSpec};

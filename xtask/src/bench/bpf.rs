@@ -22,6 +22,10 @@ const TRACEPOINTS: &[&str] = &[
     "skb:kfree_skb",
     "syscalls:sys_exit_accept",
     "syscalls:sys_exit_accept4",
+    // `sock_length` (tp_btf): every socket send and receive; the churn's are no proxy's, so
+    // this measures what other traffic pays (one hash miss).
+    "sock:sock_send_length",
+    "sock:sock_recv_length",
 ];
 
 /// bpftrace with one `count()` per tracepoint, killed on drop.

@@ -94,7 +94,10 @@ mod tests {
     fn decodes_each_phase_with_the_worker_thread() {
         let names = KernelNames::default();
         let cut = decode(&bytes_of(&event(Phase::Cut as u32)), &names).unwrap();
-        assert_eq!((cut.meta.pid, cut.meta.tgid, cut.skaddr), (1001, 1000, 0xe1));
+        assert_eq!(
+            (cut.meta.pid, cut.meta.tgid, cut.skaddr),
+            (1001, 1000, 0xe1)
+        );
         assert_eq!(
             cut.step,
             IoStep::Cut {

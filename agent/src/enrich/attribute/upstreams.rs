@@ -142,11 +142,7 @@ impl<H: HostView> Enricher<H> {
     }
 
     /// Follows proxies' connections to containers; true when the state change was one.
-    pub(super) fn on_upstream(
-        &mut self,
-        s: &StateChange,
-        conn: Endpoints,
-    ) -> bool {
+    pub(super) fn on_upstream(&mut self, s: &StateChange, conn: Endpoints) -> bool {
         let (old, new) = (s.old, s.new);
         match (old, new) {
             (Some(Close), Some(SynSent)) => {

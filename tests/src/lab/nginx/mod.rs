@@ -69,6 +69,10 @@ pub struct NginxOpts {
     pub read_timeout: Duration,
     /// Bound on [`Nginx::wait_ready`].
     pub ready_timeout: Duration,
+    /// `keepalive N` in the upstream block, with `proxy_http_version 1.1` and
+    /// `proxy_set_header Connection ""`: a pool of idle upstream connections per worker,
+    /// reused across requests (and by retries). `None`: one connection per request.
+    pub keepalive: Option<u32>,
 }
 
 impl Default for NginxOpts {
@@ -80,6 +84,7 @@ impl Default for NginxOpts {
             connect_timeout: Duration::from_secs(2),
             read_timeout: Duration::from_secs(30),
             ready_timeout: Duration::from_secs(10),
+            keepalive: None,
         }
     }
 }
@@ -162,7 +167,20 @@ impl Nginx {
             None => "            # proxy_next_upstream: nginx's default, error timeout".to_string(),
             Some(v) => format!("            proxy_next_upstream {v};"),
         };
+        let (keepalive, upstream_http) = match opts.keepalive {
+            None => (
+                "        # no keepalive: one connection per request".to_string(),
+                "            # HTTP/1.0 upstream, Connection: close".to_string(),
+            ),
+            Some(n) => (
+                format!("        keepalive {n};"),
+                "            proxy_http_version 1.1;\n            proxy_set_header Connection \"\";"
+                    .to_string(),
+            ),
+        };
         let cfg = TEMPLATE
+            .replace("{{KEEPALIVE}}", &keepalive)
+            .replace("{{UPSTREAM_HTTP}}", &upstream_http)
             .replace("{{DIR}}", &dir.display().to_string())
             .replace("{{LISTEN}}", &frontend.to_string())
             .replace("{{CONNECT_TIMEOUT}}", &ms(opts.connect_timeout))
