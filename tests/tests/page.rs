@@ -118,6 +118,7 @@ fn nonzero(loss: &Value) -> Vec<(String, u64)> {
     [
         "inflight_cut",
         "retry_duplicates",
+        "retried_unexecuted",
         "upstream_aborts",
         "refused",
         "unreachable",

@@ -134,6 +134,7 @@ fn settled_stop(agent: &Agent, id: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(5);
     let decided = |s: &Value| {
         s["loss"]["retry_duplicates"].as_u64().unwrap_or(0)
+            + s["loss"]["retried_unexecuted"].as_u64().unwrap_or(0)
             + s["loss"]["upstream_aborts"].as_u64().unwrap_or(0)
     };
     while decided(&stop) < stop["loss"]["inflight_cut"].as_u64().unwrap_or(0)
