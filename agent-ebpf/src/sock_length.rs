@@ -96,18 +96,19 @@ fn break_chain(sk: u64) {
     }
 }
 
-/// Takes the current thread's chain for a request starting (or a connect) on `sk`: the cut
-/// socket and when it was cut.
+/// Takes the current thread's chain for a request starting on `sk`, or a connect (`sk`:
+/// `None`: a new socket, which may well sit at the address of the cut one the proxy just
+/// closed): the cut socket and when it was cut.
 #[inline(always)]
-pub fn take_chain(sk: u64) -> Option<(u64, u64)> {
+fn take_chain(sk: Option<u64>) -> Option<(u64, u64)> {
     let armed = CHAIN_ARMED.get(0).copied().unwrap_or(0);
     if armed == 0 {
         return None;
     }
     let c = own_chain(tid(), now())?;
     let (cut_sk, at) = unsafe { ((*c).cut_sk, (*c).at) };
-    if cut_sk == sk {
-        return None;
+    if sk == Some(cut_sk) {
+        return None; // the cut socket itself: no retry goes out on it
     }
     unsafe { (*c).tid = 0 };
     Some((cut_sk, at))
@@ -194,7 +195,7 @@ fn on_send(sk: u64, st: &mut ReqState, ret: i32) {
         st.resp_bytes = 0;
         st.req_start_ns = now();
         if st.retry_of == 0
-            && let Some((cut_sk, at)) = take_chain(sk)
+            && let Some((cut_sk, at)) = take_chain(Some(sk))
         {
             // A pooled connection: the retry goes out on it at once.
             st.retry_of = cut_sk;
@@ -271,7 +272,7 @@ pub fn on_connect(sk: u64, tgid: u32) {
         return;
     }
     let mut st = zeroed::<ReqState>();
-    if let Some((cut_sk, at)) = take_chain(sk) {
+    if let Some((cut_sk, at)) = take_chain(None) {
         st.retry_of = cut_sk;
         st.retry_cut_at = at;
     }

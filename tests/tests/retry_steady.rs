@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use drainwatch_tests::{
-    agent::{Agent, api, stop_record},
+    agent::{Agent, api, free_port, stop_record},
     lab::{Method, NginxOpts, RetryLab, RetrySpec, SteadyRun, Stream},
     require_root,
 };
@@ -27,7 +27,15 @@ struct Variant {
 
 fn variant(method: Method, next_upstream: Option<&str>, keepalive: Option<u32>) -> Variant {
     require_root();
-    let agent = Agent::start(&[]);
+    // DRAINWATCH_TEST_LOG=<file>: the agent's log goes there (with DRAINWATCH_LOG's filter).
+    let agent = match std::env::var("DRAINWATCH_TEST_LOG") {
+        Ok(path) => Agent::start_on(
+            free_port(),
+            &[],
+            std::fs::File::create(path).expect("log file").into(),
+        ),
+        Err(_) => Agent::start(&[]),
+    };
     let mut spec = RetrySpec::new(method, next_upstream);
     spec.nginx = NginxOpts {
         keepalive,
@@ -75,6 +83,15 @@ fn variant(method: Method, next_upstream: Option<&str>, keepalive: Option<u32>) 
         stop = s.clone();
     }
     println!("drainwatch: {:#}", stop["loss"]);
+    println!(
+        "sock_length events: {:?}, ebpf faults: {:?}",
+        agent.metric("drainwatch_events_total{kind=\"sock_length\"}"),
+        agent
+            .metrics_text()
+            .lines()
+            .filter(|l| l.starts_with("drainwatch_ebpf_faults_total") && !l.ends_with(" 0"))
+            .collect::<Vec<_>>()
+    );
     Variant {
         agent,
         lab,

@@ -57,11 +57,15 @@ struct Candidate {
 struct Pending {
     cut: Cut,
     candidate: Option<Candidate>,
+    /// How the cut backend's end closed. Taken at the cut: the kernel reuses a closed
+    /// socket's address, often for the very retry that follows.
+    close: Option<PeerClose>,
 }
 
 /// How the container's end of a proxy's connection closed.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct PeerClose {
+    backend: String,
     at: Mono,
     unread: u32,
 }
@@ -96,9 +100,24 @@ impl Matcher {
         }
     }
 
-    /// The container closed its end of the proxy's connection `sock`, leaving `unread` bytes.
-    pub fn peer_closed(&mut self, sock: u64, at: Mono, unread: u32) {
-        if self.closes.insert(sock, PeerClose { at, unread }).is_none() {
+    /// The container `backend` closed its end of the proxy's connection `sock`, leaving
+    /// `unread` bytes.
+    pub fn peer_closed(&mut self, sock: u64, backend: String, at: Mono, unread: u32) {
+        let close = PeerClose {
+            backend,
+            at,
+            unread,
+        };
+        // Normally the close comes first (the backend's stack closes, then the proxy reads
+        // EOF); a late one still belongs to the cut it explains.
+        if let Some(p) = self.pending.get_mut(&sock)
+            && p.close.is_none()
+            && p.cut.backend == close.backend
+        {
+            p.close = Some(close);
+            return;
+        }
+        if self.closes.insert(sock, close).is_none() {
             self.close_order.push_back(sock);
         }
         while self.close_order.len() > CLOSES {
@@ -109,11 +128,16 @@ impl Matcher {
     }
 
     pub fn cut(&mut self, cut: Cut) {
+        let close = self
+            .closes
+            .remove(&cut.sock)
+            .filter(|c| c.backend == cut.backend);
         self.pending.insert(
             cut.sock,
             Pending {
                 cut,
                 candidate: None,
+                close,
             },
         );
     }
@@ -151,7 +175,7 @@ impl Matcher {
         } else {
             let added_seconds =
                 c.started_at.saturating_sub(p.cut.started_at) as f64 / SECOND as f64;
-            if self.read_by_backend(&p.cut) {
+            if read_by_backend(&p.cut, p.close.as_ref()) {
                 RetryOutcome::Duplicate { added_seconds }
             } else {
                 RetryOutcome::Unexecuted { added_seconds }
@@ -161,16 +185,6 @@ impl Matcher {
             cut: p.cut,
             outcome,
         })
-    }
-
-    /// Whether the cut backend read the request (or may have): not if its end closed before
-    /// the request was sent, nor if its receive queue still held all of it at the close. Not
-    /// knowing how it closed counts as read: a duplicate is never ruled out on no evidence.
-    fn read_by_backend(&self, cut: &Cut) -> bool {
-        match self.closes.get(&cut.sock) {
-            Some(c) => c.at > cut.started_at && u64::from(c.unread) < cut.bytes,
-            None => true,
-        }
     }
 
     /// Decides the cuts that no retry followed within the window, and those whose retry was
@@ -212,6 +226,16 @@ impl Matcher {
     }
 }
 
+/// Whether the cut backend read the request (or may have): not if its end closed before the
+/// request was sent, nor if its receive queue still held all of it at the close. Not knowing
+/// how it closed counts as read: a duplicate is never ruled out on no evidence.
+fn read_by_backend(cut: &Cut, close: Option<&PeerClose>) -> bool {
+    match close {
+        Some(c) => c.at > cut.started_at && u64::from(c.unread) < cut.bytes,
+        None => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,7 +270,7 @@ mod tests {
     #[test]
     fn the_same_request_resent_elsewhere_after_the_backend_read_it_is_a_duplicate() {
         let mut m = matcher();
-        m.peer_closed(1, T - 50 * US, 0);
+        m.peer_closed(1, "s1".into(), T - 50 * US, 0);
         m.cut(cut(1, T, 120));
         m.retry_started(1, 77, "s2".into(), T + 40 * US);
         assert!(m.tick(T + 10 * SECOND).is_empty(), "the retry is running");
@@ -264,18 +288,31 @@ mod tests {
     fn a_request_the_backend_never_read_ran_once() {
         let mut m = matcher();
         // Died with the 120 bytes (and a FIN) still queued.
-        m.peer_closed(1, T - 50 * US, 121);
+        m.peer_closed(1, "s1".into(), T - 50 * US, 121);
         m.cut(cut(1, T, 120));
         m.retry_started(1, 77, "s2".into(), T + 40 * US);
+        // The retry's own connection, at the cut one's address, closed by its backend: it
+        // does not stand for the cut backend's close.
+        m.peer_closed(1, "s2".into(), T + MS, 0);
         let d = m.retry_ended(1, 77, 120).unwrap();
         assert!(matches!(d.outcome, RetryOutcome::Unexecuted { .. }));
         // A pooled connection whose backend end had closed before the request went out.
         let mut m = matcher();
         let c = cut(2, T, 120);
-        m.peer_closed(2, c.started_at - MS, 0);
+        m.peer_closed(2, "s1".into(), c.started_at - MS, 0);
         m.cut(c);
         m.retry_started(2, 77, "s2".into(), T + 40 * US);
         let d = m.retry_ended(2, 77, 120).unwrap();
+        assert!(matches!(d.outcome, RetryOutcome::Unexecuted { .. }));
+    }
+
+    #[test]
+    fn a_close_seen_after_the_cut_still_counts() {
+        let mut m = matcher();
+        m.cut(cut(1, T, 120));
+        m.peer_closed(1, "s1".into(), T + 10 * US, 120);
+        m.retry_started(1, 77, "s2".into(), T + 40 * US);
+        let d = m.retry_ended(1, 77, 120).unwrap();
         assert!(matches!(d.outcome, RetryOutcome::Unexecuted { .. }));
     }
 
@@ -341,7 +378,7 @@ mod tests {
     fn closes_are_bounded() {
         let mut m = matcher();
         for s in 0..(CLOSES as u64 + 10) {
-            m.peer_closed(s, T, 0);
+            m.peer_closed(s, "s1".into(), T, 0);
         }
         assert_eq!(m.closes.len(), CLOSES);
         assert!(!m.closes.contains_key(&0));

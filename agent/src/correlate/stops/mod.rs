@@ -261,8 +261,8 @@ impl Tracker {
                     c.identity = identity;
                 }
             }
-            Observation::UpstreamPeerClosed { sock, unread, .. } => {
-                self.retries.peer_closed(sock, now, unread);
+            Observation::UpstreamPeerClosed { key, sock, unread } => {
+                self.retries.peer_closed(sock, key, now, unread);
             }
             Observation::UpstreamRequest {
                 key,

@@ -101,8 +101,10 @@ impl<H: HostView> Enricher<H> {
             .get(&io.skaddr)
             .or_else(|| self.upstreams.closed.get(&io.skaddr))
         else {
+            tracing::debug!(sock = io.skaddr, step = ?io.step, tid = io.meta.pid, "upstream io on an unknown socket");
             return; // not a connection to a container
         };
+        tracing::debug!(sock = io.skaddr, step = ?io.step, tid = io.meta.pid, backend = %up.key, "upstream io");
         let step = match io.step {
             IoStep::Cut {
                 bytes, started_at, ..
