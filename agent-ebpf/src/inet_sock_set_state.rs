@@ -107,6 +107,10 @@ pub fn inet_sock_set_state_btf(ctx: BtfTracePointContext) -> i32 {
     let newstate: i32 = ctx.arg(2);
     let f = &CONFIG.inet_sock_set_state;
     let k = &CONFIG.kernel;
+    // Before the filters: every socket's last step, whatever it was (`sock_length`'s map).
+    if newstate == cfg(&f.close_state) {
+        crate::sock_length::on_close(sk as u64);
+    }
     if in_mask(cfg(&f.emit_old), oldstate)
         && ld::<u16>(sk, cfg(&k.sock_protocol)) == Some(IPPROTO_TCP)
     {
@@ -176,6 +180,9 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Option<()> {
     }
     let oldstate = rec.get::<i32>(f.oldstate).unwrap_or(-1);
     let newstate = rec.get::<i32>(f.newstate).unwrap_or(-1);
+    if newstate == f.close_state {
+        crate::sock_length::on_close(rec.get::<u64>(f.skaddr).unwrap_or(0));
+    }
     if !in_mask(f.emit_old, oldstate) {
         return None;
     }

@@ -19,7 +19,9 @@ use aya_ebpf::{
 };
 use drainwatch_common::{
     EventKind,
-    sock_length::{self, CONN_ERRORS, Chain, Event, MSG_PEEK, Phase, RETRY_STARTED, ReqState},
+    sock_length::{
+        self, CLOSED, CONN_ERRORS, Chain, Event, MSG_PEEK, Phase, RETRY_STARTED, ReqState,
+    },
 };
 
 use crate::util::{CONFIG, cfg, fill_header_task, reserve, submit, zeroed};
@@ -163,11 +165,13 @@ fn conn_error(ret: i32) -> bool {
     false
 }
 
-/// The request on `sk` ended without a response byte: a cut, if one was sent.
+/// The request on `sk` ended without a response byte: a cut, if one was sent. True when the
+/// entry is to go (the socket already reached CLOSE).
 #[inline(always)]
-fn failed(sk: u64, st: &mut ReqState, ret: i32) {
+fn failed(sk: u64, st: &mut ReqState, ret: i32) -> bool {
+    let closed = st.flags & CLOSED != 0;
     if st.req_bytes == 0 || st.resp_bytes != 0 {
-        return;
+        return closed;
     }
     if st.retry_of != 0 && st.flags & RETRY_STARTED != 0 {
         // A retry cut in turn: it was sent whole.
@@ -175,20 +179,18 @@ fn failed(sk: u64, st: &mut ReqState, ret: i32) {
     }
     st.retry_of = 0;
     st.retry_cut_at = 0;
-    st.flags = 0;
+    st.flags &= CLOSED;
     emit(sk, st, Phase::Cut, ret);
     open_chain(sk, tid(), now());
     // One cut per request: a second EOF read is no new one.
     st.req_bytes = 0;
+    closed
 }
 
 #[inline(always)]
-fn on_send(sk: u64, st: &mut ReqState, ret: i32) {
+fn on_send(sk: u64, st: &mut ReqState, ret: i32) -> bool {
     if ret <= 0 {
-        if conn_error(ret) {
-            failed(sk, st, ret);
-        }
-        return;
+        return conn_error(ret) && failed(sk, st, ret);
     }
     if st.req_bytes == 0 || st.resp_bytes != 0 {
         st.req_bytes = 0;
@@ -201,33 +203,35 @@ fn on_send(sk: u64, st: &mut ReqState, ret: i32) {
             st.retry_of = cut_sk;
             st.retry_cut_at = at;
         }
-        st.flags = 0;
+        st.flags &= CLOSED;
         if st.retry_of != 0 {
-            st.flags = RETRY_STARTED;
+            st.flags |= RETRY_STARTED;
             emit(sk, st, Phase::RetryStart, ret);
         }
     } else {
         break_chain(sk);
     }
     st.req_bytes += ret as u64;
+    false
 }
 
 #[inline(always)]
-fn on_recv(sk: u64, st: &mut ReqState, ret: i32, flags: i32) {
+fn on_recv(sk: u64, st: &mut ReqState, ret: i32, flags: i32) -> bool {
     if flags & MSG_PEEK != 0 {
-        return;
+        return false;
     }
     if ret > 0 {
         if st.resp_bytes == 0 && st.req_bytes != 0 && st.flags & RETRY_STARTED != 0 {
             emit(sk, st, Phase::RetryEnd, ret);
             st.retry_of = 0;
             st.retry_cut_at = 0;
-            st.flags = 0;
+            st.flags &= CLOSED;
         }
         st.resp_bytes += ret as u64;
         break_chain(sk);
-    } else if ret == 0 || conn_error(ret) {
-        failed(sk, st, ret);
+        false
+    } else {
+        (ret == 0 || conn_error(ret)) && failed(sk, st, ret)
     }
 }
 
@@ -241,10 +245,13 @@ fn on_io(sk: u64, ret: i32, flags: i32, send: bool) {
         return;
     };
     let st = unsafe { &mut *st };
-    if send {
-        on_send(sk, st, ret);
+    let gone = if send {
+        on_send(sk, st, ret)
     } else {
-        on_recv(sk, st, ret, flags);
+        on_recv(sk, st, ret, flags)
+    };
+    if gone {
+        let _ = UPSTREAM_SOCKS.remove(sk);
     }
 }
 
@@ -277,4 +284,19 @@ pub fn on_connect(sk: u64, tgid: u32) {
         st.retry_cut_at = at;
     }
     let _ = UPSTREAM_SOCKS.insert(sk, st, 0);
+}
+
+/// A socket reached CLOSE (`inet_sock_set_state`; every socket does before it is freed): its
+/// entry goes, unless a reset closed it under a pending request the proxy has yet to read.
+#[inline(always)]
+pub fn on_close(sk: u64) {
+    let Some(st) = UPSTREAM_SOCKS.get_ptr_mut(sk) else {
+        return;
+    };
+    let pending = unsafe { (*st).req_bytes != 0 && (*st).resp_bytes == 0 };
+    if pending {
+        unsafe { (*st).flags |= CLOSED };
+    } else {
+        let _ = UPSTREAM_SOCKS.remove(sk);
+    }
 }

@@ -57,6 +57,10 @@ pub struct Fields {
     /// New states of a connect() (SYN_SENT): a proxy's (`PROXIES`) new socket gets an
     /// `UPSTREAM_SOCKS` entry, and may be the retry of a cut its thread just saw.
     pub connect_new: u32,
+    /// TCP_CLOSE's number (-2: unknown): a socket's last state, where `sock_length`'s entry
+    /// for it goes.
+    pub close_state: i32,
+    pub _pad: u32,
 }
 
 impl Fields {
@@ -72,6 +76,8 @@ impl Fields {
         listener_closed_new: u32::MAX,
         task_new: u32::MAX,
         connect_new: 0,
+        close_state: -2,
+        _pad: 0,
     };
 }
 

@@ -71,6 +71,10 @@ pub struct ReqState {
 
 /// `ReqState::flags`: the candidate's `RetryStart` was emitted.
 pub const RETRY_STARTED: u32 = 1;
+/// `ReqState::flags`: the socket reached CLOSE (a reset) with a request pending: kept until
+/// the proxy reads the error (the cut), then removed. Entries are removed at CLOSE otherwise:
+/// the kernel reuses a freed socket's address, for any socket (a proxy's accepted client).
+pub const CLOSED: u32 = 2;
 
 /// A `CHAINS` slot: a worker thread that saw a cut and has done no other socket I/O since.
 #[repr(C)]

@@ -69,6 +69,11 @@ pub fn fields(r: &mut Resolver) -> Fields {
     f.task_new = mask(&["TCP_SYN_SENT", "TCP_LISTEN"]).unwrap_or(u32::MAX);
     // No filter here when a name is missing: the program would look every transition up.
     f.connect_new = mask(&["TCP_SYN_SENT"]).unwrap_or(0);
+    f.close_state = r
+        .format()
+        .symbol_value("newstate", "TCP_CLOSE")
+        .and_then(|v| i32::try_from(v).ok())
+        .unwrap_or(-2);
     f
 }
 
@@ -145,6 +150,7 @@ mod tests {
         assert_eq!(f.counters_old, bit(1) | bit(8));
         assert_eq!(f.backlog_new, bit(10));
         assert_eq!(f.connect_new, bit(2));
+        assert_eq!(f.close_state, 7);
     }
 
     #[test]
