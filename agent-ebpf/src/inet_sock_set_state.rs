@@ -51,10 +51,23 @@ trait Socket {
 
 #[inline(always)]
 fn emit<S: Socket>(s: &S, f: &Fields, skaddr: u64, oldstate: i32, newstate: i32) -> Option<()> {
+    let r = emit_event(s, f, skaddr, oldstate, newstate);
     if in_mask(cfg(&f.connect_new), newstate) {
-        // Before the scope filter: a proxy's upstream is followed wherever it goes.
+        // Whatever the scope filter said: a proxy's upstream is followed wherever it goes.
+        // After the connect's own event, which a retry's start (emitted here) refers to.
         crate::sock_length::on_connect(skaddr, (bpf_get_current_pid_tgid() >> 32) as u32);
     }
+    r
+}
+
+#[inline(always)]
+fn emit_event<S: Socket>(
+    s: &S,
+    f: &Fields,
+    skaddr: u64,
+    oldstate: i32,
+    newstate: i32,
+) -> Option<()> {
     let netns = s.netns();
     let mut tuple = zeroed::<Tuple>();
     s.tuple(&mut tuple);

@@ -193,6 +193,8 @@ fn on_send(sk: u64, st: &mut ReqState, ret: i32) -> bool {
         return conn_error(ret) && failed(sk, st, ret);
     }
     if st.req_bytes == 0 || st.resp_bytes != 0 {
+        // A new connection's retry was reported at its connect.
+        let started = st.flags & RETRY_STARTED != 0;
         st.req_bytes = 0;
         st.resp_bytes = 0;
         st.req_start_ns = now();
@@ -205,8 +207,10 @@ fn on_send(sk: u64, st: &mut ReqState, ret: i32) -> bool {
         }
         st.flags &= CLOSED;
         if st.retry_of != 0 {
+            if !started {
+                emit(sk, st, Phase::RetryStart, ret);
+            }
             st.flags |= RETRY_STARTED;
-            emit(sk, st, Phase::RetryStart, ret);
         }
     } else {
         break_chain(sk);
@@ -280,8 +284,13 @@ pub fn on_connect(sk: u64, tgid: u32) {
     }
     let mut st = zeroed::<ReqState>();
     if let Some((cut_sk, at)) = take_chain(None) {
+        // Reported now, not at its first send: the handshake may take longer than the
+        // agent waits for a retry to start.
         st.retry_of = cut_sk;
         st.retry_cut_at = at;
+        st.req_start_ns = now();
+        st.flags = RETRY_STARTED;
+        emit(sk, &st, Phase::RetryStart, 0);
     }
     let _ = UPSTREAM_SOCKS.insert(sk, st, 0);
 }

@@ -14,8 +14,8 @@ pub enum Phase {
     /// was sent and no response byte read: the worker (`header.pid`) saw the cut.
     Cut = 1,
     /// The same worker's next upstream action started a request on this socket (a new
-    /// connect, or a send on a pooled connection) within the retry window of the cut on
-    /// `cut_sk`, with no other socket I/O in between.
+    /// connect, reported at the connect, or a send on a pooled connection) within the retry
+    /// window of the cut on `cut_sk`, with no other socket I/O in between.
     RetryStart = 2,
     /// That request was sent whole (its first response byte was read, or it was cut in turn):
     /// `req_bytes` is its size.

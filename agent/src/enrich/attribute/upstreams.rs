@@ -80,6 +80,18 @@ impl<H: HostView> Enricher<H> {
         p
     }
 
+    /// The container an address belongs to: the one listening on its port, as a pod's
+    /// containers share one address (a network holder, sidecars).
+    fn backend_of(&self, remote: SocketAddr) -> Option<String> {
+        let key = self.by_ip.get(&remote.ip())?;
+        let listener = self
+            .containers
+            .get(key)
+            .and_then(|c| c.netns)
+            .and_then(|ns| self.listeners.open.get(&(ns, remote.port())));
+        Some(listener.map_or_else(|| key.clone(), |(k, _)| k.to_string()))
+    }
+
     /// The proxies the kernel is to follow the connects of.
     pub(super) fn proxy_tgids(&self) -> impl Iterator<Item = u32> + '_ {
         self.upstreams
@@ -149,7 +161,7 @@ impl<H: HostView> Enricher<H> {
         match (old, new) {
             (Some(Close), Some(SynSent)) => {
                 // connect(): process context, the local port is not chosen yet.
-                let Some(key) = self.by_ip.get(&conn.remote.ip()).cloned() else {
+                let Some(key) = self.backend_of(conn.remote) else {
                     return false;
                 };
                 let now = s.meta.ts_ns;
