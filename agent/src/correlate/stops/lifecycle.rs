@@ -37,7 +37,6 @@ impl Tracker {
 
     /// What became of a cut request, counted against the cut backend.
     pub(super) fn decided(&mut self, d: Decision) {
-        tracing::debug!(backend = %d.cut.backend, sock = d.cut.sock, outcome = ?d.outcome, has_stop = self.stop_mut(&d.cut.backend).is_some(), "retry decided");
         let key = d.cut.backend;
         if let Some(c) = self.containers.get(&key) {
             self.emitted.push(Emitted::Retry {

@@ -271,9 +271,7 @@ impl Tracker {
                 tid,
                 step,
             } => match step {
-                UpstreamStep::Cut { bytes, started_at } => {
-                    tracing::debug!(backend = %key, sock, "cut pending");
-                    self.retries.cut(Cut {
+                UpstreamStep::Cut { bytes, started_at } => self.retries.cut(Cut {
                     at: now,
                     proxy,
                     tid,
@@ -281,8 +279,7 @@ impl Tracker {
                     sock,
                     bytes,
                     started_at,
-                })
-                }
+                }),
                 UpstreamStep::RetryStarted {
                     cut_sock,
                     started_at,
