@@ -953,3 +953,51 @@ fn an_entrypoint_that_forks_the_server_and_exits_is_not_the_container_exiting() 
         "the server is its main process now"
     );
 }
+
+#[test]
+fn a_proxy_connection_to_a_pods_shared_address_belongs_to_the_container_listening_there() {
+    // A network holder (podman's `--network container:`, a pod's pause) holds the same
+    // address in the same namespace, but no listener: the backend is the one listening.
+    const HOLDER: &str = "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210";
+    let mut e = enricher();
+    e.host_mut().procs.push(ProcInfo {
+        pid: 200,
+        ppid: 90,
+        comm: "pause".into(),
+        ns_pid: Some(1),
+        netns: Some(NS),
+        cgroup_path: Some(format!("/libpod_parent/libpod-{HOLDER}")),
+    });
+    e.scan();
+    assert_eq!(e.container_count(), 2);
+    let connect = match state(
+        0xe1,
+        HOST_NS,
+        "TCP_CLOSE",
+        "TCP_SYN_SENT",
+        conn("0.0.0.0:0", "10.88.0.5:8080"),
+        TcpCounters::default(),
+    ) {
+        Event::StateChange(mut s) => {
+            s.meta.tgid = 60;
+            s.meta.comm = "nginx".into();
+            s
+        }
+        _ => unreachable!(),
+    };
+    e.on_event(&Event::StateChange(connect));
+    let cut = Event::UpstreamIo(UpstreamIo {
+        meta: meta(60, 0, 0),
+        skaddr: 0xe1,
+        step: IoStep::Cut {
+            bytes: 120,
+            started_at: 1,
+            ret: 0,
+        },
+    });
+    let obs = e.on_event(&cut);
+    assert!(
+        matches!(obs.as_slice(), [O::UpstreamRequest { key, .. }] if key == ID),
+        "{obs:#?}"
+    );
+}
