@@ -186,6 +186,31 @@ fn no_sigterm_handler_exits_at_once_cutting_inflight_requests() {
 }
 
 #[test]
+fn exiting_zero_on_sigterm_with_the_listener_open_is_exit_at_once() {
+    // A handler that exits 0 at once: no signal death, but it neither closed its listener
+    // nor served on, so it exited at once (README: outcomes), cutting what was in flight.
+    let sc = scenario(Mode::ExitZero, Trigger::Stop { grace_secs: 10 }, |_| {});
+    sc.check_common();
+    let s = &sc.stop;
+    assert_eq!(s["outcome"], "exit_at_once", "{s:#}");
+    assert_eq!(
+        (s["exit_code"].as_i64(), s["exit_signal"].as_i64()),
+        (Some(0), None)
+    );
+    assert_eq!(sc.loss("inflight_cut"), 2);
+    assert!(s["drain_seconds"].as_f64().unwrap() < 0.5);
+    let closed_before_exit = s["listeners"].as_array().unwrap().iter().any(|l| {
+        instant(&l["closed_at"])
+            .zip(instant(&s["exit_at"]))
+            .is_some_and(|(c, e)| c < e)
+    });
+    assert!(
+        !closed_before_exit,
+        "the kernel closes it after the exit: {s:#}"
+    );
+}
+
+#[test]
 fn closing_the_listener_on_sigterm_refuses_what_routing_still_sends() {
     let sc = scenario(
         Mode::CloseListener,

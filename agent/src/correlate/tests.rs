@@ -492,8 +492,9 @@ fn a_container_restarted_in_place_gets_a_new_record_for_its_next_stop() {
             sender: runc(),
         },
     );
+    // It serves on for 1.5 s after the signal, then exits 0: it drained.
     t.observe(
-        ms(9100),
+        ms(10_500),
         O::Exit {
             key: key(),
             exit: ExitInfo {
@@ -583,7 +584,7 @@ fn stops_of_one_workload_within_ten_minutes_are_one_deploy() {
             },
         );
         t.observe(
-            at + SECOND,
+            at + 2 * SECOND,
             O::Exit {
                 key: id.to_string(),
                 exit: ExitInfo {
