@@ -288,15 +288,72 @@ fn a_syn_to_a_closed_listener_is_refused_only_in_that_namespace() {
             reason: named("NO_SOCKET"),
         })
     };
-    assert!(matches!(
-        e.on_event(&rst(NS, 8080)).as_slice(),
-        [O::Refused { .. }]
-    ));
+    // Held for the attempt's own side (see `refusals`), then reported unjoined.
+    assert!(e.on_event(&rst(NS, 8080)).is_empty());
     assert!(e.on_event(&rst(NS, 9999)).is_empty(), "never a listener");
     assert!(
         e.on_event(&rst(HOST_NS, 8080)).is_empty(),
         "another namespace"
     );
+    assert_eq!(
+        e.flush(2_000_000_000),
+        [O::Refused {
+            key: ID.into(),
+            at: 1,
+            upstream: None
+        }]
+    );
+    assert!(e.flush(3_000_000_000).is_empty());
+}
+
+#[test]
+fn a_refusal_seen_from_the_attempts_side_names_its_socket() {
+    let mut e = enricher();
+    e.scan();
+    let closed = state(
+        0xf1,
+        NS,
+        "TCP_LISTEN",
+        "TCP_CLOSE",
+        conn("0.0.0.0:8080", "0.0.0.0:0"),
+        TcpCounters::default(),
+    );
+    e.on_event(&closed);
+    // The container's namespace answers the SYN from 10.88.0.1:41234 ...
+    let sent = Event::ResetSent(ResetSent {
+        meta: meta(0, NS, 0),
+        skaddr: 0,
+        conn: conn("10.88.0.5:8080", "10.88.0.1:41234"),
+        state: None,
+        reason: named("NO_SOCKET"),
+    });
+    assert!(e.on_event(&sent).is_empty());
+    // ... and the connecting socket on this node receives the RST and closes.
+    let received = Event::ResetReceived(crate::capture::event::ResetReceived {
+        meta: meta(0, HOST_NS, 0),
+        skaddr: 0xd1,
+        sock_cookie: 0,
+        conn: conn("10.88.0.1:41234", "10.88.0.5:8080"),
+        state: tcp("TCP_SYN_SENT"),
+    });
+    e.on_event(&received);
+    let attempt = state(
+        0xd1,
+        HOST_NS,
+        "TCP_SYN_SENT",
+        "TCP_CLOSE",
+        conn("10.88.0.1:41234", "10.88.0.5:8080"),
+        TcpCounters::default(),
+    );
+    assert_eq!(
+        e.on_event(&attempt),
+        [O::Refused {
+            key: ID.into(),
+            at: 1,
+            upstream: Some(0xd1)
+        }]
+    );
+    assert!(e.flush(u64::MAX / 2).is_empty(), "counted once");
 }
 
 #[test]

@@ -106,6 +106,7 @@ impl<H: HostView> Enricher<H> {
                     out.push(Observation::InboundEstablished {
                         key: key.to_string(),
                         sock: s.skaddr,
+                        upstream: self.upstream_of(conn),
                     });
                     self.sockets.tracked.insert(
                         s.skaddr,
@@ -118,10 +119,14 @@ impl<H: HostView> Enricher<H> {
                 // An attempt that never connected and was not refused: to a gone container's
                 // address, unreachable.
                 if self.sockets.refused_attempts.remove(&s.skaddr) {
+                    self.refusals.attempt_refused(conn.local, s.skaddr, out);
                     return;
                 }
                 if let Some(key) = self.by_ip.get(&conn.remote.ip()) {
-                    out.push(Observation::Unreachable { key: key.clone() });
+                    out.push(Observation::Unreachable {
+                        key: key.clone(),
+                        upstream: Some(s.skaddr),
+                    });
                 }
             }
             (Some(Established), Some(CloseWait)) => {
@@ -153,6 +158,8 @@ impl<H: HostView> Enricher<H> {
                     sock: self.sock_id(s.skaddr),
                     by_container,
                     pending,
+                    upstream: self.upstream_of(conn),
+                    request_bytes: s.counters.bytes_received,
                 });
             }
             _ => {}

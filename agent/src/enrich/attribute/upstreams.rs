@@ -8,7 +8,7 @@ use super::Enricher;
 use crate::{
     capture::event::{Endpoints, StateChange},
     enrich::host::HostView,
-    model::{HashMap, HashSet, Mono, Observation, Proxy, TcpState},
+    model::{HashMap, HashSet, Mono, Observation, PROBERS, Proxy, TcpState},
 };
 
 use TcpState::{Close, CloseWait, Established, SynSent};
@@ -42,13 +42,15 @@ impl<H: HostView> Enricher<H> {
         if let Some(p) = self.upstreams.proxies.get(&tgid) {
             return p.clone();
         }
+        let prober = PROBERS.contains(&comm) && !self.by_pid.contains_key(&tgid);
         let own: HashSet<u64> = self.host.socket_inodes(tgid).into_iter().collect();
-        let listens = !own.is_empty()
-            && self
-                .host
-                .sockets(tgid)
-                .iter()
-                .any(|s| s.listening && own.contains(&s.inode));
+        let listens = prober
+            || !own.is_empty()
+                && self
+                    .host
+                    .sockets(tgid)
+                    .iter()
+                    .any(|s| s.listening && own.contains(&s.inode));
         let p = listens.then(|| Proxy {
             tgid,
             name: self
@@ -56,9 +58,19 @@ impl<H: HostView> Enricher<H> {
                 .get(&tgid)
                 .and_then(|k| self.containers.get(k))
                 .map_or_else(|| comm.to_string(), |c| c.identity.workload.clone()),
+            prober,
         });
         self.upstreams.proxies.insert(tgid, p.clone());
         p
+    }
+
+    /// The socket of the proxy or prober on this node at the other end of a container's
+    /// inbound connection, if one opened it.
+    pub(super) fn upstream_of(&self, inbound: Endpoints) -> Option<u64> {
+        self.upstreams
+            .by_tuple
+            .get(&(inbound.remote, inbound.local))
+            .map(|u| u.sock)
     }
 
     /// Follows proxies' connections to containers; true when the state change was one.
