@@ -3,9 +3,10 @@
 //! `drainwatch_tests::lab`). Each test stops (or crashes) backend s1 mid-load and asserts the
 //! agent's stop record against ground truth from the client, HAProxy and the backend's own log.
 //!
-//! Ground truth for `refused` is the client's 503s plus HAProxy's own count of its failed
-//! health checks (`chkfail`): each check is a connection attempt like any other. Once HAProxy
-//! marks s1 DOWN, the lab removes it from the balancer (maintenance), as Kubernetes removes a
+//! Ground truth for `refused` is the client's 503s; for `probes.refused`, HAProxy's own count
+//! of its failed health checks (`chkfail`) minus those s1 answered: drainwatch learns HAProxy's
+//! check schedule from its traffic and must tell the two apart exactly. Once HAProxy marks s1
+//! DOWN, the lab removes it from the balancer (maintenance), as Kubernetes removes a
 //! terminating pod's endpoint, so no later check reaches its address.
 
 use std::time::{Duration, Instant};
@@ -70,24 +71,21 @@ impl Scenario {
         failed - answered_failing
     }
 
-    /// Connections s1 accepted after the stop signal reached it and before it exited:
-    /// requests it started and health checks it answered, from its own log.
+    fn probes(&self, k: &str) -> u64 {
+        self.stop["loss"]["probes"][k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("loss.probes.{k} in {:#}", self.stop))
+    }
+
+    /// Requests s1 accepted after the stop signal reached it and before it exited, from its
+    /// own log (the health checks it answered meanwhile are not requests).
     fn accepted_after_sigterm(&self, term: Instant) -> u64 {
         let end = self.run.exit_logged_at.unwrap_or_else(Instant::now);
-        let requests = self
-            .run
+        self.run
             .s1_work
             .iter()
             .filter(|w| w.started && w.at > term && w.at < end)
-            .count();
-        let checks = self
-            .lab
-            .s1
-            .health_checks()
-            .into_iter()
-            .filter(|(at, _)| *at > term && *at < end)
-            .count();
-        (requests + checks) as u64
+            .count() as u64
     }
 
     /// What holds for every stop: identity, exact cut and refused counts, ordered timeline.
@@ -106,10 +104,23 @@ impl Scenario {
         );
         assert_eq!(
             self.loss("refused"),
-            self.run.summary.count("refused") as u64 + self.failed_checks(),
-            "refused = requests refused ({}) + health checks refused ({})",
-            self.run.summary.count("refused"),
-            self.failed_checks()
+            self.run.summary.count("refused") as u64,
+            "refused = requests refused"
+        );
+        assert_eq!(
+            self.probes("refused"),
+            self.failed_checks(),
+            "probes.refused = health checks refused"
+        );
+        assert_eq!(
+            (self.probes("cut"), self.probes("unreachable")),
+            (0, 0),
+            "no check was in flight or sent after the address went"
+        );
+        assert_eq!(
+            self.probes("by_schedule"),
+            self.failed_checks(),
+            "every failed check told apart by HAProxy's schedule (no kubelet here)"
         );
         assert_eq!(
             self.loss("unreachable"),

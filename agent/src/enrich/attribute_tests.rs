@@ -307,7 +307,7 @@ fn a_syn_to_a_closed_listener_is_refused_only_in_that_namespace() {
 }
 
 #[test]
-fn a_refusal_seen_from_the_attempts_side_names_its_socket() {
+fn a_refusal_seen_from_the_attempts_side_names_a_proxys_socket_only() {
     let mut e = enricher();
     e.scan();
     let closed = state(
@@ -319,41 +319,66 @@ fn a_refusal_seen_from_the_attempts_side_names_its_socket() {
         TcpCounters::default(),
     );
     e.on_event(&closed);
-    // The container's namespace answers the SYN from 10.88.0.1:41234 ...
-    let sent = Event::ResetSent(ResetSent {
-        meta: meta(0, NS, 0),
-        skaddr: 0,
-        conn: conn("10.88.0.5:8080", "10.88.0.1:41234"),
-        state: None,
-        reason: named("NO_SOCKET"),
-    });
-    assert!(e.on_event(&sent).is_empty());
-    // ... and the connecting socket on this node receives the RST and closes.
-    let received = Event::ResetReceived(crate::capture::event::ResetReceived {
-        meta: meta(0, HOST_NS, 0),
-        skaddr: 0xd1,
-        sock_cookie: 0,
-        conn: conn("10.88.0.1:41234", "10.88.0.5:8080"),
-        state: tcp("TCP_SYN_SENT"),
-    });
-    e.on_event(&received);
-    let attempt = state(
-        0xd1,
-        HOST_NS,
-        "TCP_SYN_SENT",
-        "TCP_CLOSE",
-        conn("10.88.0.1:41234", "10.88.0.5:8080"),
-        TcpCounters::default(),
+    // One attempt from 10.88.0.1:`port` on socket 0xd1 by `tgid`: connect(), the container's
+    // namespace answers the SYN, the connecting socket receives the RST and closes.
+    let mut attempt = |tgid: u32, port: u16| {
+        let mut connect = state(
+            0xd1,
+            HOST_NS,
+            "TCP_CLOSE",
+            "TCP_SYN_SENT",
+            conn("0.0.0.0:0", "10.88.0.5:8080"),
+            TcpCounters::default(),
+        );
+        if let Event::StateChange(c) = &mut connect {
+            c.meta.tgid = tgid;
+            c.meta.comm = "nginx".into();
+        }
+        e.on_event(&connect);
+        let client = format!("10.88.0.1:{port}");
+        let sent = Event::ResetSent(ResetSent {
+            meta: meta(0, NS, 0),
+            skaddr: 0,
+            conn: conn("10.88.0.5:8080", &client),
+            state: None,
+            reason: named("NO_SOCKET"),
+        });
+        assert!(e.on_event(&sent).is_empty(), "held");
+        let received = Event::ResetReceived(crate::capture::event::ResetReceived {
+            meta: meta(0, HOST_NS, 0),
+            skaddr: 0xd1,
+            sock_cookie: 0,
+            conn: conn(&client, "10.88.0.5:8080"),
+            state: tcp("TCP_SYN_SENT"),
+        });
+        e.on_event(&received);
+        let failed = state(
+            0xd1,
+            HOST_NS,
+            "TCP_SYN_SENT",
+            "TCP_CLOSE",
+            conn(&client, "10.88.0.5:8080"),
+            TcpCounters::default(),
+        );
+        e.on_event(&failed)
+    };
+    // pid 60 listens (a proxy): its attempt is named.
+    let obs = attempt(60, 41_234);
+    assert!(
+        matches!(obs.as_slice(), [O::UpstreamClosed { sock: 0xd1, .. }, O::Refused { key, at: 1, upstream: Some(0xd1) }] if key == ID),
+        "{obs:#?}"
     );
+    // The kernel reuses the address at once for another process's socket: not the proxy's.
+    let obs = attempt(70, 41_235);
     assert_eq!(
-        e.on_event(&attempt),
+        obs,
         [O::Refused {
             key: ID.into(),
             at: 1,
-            upstream: Some(0xd1)
+            upstream: None
         }]
     );
-    assert!(e.flush(u64::MAX / 2).is_empty(), "counted once");
+    assert!(e.flush(u64::MAX / 2).is_empty(), "each counted once");
 }
 
 #[test]

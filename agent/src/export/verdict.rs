@@ -105,6 +105,14 @@ fn common_findings(stop: &StopView, out: &mut Vec<String>) {
             count(unreachable, "connection attempt", "connection attempts")
         ));
     }
+    let p = &loss.probes;
+    let checks = p.cut + p.refused + p.unreachable;
+    if checks > 0 {
+        out.push(format!(
+            "{} failed (not users: the balancer or kubelet was still checking)",
+            count(checks, "health check", "health checks")
+        ));
+    }
 }
 
 /// The verdict on one stop record (`/api/v1/stops` element).
@@ -470,6 +478,21 @@ mod tests {
         assert_eq!(
             stop(&at_once).text,
             "exited 0.2 s after the stop signal without closing its listener first (code 0): handle SIGTERM: stop accepting, finish in-flight work, then exit"
+        );
+    }
+
+    #[test]
+    fn failed_health_checks_are_named_apart_and_decide_nothing() {
+        let s = stop_with(
+            "drained",
+            json!({"probes": {"refused": 2, "by_schedule": 2}}),
+            json!({"drain_seconds": 2.5}),
+        );
+        let v = stop(&s);
+        assert_eq!(v.level, Level::Good);
+        assert_eq!(
+            v.text,
+            "drained cleanly in 2.5 s: nothing lost; 2 health checks failed (not users: the balancer or kubelet was still checking)"
         );
     }
 

@@ -52,11 +52,12 @@ impl Refusals {
         self.pending.push_back(Pending { at, client, key });
     }
 
-    /// The attempt's side: its socket `sock`, bound to `client`, was answered with RST.
+    /// The attempt's side: the socket bound to `client` was answered with RST; `upstream`
+    /// when it was a followed proxy's or prober's.
     pub(super) fn attempt_refused(
         &mut self,
         client: SocketAddr,
-        sock: u64,
+        upstream: Option<u64>,
         out: &mut Vec<Observation>,
     ) {
         if let Some(i) = self.pending.iter().position(|p| p.client == client)
@@ -65,7 +66,7 @@ impl Refusals {
             out.push(Observation::Refused {
                 key: p.key,
                 at: p.at,
-                upstream: Some(sock),
+                upstream,
             });
         }
     }
@@ -111,7 +112,7 @@ mod tests {
         r.refused(101 * MS, addr(40_002), "c1".into(), &mut out);
         assert!(out.is_empty());
         // The second attempt's socket saw its RST: joined, with the refusal's own time.
-        r.attempt_refused(addr(40_002), 0xa, &mut out);
+        r.attempt_refused(addr(40_002), Some(0xa), &mut out);
         assert_eq!(
             out,
             [Observation::Refused {
@@ -136,7 +137,7 @@ mod tests {
         );
         // An attempt whose refusal is gone or never was: nothing.
         out.clear();
-        r.attempt_refused(addr(40_001), 0xb, &mut out);
+        r.attempt_refused(addr(40_001), Some(0xb), &mut out);
         assert!(out.is_empty());
     }
 

@@ -118,14 +118,20 @@ impl<H: HostView> Enricher<H> {
             (Some(SynSent), Some(Close)) => {
                 // An attempt that never connected and was not refused: to a gone container's
                 // address, unreachable.
+                // A followed proxy's (or prober's) attempt, if this one was.
+                let upstream = self
+                    .upstreams
+                    .failed_attempt
+                    .take()
+                    .filter(|a| *a == s.skaddr);
                 if self.sockets.refused_attempts.remove(&s.skaddr) {
-                    self.refusals.attempt_refused(conn.local, s.skaddr, out);
+                    self.refusals.attempt_refused(conn.local, upstream, out);
                     return;
                 }
                 if let Some(key) = self.by_ip.get(&conn.remote.ip()) {
                     out.push(Observation::Unreachable {
                         key: key.clone(),
-                        upstream: Some(s.skaddr),
+                        upstream,
                     });
                 }
             }

@@ -33,6 +33,10 @@ pub(super) struct Upstreams {
     pub(super) order: VecDeque<(SocketAddr, SocketAddr)>,
     /// Whether a process is a proxy (it holds a listening socket), cached until it exits.
     pub(super) proxies: HashMap<u32, Option<Proxy>>,
+    /// The upstream attempt the current event ended (connect failed), for the refusal or
+    /// unreachable verdict that follows in the same event. Socket addresses are reused at
+    /// once, so nothing else may name a closed upstream by its address.
+    pub(super) failed_attempt: Option<u64>,
 }
 
 impl<H: HostView> Enricher<H> {
@@ -105,10 +109,12 @@ impl<H: HostView> Enricher<H> {
                 true
             }
             (Some(SynSent), Some(Established)) => {
+                let tuple = (conn.local, conn.remote);
                 let Some(up) = self.upstreams.open.get(&s.skaddr).cloned() else {
+                    // Another process's connection on a tuple a closed upstream had.
+                    self.upstreams.by_tuple.remove(&tuple);
                     return false;
                 };
-                let tuple = (conn.local, conn.remote);
                 if self.upstreams.by_tuple.insert(tuple, up).is_none() {
                     self.upstreams.order.push_back(tuple);
                 }
@@ -130,7 +136,11 @@ impl<H: HostView> Enricher<H> {
                     bytes_sent: s.counters.bytes_sent,
                 });
                 // A failed attempt goes on to be judged refused or unreachable below.
-                !(old == Some(SynSent) && new == Some(Close))
+                let failed = old == Some(SynSent) && new == Some(Close);
+                if failed {
+                    self.upstreams.failed_attempt = Some(s.skaddr);
+                }
+                !failed
             }
             _ => false,
         }
