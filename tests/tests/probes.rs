@@ -10,21 +10,13 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use drainwatch_tests::{
-    agent::{Agent, get, stop_record},
+    agent::{Agent, get, stop_record, wait_for},
     lab::{Backend, BackendOpts, Mode, container::http_get},
 };
-
-fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what} within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// What one probe met: answered, refused, or something else (curl's own words).
 #[derive(Debug, Clone, PartialEq, Eq)]
