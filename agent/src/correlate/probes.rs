@@ -257,6 +257,14 @@ mod tests {
     }
 
     #[test]
+    fn a_gone_backends_schedule_is_forgotten() {
+        let mut p = learned();
+        p.forget_backend("s1");
+        p.opened(1, &haproxy(), "s1", 4 * 2001 * MS);
+        assert_eq!(p.classify(Some(1), None), None);
+    }
+
+    #[test]
     fn missed_ticks_keep_the_phase_for_a_few_intervals() {
         let mut p = learned();
         let last = 3 * 2001 * MS;

@@ -68,7 +68,7 @@ struct ContainerState {
 pub struct Tracker {
     config: Config,
     retries: Matcher,
-    /// Which connections are health checks.
+    /// Which connections are health checks (their schedules forgotten with the backend).
     probes: Probes,
     containers: HashMap<String, ContainerState>,
     stops: Vec<Stop>,
