@@ -80,6 +80,10 @@ impl<H: HostView> Pipeline<H> {
     /// of the TCP hash table per listener's namespace (see `enrich/host.rs`).
     pub fn tick(&mut self, now: Mono) {
         self.ticks += 1;
+        let refusals = self.enricher.flush(now);
+        if !refusals.is_empty() {
+            self.correlate(now, refusals, false);
+        }
         let second = self.ticks % 10 == 1;
         let full = self.ticks % 100 == 1;
         if second {

@@ -20,6 +20,7 @@ Modes
   no-handler      no SIGTERM handler: under `podman run --init` the forwarded SIGTERM kills the
                   process by its default action (exit 143)
   close-listener  SIGTERM: close the listening socket at once, finish in-flight, exit 0
+  exit-zero       SIGTERM: exit 0 at once, the listener still open and in-flight work cut
   drain           SIGTERM: /health answers 503 and every response carries Connection: close,
                   keep serving --drain-delay seconds, close the listener and idle keep-alive
                   connections, finish in-flight, exit 0
@@ -44,7 +45,7 @@ import threading
 import time
 from urllib.parse import parse_qs, urlsplit
 
-MODES = ("no-handler", "close-listener", "drain", "slow", "crash", "gate")
+MODES = ("no-handler", "close-listener", "exit-zero", "drain", "slow", "crash", "gate")
 
 
 def now_ns():
@@ -270,6 +271,8 @@ class Server:
             self.close_listener()
             self.wait_drained()
             self.exit(0)
+        elif self.mode == "exit-zero":
+            self.exit(0)
         elif self.mode in ("drain", "slow"):
             self.ready = False
             if self.mode == "drain":
@@ -331,7 +334,7 @@ def main():
         args.drain_delay = 5.0 if args.mode == "drain" else 0.0
 
     srv = Server(args)
-    handled = args.mode in ("close-listener", "drain", "slow")
+    handled = args.mode in ("close-listener", "exit-zero", "drain", "slow")
     if handled:
 
         def on_term(signum, frame):

@@ -168,6 +168,15 @@ pub fn sync(agent: &Agent) {
     }
 }
 
+/// Polls `done` every 50 ms until it holds; fails the test, naming `what`, after `timeout`.
+pub fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// s1's stop record, once its cgroup is gone and every event before that is processed.
 pub fn stop_record(agent: &Agent, container_id: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(30);

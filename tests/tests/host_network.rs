@@ -7,21 +7,13 @@
 use std::{
     io::ErrorKind,
     net::{TcpListener, TcpStream},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use drainwatch_tests::{
-    agent::{Agent, free_port, stop_record},
+    agent::{Agent, free_port, stop_record, wait_for},
     lab::{Backend, BackendOpts, Mode, container::http_get},
 };
-
-fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what} within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 #[test]
 fn a_host_network_containers_cut_and_refused_connects_count_and_host_traffic_is_filtered() {

@@ -2,7 +2,7 @@
 //! handler behind HAProxy, stopped mid-load; see `drainwatch_tests::lab`), then
 //! - the page served at `/` carries exactly what `/api/v1/*` serve (every deploy, stop and
 //!   storm, their times, loss counts and verdicts), and draws one glyph per loss event;
-//! - the routing lag it draws is HAProxy's own time to mark s1 DOWN;
+//! - the routing lag it draws ends at the last request HAProxy sent to s1 (its own log);
 //! - headless Chromium loads it, finds the stop and its verdict in the DOM, and takes a
 //!   screenshot (`target/deploy-page.png`, or `DRAINWATCH_SCREENSHOT`).
 
@@ -130,6 +130,15 @@ fn nonzero(loss: &Value) -> Vec<(String, u64)> {
         let v = loss[k].as_u64().unwrap_or(0);
         (v > 0).then(|| (k.to_string(), v))
     })
+    .chain({
+        // Failed health checks: one chip apart from the loss.
+        let p = &loss["probes"];
+        let failed: u64 = ["cut", "refused", "unreachable"]
+            .iter()
+            .map(|k| p[k].as_u64().unwrap_or(0))
+            .sum();
+        (failed > 0).then(|| ("probes".to_string(), failed))
+    })
     .collect()
 }
 
@@ -228,6 +237,15 @@ fn check_page_matches_api(d: &Data, html: &str) {
                 let drawn = art.matches(&format!("class=\"{class}")).count();
                 assert_eq!(drawn, want, "{kind} glyphs");
             }
+            let probes = events
+                .iter()
+                .filter(|e| e["kind"].as_str().is_some_and(|k| k.starts_with("probe_")))
+                .count();
+            assert_eq!(
+                art.matches("class=\"g-probe").count(),
+                probes,
+                "probe glyphs"
+            );
         }
     }
     let storms = elements(html, "<article class=\"storm\"", "</article>");
@@ -259,7 +277,7 @@ fn the_page_shows_a_stop_as_the_api_does_and_chromium_finds_it() {
     check_page_matches_api(&d, &html);
 
     // What this stop cost, drawn where it happened, against ground truth: the client's cut
-    // requests, and routing that ended when HAProxy marked s1 DOWN.
+    // requests, and routing that ended with the last request HAProxy sent to s1.
     let api_stop = d
         .stops
         .as_array()
@@ -277,11 +295,19 @@ fn the_page_shows_a_stop_as_the_api_does_and_chromium_finds_it() {
     let lag = api_stop["routing_lag_seconds"]
         .as_f64()
         .expect("routing continued after SIGTERM");
-    let down = run.down_at.expect("HAProxy marked s1 DOWN");
-    let down_after = clock::secs_since(term, down);
+    // Routing is the requests HAProxy still sent to s1 (its log names the server); its
+    // health checks until it marked s1 DOWN are probes, not routing.
+    let last_routed = run
+        .records
+        .iter()
+        .filter(|r| r.server.as_deref() == Some("s1") && r.start > term)
+        .map(|r| r.start)
+        .max()
+        .expect("HAProxy routed requests to s1 after SIGTERM");
+    let routed_after = clock::secs_since(term, last_routed);
     assert!(
-        (lag - down_after).abs() < 0.25,
-        "routing lag {lag:.3}s vs HAProxy DOWN {down_after:.3}s after SIGTERM"
+        (lag - routed_after).abs() < 0.25,
+        "routing lag {lag:.3}s vs HAProxy's last request to s1 {routed_after:.3}s after SIGTERM"
     );
     let text = verdict::stop(&view::<StopView>(&api_stop)).text;
     assert!(

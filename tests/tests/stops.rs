@@ -3,9 +3,10 @@
 //! `drainwatch_tests::lab`). Each test stops (or crashes) backend s1 mid-load and asserts the
 //! agent's stop record against ground truth from the client, HAProxy and the backend's own log.
 //!
-//! Ground truth for `refused` is the client's 503s plus HAProxy's own count of its failed
-//! health checks (`chkfail`): each check is a connection attempt like any other. Once HAProxy
-//! marks s1 DOWN, the lab removes it from the balancer (maintenance), as Kubernetes removes a
+//! Ground truth for `refused` is the client's 503s; for `probes.refused`, HAProxy's own count
+//! of its failed health checks (`chkfail`) minus those s1 answered: drainwatch learns HAProxy's
+//! check schedule from its traffic and must tell the two apart exactly. Once HAProxy marks s1
+//! DOWN, the lab removes it from the balancer (maintenance), as Kubernetes removes a
 //! terminating pod's endpoint, so no later check reaches its address.
 
 use std::time::{Duration, Instant};
@@ -70,24 +71,21 @@ impl Scenario {
         failed - answered_failing
     }
 
-    /// Connections s1 accepted after the stop signal reached it and before it exited:
-    /// requests it started and health checks it answered, from its own log.
+    fn probes(&self, k: &str) -> u64 {
+        self.stop["loss"]["probes"][k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("loss.probes.{k} in {:#}", self.stop))
+    }
+
+    /// Requests s1 accepted after the stop signal reached it and before it exited, from its
+    /// own log (the health checks it answered meanwhile are not requests).
     fn accepted_after_sigterm(&self, term: Instant) -> u64 {
         let end = self.run.exit_logged_at.unwrap_or_else(Instant::now);
-        let requests = self
-            .run
+        self.run
             .s1_work
             .iter()
             .filter(|w| w.started && w.at > term && w.at < end)
-            .count();
-        let checks = self
-            .lab
-            .s1
-            .health_checks()
-            .into_iter()
-            .filter(|(at, _)| *at > term && *at < end)
-            .count();
-        (requests + checks) as u64
+            .count() as u64
     }
 
     /// What holds for every stop: identity, exact cut and refused counts, ordered timeline.
@@ -106,10 +104,23 @@ impl Scenario {
         );
         assert_eq!(
             self.loss("refused"),
-            self.run.summary.count("refused") as u64 + self.failed_checks(),
-            "refused = requests refused ({}) + health checks refused ({})",
-            self.run.summary.count("refused"),
-            self.failed_checks()
+            self.run.summary.count("refused") as u64,
+            "refused = requests refused"
+        );
+        assert_eq!(
+            self.probes("refused"),
+            self.failed_checks(),
+            "probes.refused = health checks refused"
+        );
+        assert_eq!(
+            (self.probes("cut"), self.probes("unreachable")),
+            (0, 0),
+            "no check was in flight or sent after the address went"
+        );
+        assert_eq!(
+            self.probes("by_schedule"),
+            self.failed_checks(),
+            "every failed check told apart by HAProxy's schedule (no kubelet here)"
         );
         assert_eq!(
             self.loss("unreachable"),
@@ -183,6 +194,31 @@ fn no_sigterm_handler_exits_at_once_cutting_inflight_requests() {
         "{text}"
     );
     assert!(text.contains("verdict: exited at once on the stop signal (exit signal 15, code 143), cutting 2 in-flight requests"), "{text}");
+}
+
+#[test]
+fn exiting_zero_on_sigterm_with_the_listener_open_is_exit_at_once() {
+    // A handler that exits 0 at once: no signal death, but it neither closed its listener
+    // nor served on, so it exited at once (README: outcomes), cutting what was in flight.
+    let sc = scenario(Mode::ExitZero, Trigger::Stop { grace_secs: 10 }, |_| {});
+    sc.check_common();
+    let s = &sc.stop;
+    assert_eq!(s["outcome"], "exit_at_once", "{s:#}");
+    assert_eq!(
+        (s["exit_code"].as_i64(), s["exit_signal"].as_i64()),
+        (Some(0), None)
+    );
+    assert_eq!(sc.loss("inflight_cut"), 2);
+    assert!(s["drain_seconds"].as_f64().unwrap() < 0.5);
+    let closed_before_exit = s["listeners"].as_array().unwrap().iter().any(|l| {
+        instant(&l["closed_at"])
+            .zip(instant(&s["exit_at"]))
+            .is_some_and(|(c, e)| c < e)
+    });
+    assert!(
+        !closed_before_exit,
+        "the kernel closes it after the exit: {s:#}"
+    );
 }
 
 #[test]

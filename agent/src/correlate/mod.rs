@@ -4,6 +4,7 @@
 //! [`Correlator`] is its one entry point: observations in, [`Emitted`] out.
 
 pub mod deploys;
+pub mod probes;
 pub mod retries;
 pub mod stops;
 pub mod storms;
@@ -36,13 +37,6 @@ impl Correlator {
                 Observation::Container { identity, .. } => out.push(Emitted::ContainerSeen {
                     container: identity.clone(),
                 }),
-                Observation::Refused { key } => {
-                    if let Some(id) = self.tracker.identity(key) {
-                        out.push(Emitted::Refused {
-                            container: id.clone(),
-                        });
-                    }
-                }
                 Observation::Reset {
                     container,
                     direction,

@@ -248,6 +248,7 @@ mod tests {
         Proxy {
             tgid: 77,
             name: "nginx".into(),
+            prober: false,
         }
     }
 

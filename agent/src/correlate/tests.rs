@@ -98,6 +98,8 @@ fn no_handler_sigterm_cuts_inflight_and_exits_at_once() {
                 sock,
                 by_container: true,
                 pending,
+                upstream: None,
+                request_bytes: 0,
             },
         );
     }
@@ -115,7 +117,14 @@ fn no_handler_sigterm_cuts_inflight_and_exits_at_once() {
             addr: addr(),
         },
     );
-    t.observe(ms(300), O::Refused { key: key() });
+    t.observe(
+        ms(300),
+        O::Refused {
+            key: key(),
+            at: ms(300),
+            upstream: None,
+        },
+    );
     t.observe(ms(600), O::CgroupRemoved { key: key() });
     let s = only_stop(&t);
     assert_eq!(s.sigterm_at, Some(ms(100)));
@@ -156,7 +165,14 @@ fn closing_the_listener_first_refuses_what_routing_still_sends() {
         },
     );
     for i in 0..4 {
-        t.observe(ms(500 + i * 500), O::Refused { key: key() });
+        t.observe(
+            ms(500 + i * 500),
+            O::Refused {
+                key: key(),
+                at: ms(500 + i * 500),
+                upstream: None,
+            },
+        );
     }
     t.observe(
         ms(800),
@@ -165,6 +181,8 @@ fn closing_the_listener_first_refuses_what_routing_still_sends() {
             sock: 1,
             by_container: true,
             pending: false,
+            upstream: None,
+            request_bytes: 0,
         },
     );
     t.observe(
@@ -199,7 +217,14 @@ fn readiness_flip_and_drain_is_drained_and_counts_late_accepts() {
     );
     // Routing keeps sending for a while: accepted after SIGTERM, answered, closed by the server.
     for sock in 10..13 {
-        t.observe(ms(sock * 100), O::InboundEstablished { key: key(), sock });
+        t.observe(
+            ms(sock * 100),
+            O::InboundEstablished {
+                key: key(),
+                sock,
+                upstream: None,
+            },
+        );
         t.observe(
             ms(sock * 100 + 50),
             O::InboundClosed {
@@ -207,6 +232,8 @@ fn readiness_flip_and_drain_is_drained_and_counts_late_accepts() {
                 sock,
                 by_container: true,
                 pending: false,
+                upstream: None,
+                request_bytes: 0,
             },
         );
     }
@@ -268,6 +295,8 @@ fn sigkill_after_the_grace_period_is_killed_at_deadline() {
             sock: 1,
             by_container: true,
             pending: true,
+            upstream: None,
+            request_bytes: 0,
         },
     );
     let s = only_stop(&t);
@@ -296,6 +325,8 @@ fn an_exit_without_a_stop_signal_is_a_crash() {
             sock: 1,
             by_container: true,
             pending: true,
+            upstream: None,
+            request_bytes: 0,
         },
     );
     let s = only_stop(&t);
@@ -334,6 +365,8 @@ fn duplicates_and_out_of_order_events_do_not_double_count() {
             sock: 1,
             by_container: true,
             pending: true,
+            upstream: None,
+            request_bytes: 0,
         },
     );
     t.observe(
@@ -343,6 +376,8 @@ fn duplicates_and_out_of_order_events_do_not_double_count() {
             sock: 1,
             by_container: true,
             pending: true,
+            upstream: None,
+            request_bytes: 0,
         },
     );
     t.observe(
@@ -364,6 +399,7 @@ fn duplicates_and_out_of_order_events_do_not_double_count() {
         O::InboundEstablished {
             key: key(),
             sock: 2,
+            upstream: None,
         },
     ); // already known: duplicate
     // A peer closing its side is not the container's doing.
@@ -374,6 +410,8 @@ fn duplicates_and_out_of_order_events_do_not_double_count() {
             sock: 2,
             by_container: false,
             pending: true,
+            upstream: None,
+            request_bytes: 0,
         },
     );
     // Observations about containers never announced are ignored.
@@ -381,6 +419,8 @@ fn duplicates_and_out_of_order_events_do_not_double_count() {
         ms(9),
         O::Refused {
             key: "unknown".into(),
+            at: ms(9),
+            upstream: None,
         },
     );
     let s = only_stop(&t);
@@ -405,7 +445,13 @@ fn unreachable_counts_only_after_the_container_is_gone_and_stops_settle() {
             sender: runc(),
         },
     );
-    t.observe(ms(10), O::Unreachable { key: key() }); // still there: not unreachable
+    t.observe(
+        ms(10),
+        O::Unreachable {
+            key: key(),
+            upstream: None,
+        },
+    ); // still there: not unreachable
     t.observe(
         ms(20),
         O::Exit {
@@ -414,8 +460,20 @@ fn unreachable_counts_only_after_the_container_is_gone_and_stops_settle() {
         },
     );
     t.observe(ms(30), O::CgroupRemoved { key: key() });
-    t.observe(ms(2000), O::Unreachable { key: key() });
-    t.observe(ms(4000), O::Unreachable { key: key() });
+    t.observe(
+        ms(2000),
+        O::Unreachable {
+            key: key(),
+            upstream: None,
+        },
+    );
+    t.observe(
+        ms(4000),
+        O::Unreachable {
+            key: key(),
+            upstream: None,
+        },
+    );
     t.tick(ms(5000));
     assert!(!only_stop(&t).settled);
     t.tick(ms(30 + 10_000));
@@ -423,7 +481,13 @@ fn unreachable_counts_only_after_the_container_is_gone_and_stops_settle() {
     assert!(s.settled);
     assert_eq!(s.loss.unreachable, 2);
     // After settling, late attempts are no longer this stop's.
-    t.observe(ms(20_000), O::Unreachable { key: key() });
+    t.observe(
+        ms(20_000),
+        O::Unreachable {
+            key: key(),
+            upstream: None,
+        },
+    );
     assert_eq!(only_stop(&t).loss.unreachable, 2);
     let emitted = t.take_emitted();
     assert!(
@@ -492,8 +556,9 @@ fn a_container_restarted_in_place_gets_a_new_record_for_its_next_stop() {
             sender: runc(),
         },
     );
+    // It serves on for 1.5 s after the signal, then exits 0: it drained.
     t.observe(
-        ms(9100),
+        ms(10_500),
         O::Exit {
             key: key(),
             exit: ExitInfo {
@@ -532,6 +597,8 @@ fn an_agent_restarted_mid_stop_keeps_the_connections_it_found() {
             sock: 1,
             by_container: true,
             pending: true,
+            upstream: None,
+            request_bytes: 0,
         },
     );
     t.observe(
@@ -541,6 +608,8 @@ fn an_agent_restarted_mid_stop_keeps_the_connections_it_found() {
             sock: 2,
             by_container: true,
             pending: false,
+            upstream: None,
+            request_bytes: 0,
         },
     );
     t.observe(
@@ -550,6 +619,8 @@ fn an_agent_restarted_mid_stop_keeps_the_connections_it_found() {
             sock: 3,
             by_container: true,
             pending: true,
+            upstream: None,
+            request_bytes: 0,
         },
     );
     let s = only_stop(&t);
@@ -583,7 +654,7 @@ fn stops_of_one_workload_within_ten_minutes_are_one_deploy() {
             },
         );
         t.observe(
-            at + SECOND,
+            at + 2 * SECOND,
             O::Exit {
                 key: id.to_string(),
                 exit: ExitInfo {
@@ -652,6 +723,7 @@ fn loss_events_keep_their_times_and_routing_lag_counts_refused_attempts() {
         O::InboundEstablished {
             key: key(),
             sock: 7,
+            upstream: None,
         },
     );
     t.observe(
@@ -668,11 +740,20 @@ fn loss_events_keep_their_times_and_routing_lag_counts_refused_attempts() {
             sock: 7,
             by_container: true,
             pending: true,
+            upstream: None,
+            request_bytes: 0,
         },
     );
     // Routing still sends until 3.8 s: refused at the closed address.
     for at in [1500, 2600, 3800] {
-        t.observe(ms(at), O::Refused { key: key() });
+        t.observe(
+            ms(at),
+            O::Refused {
+                key: key(),
+                at: ms(at),
+                upstream: None,
+            },
+        );
     }
     t.observe(
         ms(3900),
@@ -722,11 +803,20 @@ fn a_cut_of_a_connection_found_by_a_scan_has_no_age_and_events_are_capped() {
             sock: 1,
             by_container: true,
             pending: true,
+            upstream: None,
+            request_bytes: 0,
         },
     );
     let extra = stops::MAX_LOSS_EVENTS as u64 + 5;
     for i in 0..extra {
-        t.observe(ms(20 + i), O::Refused { key: key() });
+        t.observe(
+            ms(20 + i),
+            O::Refused {
+                key: key(),
+                at: ms(20 + i),
+                upstream: None,
+            },
+        );
     }
     let s = only_stop(&t);
     assert_eq!(s.events[0].kind.as_str(), "inflight_cut");
@@ -739,10 +829,7 @@ fn a_cut_of_a_connection_found_by_a_scan_has_no_age_and_events_are_capped() {
 
 #[test]
 fn a_retry_is_drawn_at_the_cut_it_repeated() {
-    let nginx = super::retries::Proxy {
-        tgid: 77,
-        name: "nginx".into(),
-    };
+    let nginx = proxy(77, "nginx", false);
     let mut t = running(0);
     t.observe(
         ms(0),
@@ -813,10 +900,7 @@ fn a_retry_is_drawn_at_the_cut_it_repeated() {
 
 #[test]
 fn a_retried_request_the_backend_never_read_counts_apart_and_a_cut_without_retry_aborts() {
-    let nginx = super::retries::Proxy {
-        tgid: 77,
-        name: "nginx".into(),
-    };
+    let nginx = proxy(77, "nginx", false);
     let mut t = running(0);
     t.observe(
         ms(0),
@@ -915,4 +999,216 @@ fn a_retried_request_the_backend_never_read_counts_apart_and_a_cut_without_retry
             RetryOutcome::Abort
         ]
     );
+}
+
+fn proxy(tgid: u32, name: &str, prober: bool) -> crate::model::Proxy {
+    crate::model::Proxy {
+        tgid,
+        name: name.into(),
+        prober,
+    }
+}
+
+fn stopped_with_listener_closed() -> Tracker {
+    let mut t = running(0);
+    t.observe(
+        ms(0),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    t.observe(
+        ms(1),
+        O::ListenerClosed {
+            key: key(),
+            addr: addr(),
+        },
+    );
+    t
+}
+
+fn exit_zero(t: &mut Tracker, at: Mono) {
+    t.observe(
+        at,
+        O::Exit {
+            key: key(),
+            exit: ExitInfo {
+                code: Some(0),
+                signal: None,
+            },
+        },
+    );
+}
+
+#[test]
+fn the_kubelets_failed_probes_are_apart_from_requests_and_decide_nothing() {
+    let mut t = stopped_with_listener_closed();
+    let kubelet = proxy(900, "kubelet", true);
+    // A probe accepted after the signal (before the close) is no routed request ...
+    t.observe(
+        ms(0),
+        O::UpstreamOpened {
+            key: key(),
+            sock: 0xa1,
+            proxy: kubelet.clone(),
+        },
+    );
+    t.observe(
+        ms(0),
+        O::InboundEstablished {
+            key: key(),
+            sock: 11,
+            upstream: Some(0xa1),
+        },
+    );
+    // ... and cut with its request pending, it is a probe cut.
+    t.observe(
+        ms(1),
+        O::InboundClosed {
+            key: key(),
+            sock: 11,
+            by_container: true,
+            pending: true,
+            upstream: Some(0xa1),
+            request_bytes: 110,
+        },
+    );
+    for (sock, at) in [(0xa2, 500), (0xa3, 1500)] {
+        t.observe(
+            ms(at),
+            O::UpstreamOpened {
+                key: key(),
+                sock,
+                proxy: kubelet.clone(),
+            },
+        );
+        t.observe(
+            ms(at),
+            O::Refused {
+                key: key(),
+                at: ms(at),
+                upstream: Some(sock),
+            },
+        );
+    }
+    exit_zero(&mut t, ms(2500));
+    let s = only_stop(&t);
+    assert_eq!(
+        (
+            s.loss.accepted_after_sigterm,
+            s.loss.inflight_cut,
+            s.loss.refused
+        ),
+        (0, 0, 0)
+    );
+    assert_eq!(
+        (
+            s.loss.probes.cut,
+            s.loss.probes.refused,
+            s.loss.probes.by_schedule
+        ),
+        (1, 2, 0)
+    );
+    assert_eq!(
+        s.routing_lag_seconds(),
+        None,
+        "a prober checking is not routing"
+    );
+    assert_eq!(s.outcome(), Some(Outcome::Drained));
+    let emitted = t.take_emitted();
+    assert!(
+        !emitted.iter().any(|e| matches!(e, Emitted::Refused { .. })),
+        "no refused request: {emitted:?}"
+    );
+    let probe_losses = emitted
+        .iter()
+        .filter(|e| matches!(e, Emitted::Loss { kind, .. } if kind.is_probe()))
+        .count();
+    assert_eq!(probe_losses, 3);
+}
+
+/// HAProxy checking s1 every 2 s (+1 ms) with 38-byte checks, from `ms(0) - 8 s`.
+fn checked(t: &mut Tracker) -> Mono {
+    let haproxy = proxy(700, "haproxy", false);
+    let mut at = ms(0) - 8 * SECOND;
+    for sock in 0..4 {
+        t.observe(
+            at,
+            O::UpstreamOpened {
+                key: key(),
+                sock: 0xc0 + sock,
+                proxy: haproxy.clone(),
+            },
+        );
+        t.observe(
+            at + 2_000_000,
+            O::UpstreamClosed {
+                key: key(),
+                sock: 0xc0 + sock,
+                bytes_sent: 38,
+            },
+        );
+        at += 2001 * 1_000_000;
+    }
+    at
+}
+
+#[test]
+fn a_balancers_checks_are_learned_and_only_the_attempt_on_the_tick_is_a_probe() {
+    let mut t = Tracker::new(Config::default());
+    t.observe(
+        ms(0) - 9 * SECOND,
+        O::Container {
+            identity: identity("c1", "web"),
+            listeners: vec![addr()],
+            inbound: vec![],
+        },
+    );
+    let next = checked(&mut t);
+    t.observe(
+        next - 500_000_000,
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    t.observe(
+        next - 499_000_000,
+        O::ListenerClosed {
+            key: key(),
+            addr: addr(),
+        },
+    );
+    let haproxy = proxy(700, "haproxy", false);
+    // A request refused 300 ms before the tick, the check on it, another request 10 ms later.
+    for (sock, at) in [
+        (0xd1, next - 300_000_000),
+        (0xd2, next + 3_000_000),
+        (0xd3, next + 13_000_000),
+    ] {
+        t.observe(
+            at,
+            O::UpstreamOpened {
+                key: key(),
+                sock,
+                proxy: haproxy.clone(),
+            },
+        );
+        t.observe(
+            at,
+            O::Refused {
+                key: key(),
+                at,
+                upstream: Some(sock),
+            },
+        );
+    }
+    exit_zero(&mut t, next + SECOND);
+    let s = only_stop(&t);
+    assert_eq!(s.loss.refused, 2);
+    assert_eq!((s.loss.probes.refused, s.loss.probes.by_schedule), (1, 1));
+    assert_eq!(s.outcome(), Some(Outcome::ListenerClosedEarly));
 }

@@ -288,15 +288,97 @@ fn a_syn_to_a_closed_listener_is_refused_only_in_that_namespace() {
             reason: named("NO_SOCKET"),
         })
     };
-    assert!(matches!(
-        e.on_event(&rst(NS, 8080)).as_slice(),
-        [O::Refused { .. }]
-    ));
+    // Held for the attempt's own side (see `refusals`), then reported unjoined.
+    assert!(e.on_event(&rst(NS, 8080)).is_empty());
     assert!(e.on_event(&rst(NS, 9999)).is_empty(), "never a listener");
     assert!(
         e.on_event(&rst(HOST_NS, 8080)).is_empty(),
         "another namespace"
     );
+    assert_eq!(
+        e.flush(2_000_000_000),
+        [O::Refused {
+            key: ID.into(),
+            at: 1,
+            upstream: None
+        }]
+    );
+    assert!(e.flush(3_000_000_000).is_empty());
+}
+
+#[test]
+fn a_refusal_seen_from_the_attempts_side_names_a_proxys_socket_only() {
+    let mut e = enricher();
+    e.scan();
+    let closed = state(
+        0xf1,
+        NS,
+        "TCP_LISTEN",
+        "TCP_CLOSE",
+        conn("0.0.0.0:8080", "0.0.0.0:0"),
+        TcpCounters::default(),
+    );
+    e.on_event(&closed);
+    // One attempt from 10.88.0.1:`port` on socket 0xd1 by `tgid`: connect(), the container's
+    // namespace answers the SYN, the connecting socket receives the RST and closes.
+    let mut attempt = |tgid: u32, port: u16| {
+        let mut connect = state(
+            0xd1,
+            HOST_NS,
+            "TCP_CLOSE",
+            "TCP_SYN_SENT",
+            conn("0.0.0.0:0", "10.88.0.5:8080"),
+            TcpCounters::default(),
+        );
+        if let Event::StateChange(c) = &mut connect {
+            c.meta.tgid = tgid;
+            c.meta.comm = "nginx".into();
+        }
+        e.on_event(&connect);
+        let client = format!("10.88.0.1:{port}");
+        let sent = Event::ResetSent(ResetSent {
+            meta: meta(0, NS, 0),
+            skaddr: 0,
+            conn: conn("10.88.0.5:8080", &client),
+            state: None,
+            reason: named("NO_SOCKET"),
+        });
+        assert!(e.on_event(&sent).is_empty(), "held");
+        let received = Event::ResetReceived(crate::capture::event::ResetReceived {
+            meta: meta(0, HOST_NS, 0),
+            skaddr: 0xd1,
+            sock_cookie: 0,
+            conn: conn(&client, "10.88.0.5:8080"),
+            state: tcp("TCP_SYN_SENT"),
+        });
+        e.on_event(&received);
+        let failed = state(
+            0xd1,
+            HOST_NS,
+            "TCP_SYN_SENT",
+            "TCP_CLOSE",
+            conn(&client, "10.88.0.5:8080"),
+            TcpCounters::default(),
+        );
+        e.on_event(&failed)
+    };
+    // pid 60 listens (a proxy): its attempt is named.
+    let obs = attempt(60, 41_234);
+    assert!(
+        matches!(obs.as_slice(), [O::UpstreamClosed { sock: 0xd1, .. }, O::Refused { key, at: 1, upstream: Some(0xd1) }] if key == ID),
+        "{obs:#?}"
+    );
+    // The kernel reuses the address at once for another process's socket: not the proxy's.
+    let obs = attempt(70, 41_235);
+    assert_eq!(
+        obs,
+        [O::Refused {
+            key: ID.into(),
+            at: 1,
+            upstream: None
+        }]
+    );
+    assert!(e.flush(u64::MAX / 2).is_empty(), "each counted once");
 }
 
 #[test]
@@ -534,7 +616,11 @@ fn a_proxy_connection_cut_names_the_proxy_its_worker_and_what_the_backend_left_u
         _ => unreachable!(),
     };
     let generation = e.watch_generation();
-    assert!(e.on_event(&Event::StateChange(connect.clone())).is_empty());
+    let opened = e.on_event(&Event::StateChange(connect.clone()));
+    assert!(
+        matches!(&opened[..], [crate::model::Observation::UpstreamOpened { sock: 0xe1, proxy, .. }] if proxy.tgid == 60),
+        "{opened:?}"
+    );
     // Found a proxy: the kernel follows its connects from now on; this one the agent adds.
     assert_ne!(e.watch_generation(), generation);
     assert_eq!(e.watch_set().proxies.into_iter().collect::<Vec<_>>(), [60]);

@@ -85,7 +85,7 @@ pub fn fetch<T: DeserializeOwned>(agent: &str, path: &str) -> Result<T, ReportEr
 }
 
 fn loss_line(loss: &LossView) -> String {
-    format!(
+    let mut line = format!(
         "{} in-flight cut ({} retried by a proxy: done twice), {} refused, {} unreachable, {} accepted after SIGTERM, {} idle closed, {} resets sent",
         loss.inflight_cut,
         loss.retry_duplicates,
@@ -94,7 +94,16 @@ fn loss_line(loss: &LossView) -> String {
         loss.accepted_after_sigterm,
         loss.idle_closed,
         loss.get(LossKind::ResetsSent)
-    )
+    );
+    // Health checks apart from the requests above, when any failed.
+    let p = &loss.probes;
+    if p.cut + p.refused + p.unreachable > 0 {
+        line += &format!(
+            "; health checks failed (not users): {} cut, {} refused, {} unreachable",
+            p.cut, p.refused, p.unreachable
+        );
+    }
+    line
 }
 
 fn timeline(stop: &StopView) -> Vec<(String, String)> {
@@ -295,6 +304,17 @@ mod tests {
     }
 
     #[test]
+    fn failed_health_checks_follow_the_request_counts_only_when_there_are_any() {
+        let mut loss: LossView = serde_json::from_value(json!({"refused": 4})).unwrap();
+        assert!(!loss_line(&loss).contains("health checks"));
+        loss.probes.refused = 2;
+        assert_eq!(
+            loss_line(&loss),
+            "0 in-flight cut (0 retried by a proxy: done twice), 4 refused, 0 unreachable, 0 accepted after SIGTERM, 0 idle closed, 0 resets sent; health checks failed (not users): 0 cut, 2 refused, 0 unreachable"
+        );
+    }
+
+    #[test]
     fn renders_a_deploy_with_its_stop_timeline_and_verdict() {
         let stops = json!([{
             "id": "abc-1",
@@ -343,7 +363,7 @@ mod tests {
             order.windows(2).all(|w| w[0] < w[1]),
             "timeline out of order:\n{text}"
         );
-        assert!(text.contains("2 in-flight cut (0 retried by a proxy: done twice), 0 refused, 0 unreachable, 0 accepted after SIGTERM, 1 idle closed, 1 resets sent"), "{text}");
+        assert!(text.contains("2 in-flight cut (0 retried by a proxy: done twice), 0 refused, 0 unreachable, 0 accepted after SIGTERM, 1 idle closed, 1 resets sent\n"), "{text}");
         assert!(text.contains("verdict: exited at once on the stop signal (exit signal 15, code 143), cutting 2 in-flight requests: handle SIGTERM"), "{text}");
     }
 

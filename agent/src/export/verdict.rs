@@ -73,6 +73,14 @@ fn wait_fix(stop: &StopView, lag: f64) -> String {
     }
 }
 
+/// A process that drained but still cut work when it exited.
+fn cut_at_exit(cut: u64) -> String {
+    format!(
+        "exited with {} still in flight: wait for in-flight work (and queued connections) before exiting",
+        count(cut, "request", "requests")
+    )
+}
+
 /// Findings every outcome shares: what proxies made of the cuts, and attempts at a gone address.
 fn common_findings(stop: &StopView, out: &mut Vec<String>) {
     let loss = &stop.loss;
@@ -102,6 +110,14 @@ fn common_findings(stop: &StopView, out: &mut Vec<String>) {
         out.push(format!(
             "{} found its address gone: remove the endpoint before the pod goes",
             count(unreachable, "connection attempt", "connection attempts")
+        ));
+    }
+    let p = &loss.probes;
+    let checks = p.cut + p.refused + p.unreachable;
+    if checks > 0 {
+        out.push(format!(
+            "{} failed (not users: the balancer or kubelet was still checking)",
+            count(checks, "health check", "health checks")
         ));
     }
 }
@@ -182,7 +198,7 @@ pub fn stop(stop: &StopView) -> Verdict {
                     or_null(stop.exit_code)
                 ),
                 None => format!(
-                    "exited {} s after the stop signal with requests in flight (code {})",
+                    "exited {} s after the stop signal without closing its listener first (code {})",
                     stop.drain_seconds.map_or("?".into(), secs),
                     or_null(stop.exit_code)
                 ),
@@ -238,6 +254,13 @@ pub fn stop(stop: &StopView) -> Verdict {
                     "closed its listener while routing still sent traffic and {refused_text} refused: fail readiness on SIGTERM and keep serving until routing has moved"
                 ),
             });
+            if cut > 0 {
+                parts.push(cut_at_exit(cut));
+            }
+        }
+        Some(Outcome::Drained) if cut > 0 => {
+            let d = stop.drain_seconds.map_or("?".into(), secs);
+            parts.push(format!("drained for {d} s, then {}", cut_at_exit(cut)));
         }
         Some(Outcome::Drained) => {
             level = Level::Good;
@@ -433,6 +456,50 @@ mod tests {
         assert_eq!(
             stop(&quiet).text,
             "exited at once on the stop signal (exit signal 15, code 143), cutting 1 in-flight request: handle SIGTERM: stop accepting, finish in-flight work, then exit"
+        );
+    }
+
+    #[test]
+    fn a_cut_at_exit_after_draining_is_reported_without_renaming_the_outcome() {
+        let s = stop_with(
+            "drained",
+            json!({"inflight_cut": 1}),
+            json!({"drain_seconds": 2.5}),
+        );
+        let v = stop(&s);
+        assert_eq!(v.level, Level::Bad);
+        assert_eq!(
+            v.text,
+            "drained for 2.5 s, then exited with 1 request still in flight: wait for in-flight work (and queued connections) before exiting"
+        );
+        let early = stop_with(
+            "listener_closed_early",
+            json!({"refused": 3, "inflight_cut": 2}),
+            json!({"routing_lag_seconds": 2.4}),
+        );
+        assert_eq!(
+            stop(&early).text,
+            "routing continued 2.4 s after SIGTERM and 3 connection attempts were refused: fail readiness on SIGTERM and wait ≥ 3 s before closing the listener; exited with 2 requests still in flight: wait for in-flight work (and queued connections) before exiting"
+        );
+        let at_once = stop_with("exit_at_once", json!({}), json!({"drain_seconds": 0.2}));
+        assert_eq!(
+            stop(&at_once).text,
+            "exited 0.2 s after the stop signal without closing its listener first (code 0): handle SIGTERM: stop accepting, finish in-flight work, then exit"
+        );
+    }
+
+    #[test]
+    fn failed_health_checks_are_named_apart_and_decide_nothing() {
+        let s = stop_with(
+            "drained",
+            json!({"probes": {"refused": 2, "by_schedule": 2}}),
+            json!({"drain_seconds": 2.5}),
+        );
+        let v = stop(&s);
+        assert_eq!(v.level, Level::Good);
+        assert_eq!(
+            v.text,
+            "drained cleanly in 2.5 s: nothing lost; 2 health checks failed (not users: the balancer or kubelet was still checking)"
         );
     }
 

@@ -68,4 +68,10 @@ pub struct Proxy {
     pub tgid: u32,
     /// Its container's workload, or its command outside containers.
     pub name: String,
+    /// The node's kubelet (by its process name, [`PROBERS`]): what it opens are probes.
+    pub prober: bool,
 }
+
+/// Process names of the node agents whose connections to containers are health checks:
+/// Kubernetes' kubelet (httpGet and tcpSocket probes are its own connections).
+pub const PROBERS: [&str; 1] = ["kubelet"];

@@ -28,10 +28,16 @@ pub enum LossKind {
     RetriedUnexecuted,
     /// A cut request no proxy re-sent.
     UpstreamAborts,
+    /// A health check the container cut (counted in [`ProbeLoss::cut`]).
+    ProbeCut,
+    /// A health check refused at a listening address it had closed.
+    ProbeRefused,
+    /// A health check to an address it held, after it was gone.
+    ProbeUnreachable,
 }
 
 impl LossKind {
-    pub const ALL: [LossKind; 9] = [
+    pub const ALL: [LossKind; 12] = [
         LossKind::InflightCut,
         LossKind::IdleClosed,
         LossKind::ResetsSent,
@@ -41,6 +47,9 @@ impl LossKind {
         LossKind::RetryDuplicates,
         LossKind::RetriedUnexecuted,
         LossKind::UpstreamAborts,
+        LossKind::ProbeCut,
+        LossKind::ProbeRefused,
+        LossKind::ProbeUnreachable,
     ];
 
     /// The [`Loss`] field name, as the API spells it.
@@ -55,10 +64,22 @@ impl LossKind {
             LossKind::RetryDuplicates => "retry_duplicates",
             LossKind::RetriedUnexecuted => "retried_unexecuted",
             LossKind::UpstreamAborts => "upstream_aborts",
+            LossKind::ProbeCut => "probe_cut",
+            LossKind::ProbeRefused => "probe_refused",
+            LossKind::ProbeUnreachable => "probe_unreachable",
         }
     }
 
-    /// Connections routed to the container after the stop signal (how long routing lagged).
+    /// A failed health check, not a request.
+    pub fn is_probe(self) -> bool {
+        matches!(
+            self,
+            LossKind::ProbeCut | LossKind::ProbeRefused | LossKind::ProbeUnreachable
+        )
+    }
+
+    /// Requests routed to the container after the stop signal (how long routing lagged; a
+    /// balancer still checking is not routing).
     pub fn is_routed(self) -> bool {
         matches!(
             self,
@@ -97,6 +118,8 @@ pub struct Loss {
     pub accepted_after_sigterm: u64,
     pub idle_closed: u64,
     pub inflight_cut: u64,
+    /// Failed health checks: apart from the request counts around them.
+    pub probes: ProbeLoss,
     pub refused: u64,
     /// RSTs sent, by kernel reason.
     pub resets_sent: BTreeMap<String, u64>,
@@ -111,8 +134,33 @@ pub struct Loss {
     pub upstream_aborts: u64,
 }
 
+/// Failed health checks (the kubelet's probes, a balancer's active checks): what they found is
+/// evidence of how routing behaved, not a user's loss. Every failed attempt is counted either
+/// here or in the request counts of [`Loss`], never in both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ProbeLoss {
+    /// How many of these were told apart by a balancer's learned check schedule (the others
+    /// came from the kubelet).
+    pub by_schedule: u64,
+    /// Checks the container closed or reset with the check pending.
+    pub cut: u64,
+    pub refused: u64,
+    pub unreachable: u64,
+}
+
+impl ProbeLoss {
+    fn add(&mut self, other: &ProbeLoss) {
+        self.cut += other.cut;
+        self.refused += other.refused;
+        self.unreachable += other.unreachable;
+        self.by_schedule += other.by_schedule;
+    }
+}
+
 impl Loss {
     pub fn add(&mut self, other: &Loss) {
+        self.probes.add(&other.probes);
         self.inflight_cut += other.inflight_cut;
         self.idle_closed += other.idle_closed;
         for (r, n) in &other.resets_sent {
@@ -137,6 +185,9 @@ impl Loss {
             LossKind::RetryDuplicates => self.retry_duplicates += 1,
             LossKind::RetriedUnexecuted => self.retried_unexecuted += 1,
             LossKind::UpstreamAborts => self.upstream_aborts += 1,
+            LossKind::ProbeCut => self.probes.cut += 1,
+            LossKind::ProbeRefused => self.probes.refused += 1,
+            LossKind::ProbeUnreachable => self.probes.unreachable += 1,
             LossKind::ResetsSent => {
                 *self
                     .resets_sent
@@ -157,6 +208,9 @@ impl Loss {
             LossKind::RetryDuplicates => self.retry_duplicates,
             LossKind::RetriedUnexecuted => self.retried_unexecuted,
             LossKind::UpstreamAborts => self.upstream_aborts,
+            LossKind::ProbeCut => self.probes.cut,
+            LossKind::ProbeRefused => self.probes.refused,
+            LossKind::ProbeUnreachable => self.probes.unreachable,
             LossKind::ResetsSent => self.resets_sent.values().sum(),
         }
     }
@@ -179,7 +233,12 @@ mod tests {
                 .sum();
             assert_eq!(others, 0, "{kind:?}");
             let json = serde_json::to_value(&l).unwrap();
-            assert!(json.get(kind.as_str()).is_some(), "{kind:?}");
+            let field = match kind.as_str().strip_prefix("probe_") {
+                Some(f) => &json["probes"][f],
+                None if kind == LossKind::ResetsSent => &json[kind.as_str()]["NOT_SPECIFIED"],
+                None => &json[kind.as_str()],
+            };
+            assert_eq!(field, 1, "{kind:?}");
             assert_eq!(
                 serde_json::to_value(kind).unwrap(),
                 serde_json::Value::String(kind.as_str().into())

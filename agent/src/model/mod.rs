@@ -12,8 +12,8 @@ pub mod storm;
 pub mod tcp;
 
 pub use emitted::{Emitted, RetryOutcome};
-pub use identity::{ContainerIdentity, ExitInfo, Proxy, Sender, StopPolicy, Workload};
-pub use loss::{Loss, LossKind, ResetDirection};
+pub use identity::{ContainerIdentity, ExitInfo, PROBERS, Proxy, Sender, StopPolicy, Workload};
+pub use loss::{Loss, LossKind, ProbeLoss, ResetDirection};
 pub use observation::{Fact, ListenCounters, ListenSample, Observation, UpstreamStep};
 pub use tcp::TcpState;
 

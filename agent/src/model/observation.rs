@@ -82,18 +82,23 @@ pub enum Observation {
         key: String,
         addr: SocketAddr,
     },
-    /// A connection to one of its listeners completed its handshake.
+    /// A connection to one of its listeners completed its handshake. `upstream`: the
+    /// connecting socket, when a proxy or prober on this node opened it (see `UpstreamOpened`).
     InboundEstablished {
         key: String,
         sock: u64,
+        upstream: Option<u64>,
     },
     /// An inbound connection ended. `by_container`: the container closed or reset it (not the
-    /// peer); `pending`: a request was waiting for an answer.
+    /// peer); `pending`: a request was waiting for an answer; `request_bytes`: what it had
+    /// received on the connection.
     InboundClosed {
         key: String,
         sock: u64,
         by_container: bool,
         pending: bool,
+        upstream: Option<u64>,
+        request_bytes: u64,
     },
     /// A RST on one of its connections, sent by its stack (with the kernel's reason) or
     /// received (reason "none": the kernel gives none).
@@ -102,13 +107,19 @@ pub enum Observation {
         direction: ResetDirection,
         reason: String,
     },
-    /// A SYN to a listening address it had closed was answered with RST.
+    /// A SYN to a listening address it had closed was answered with RST, at `at`. `upstream`:
+    /// the connecting socket, when the attempt was seen from its side too (a process on this
+    /// node).
     Refused {
         key: String,
+        at: Mono,
+        upstream: Option<u64>,
     },
-    /// A connection attempt from this node to an address it held, after it was gone.
+    /// A connection attempt from this node to an address it held, after it was gone;
+    /// `upstream` the attempt's socket.
     Unreachable {
         key: String,
+        upstream: Option<u64>,
     },
     CgroupRemoved {
         key: String,
@@ -123,6 +134,18 @@ pub enum Observation {
         container: Arc<ContainerIdentity>,
         port: u16,
         fact: Fact,
+    },
+    /// A proxy (or prober) on this node opened a connection to the container (`key`).
+    UpstreamOpened {
+        key: String,
+        sock: u64,
+        proxy: Proxy,
+    },
+    /// That connection closed after the proxy sent `bytes_sent` bytes on it.
+    UpstreamClosed {
+        key: String,
+        sock: u64,
+        bytes_sent: u64,
     },
     /// What a proxy's worker thread (`tid`) did on its connection `sock` to the container
     /// (`key`) around a cut (see `UpstreamStep`).
@@ -157,9 +180,11 @@ impl Observation {
             | Observation::ListenerClosed { key, .. }
             | Observation::InboundEstablished { key, .. }
             | Observation::InboundClosed { key, .. }
-            | Observation::Refused { key }
-            | Observation::Unreachable { key }
+            | Observation::Refused { key, .. }
+            | Observation::Unreachable { key, .. }
             | Observation::CgroupRemoved { key }
+            | Observation::UpstreamOpened { key, .. }
+            | Observation::UpstreamClosed { key, .. }
             | Observation::UpstreamRequest { key, .. }
             | Observation::UpstreamPeerClosed { key, .. } => key,
         }

@@ -13,6 +13,10 @@ pub const SIGQUIT: i32 = 3;
 pub const SIGKILL: i32 = 9;
 pub const SIGTERM: i32 = 15;
 
+/// How soon after the stop signal a process that closed no listener may exit and still have
+/// exited at once: it stopped serving, it did not drain.
+pub const AT_ONCE: Mono = SECOND;
+
 /// How a stop went. Declared in the order of the names, so that maps keyed by outcome list
 /// them as before, alphabetically.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -117,22 +121,34 @@ impl Stop {
         (last > term).then(|| secs(last - term))
     }
 
-    /// `None` until the main process has exited.
+    /// `None` until the main process has exited. The first that matches:
+    /// - `crashed`: it exited with no stop signal and no SIGKILL before;
+    /// - `killed_at_deadline`: SIGKILL came after the stop signal, before the exit;
+    /// - `exit_at_once`: SIGKILL with no stop signal first, or it died of the stop signal, or
+    ///   it exited within [`AT_ONCE`] of the signal having closed no listener (it did not serve
+    ///   on);
+    /// - `listener_closed_early`: refused requests (not health checks);
+    /// - `drained`.
+    ///
+    /// What the process did decides it, never the loss: a process that closed its listener,
+    /// drained and exited 0 is not renamed by a connection it cut at exit (that cut stays in
+    /// the loss and the verdict).
     pub fn outcome(&self) -> Option<Outcome> {
         let exit = self.exit?;
+        let exit_at = self.exit_at;
         let stop_first = self
             .sigterm_at
-            .is_some_and(|t| self.exit_at.is_none_or(|e| t <= e));
+            .is_some_and(|t| exit_at.is_none_or(|e| t <= e));
         let kill_first = self
             .sigkill_at
-            .is_some_and(|t| self.exit_at.is_none_or(|e| t <= e));
+            .is_some_and(|t| exit_at.is_none_or(|e| t <= e));
         Some(if !stop_first && !kill_first {
             Outcome::Crashed
         } else if stop_first && kill_first {
             Outcome::KilledAtDeadline
         } else if kill_first
             || (exit.signal.is_some() && exit.signal == self.stop_signal)
-            || self.loss.inflight_cut > 0
+            || (!self.closed_a_listener() && self.drain().is_some_and(|d| d <= AT_ONCE))
         {
             Outcome::ExitAtOnce
         } else if self.loss.refused > 0 {
@@ -140,6 +156,24 @@ impl Stop {
         } else {
             Outcome::Drained
         })
+    }
+
+    /// SIGTERM → exit, in kernel time.
+    fn drain(&self) -> Option<Mono> {
+        self.exit_at?.checked_sub(self.sigterm_at?)
+    }
+
+    /// Whether it closed one of its listeners after the stop signal and before its main
+    /// process exited: the kernel's own close of what an exiting process held comes after
+    /// the exit (`sched_process_exit` fires before the descriptors are released).
+    pub fn closed_a_listener(&self) -> bool {
+        let (Some(term), Some(exit)) = (self.sigterm_at, self.exit_at) else {
+            return false;
+        };
+        self.listeners
+            .iter()
+            .filter_map(|l| l.closed_at)
+            .any(|c| c >= term && c < exit)
     }
 
     /// The moment the record started.
@@ -154,4 +188,108 @@ impl Stop {
 
 fn secs(ns: Mono) -> f64 {
     ns as f64 / SECOND as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, SocketAddr};
+
+    use super::*;
+
+    const MS: Mono = 1_000_000;
+
+    /// SIGTERM at 1 s, exit `drain` later with `exit`, the listener closed at `closed` if any.
+    fn stop(drain: Mono, exit: ExitInfo, closed: Option<Mono>) -> Stop {
+        let term = SECOND;
+        Stop {
+            id: "c-1".into(),
+            container: ContainerIdentity::default(),
+            sigterm_at: Some(term),
+            stop_signal: Some(SIGTERM),
+            sigterm_sender: None,
+            sigkill_at: None,
+            exit_at: Some(term + drain),
+            exit: Some(exit),
+            cgroup_removed_at: None,
+            listeners: vec![ListenerTimeline {
+                address: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 8080)),
+                closed_at: closed,
+            }],
+            last_accept_at: None,
+            connections_at_sigterm: None,
+            connections_at_exit: None,
+            grace_configured_seconds: None,
+            prestop: None,
+            loss: Loss::default(),
+            events: Vec::new(),
+            events_dropped: 0,
+            last_routed_at: None,
+            settled: false,
+        }
+    }
+
+    const EXIT_0: ExitInfo = ExitInfo {
+        code: Some(0),
+        signal: None,
+    };
+
+    #[test]
+    fn exiting_without_closing_a_listener_is_at_once_up_to_the_limit_and_inclusive() {
+        let at = |drain| stop(drain, EXIT_0, None).outcome();
+        assert_eq!(at(10 * MS), Some(Outcome::ExitAtOnce));
+        assert_eq!(at(AT_ONCE - 1), Some(Outcome::ExitAtOnce));
+        assert_eq!(at(AT_ONCE), Some(Outcome::ExitAtOnce));
+        // It served on past the limit: it drained, whatever it cut at exit.
+        let mut s = stop(AT_ONCE + 1, EXIT_0, None);
+        assert_eq!(s.outcome(), Some(Outcome::Drained));
+        s.loss.inflight_cut = 3;
+        assert_eq!(s.outcome(), Some(Outcome::Drained));
+    }
+
+    #[test]
+    fn dying_of_the_stop_signal_is_at_once_however_long_it_took() {
+        let killed = ExitInfo {
+            code: Some(128 + SIGTERM),
+            signal: Some(SIGTERM),
+        };
+        let s = stop(5 * SECOND, killed, Some(SECOND + 10 * MS));
+        assert_eq!(s.outcome(), Some(Outcome::ExitAtOnce));
+    }
+
+    #[test]
+    fn closing_the_listener_then_exiting_is_never_renamed_by_a_cut() {
+        // Closed the listener 1 ms after the signal, exited 0 after 100 ms (inside the
+        // at-once limit): it stopped accepting first, so it drained.
+        let mut s = stop(100 * MS, EXIT_0, Some(SECOND + MS));
+        assert!(s.closed_a_listener());
+        assert_eq!(s.outcome(), Some(Outcome::Drained));
+        s.loss.inflight_cut = 1;
+        assert_eq!(s.outcome(), Some(Outcome::Drained));
+        s.loss.refused = 2;
+        assert_eq!(s.outcome(), Some(Outcome::ListenerClosedEarly));
+    }
+
+    #[test]
+    fn a_listener_closed_by_the_exit_itself_or_before_the_signal_does_not_count() {
+        // The kernel closes what an exiting process held after its exit event.
+        let s = stop(100 * MS, EXIT_0, Some(SECOND + 100 * MS));
+        assert!(!s.closed_a_listener());
+        assert_eq!(s.outcome(), Some(Outcome::ExitAtOnce));
+        let s = stop(100 * MS, EXIT_0, Some(SECOND - MS));
+        assert!(!s.closed_a_listener());
+        assert_eq!(s.outcome(), Some(Outcome::ExitAtOnce));
+        // Exactly at the signal counts: the handler ran at once.
+        assert!(stop(100 * MS, EXIT_0, Some(SECOND)).closed_a_listener());
+    }
+
+    #[test]
+    fn sigkill_decides_before_anything_the_process_did() {
+        let mut s = stop(100 * MS, EXIT_0, Some(SECOND + MS));
+        s.sigkill_at = Some(SECOND + 50 * MS);
+        assert_eq!(s.outcome(), Some(Outcome::KilledAtDeadline));
+        s.sigterm_at = None;
+        assert_eq!(s.outcome(), Some(Outcome::ExitAtOnce));
+        s.sigkill_at = None;
+        assert_eq!(s.outcome(), Some(Outcome::Crashed));
+    }
 }

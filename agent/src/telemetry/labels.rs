@@ -22,6 +22,7 @@ macro_rules! label_value_as_str {
 
 label_value_as_str!(
     Outcome,
+    ProbeResult,
     ResetDirection,
     LossStage,
     Hook,
@@ -155,6 +156,32 @@ pub struct OutcomeLabels {
     #[prometheus(flatten)]
     pub container: ContainerLabels,
     pub outcome: Outcome,
+}
+
+/// What a failed health check met.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProbeResult {
+    Cut,
+    Refused,
+    Unreachable,
+}
+
+impl ProbeResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProbeResult::Cut => "cut",
+            ProbeResult::Refused => "refused",
+            ProbeResult::Unreachable => "unreachable",
+        }
+    }
+}
+
+/// A failed health check against a stopping container.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ProbeFailureLabels {
+    #[prometheus(flatten)]
+    pub container: ContainerLabels,
+    pub result: ProbeResult,
 }
 
 /// A reset's kernel reason (`sk_rst_reason`, read from tracefs: open on purpose).

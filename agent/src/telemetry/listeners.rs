@@ -53,7 +53,6 @@ pub struct ListenerMetrics {
 /// Kubernetes API named the pod) is a new allocation, so a new entry under the new labels.
 struct Handles {
     identity: Weak<ContainerIdentity>,
-    labels: PortLabels,
     arrivals: Option<Counter>,
     accept_wait: Option<Histogram>,
     overflows: Option<Counter>,
@@ -173,32 +172,35 @@ impl ListenerMetrics {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => {
                 // Refused by the cap: not cached, so each refusal is counted.
-                let Some(labels) = self.port_labels(container, port, metric) else {
+                if self.port_labels(container, port, metric).is_none() {
                     return;
-                };
+                }
                 e.insert(Handles {
                     identity: Arc::downgrade(container),
-                    labels,
                     arrivals: None,
                     accept_wait: None,
                     overflows: None,
                 })
             }
         };
-        let labels = &h.labels;
+        // Admitted by the cap when the entry was made; built again only for a new series.
+        let labels = || PortLabels {
+            container: ContainerLabels::from(&**container),
+            port,
+        };
         match *fact {
             Fact::Arrival => {
                 h.arrivals
-                    .get_or_insert_with(|| self.arrivals.get_or_create(labels).clone())
+                    .get_or_insert_with(|| self.arrivals.get_or_create(&labels()).clone())
                     .inc();
             }
             Fact::AcceptWait(secs) => h
                 .accept_wait
-                .get_or_insert_with(|| self.accept_wait.get_or_create(labels).clone())
+                .get_or_insert_with(|| self.accept_wait.get_or_create(&labels()).clone())
                 .observe(secs),
             Fact::Overflow => {
                 h.overflows
-                    .get_or_insert_with(|| self.listen_overflows.get_or_create(labels).clone())
+                    .get_or_insert_with(|| self.listen_overflows.get_or_create(&labels()).clone())
                     .inc();
             }
         }

@@ -12,7 +12,10 @@ use prometheus_client::{
 
 use super::{
     cap::Cap,
-    labels::{ContainerLabels, OutcomeLabels, ProxyLabels, ReasonLabels, ResetLabels},
+    labels::{
+        ContainerLabels, OutcomeLabels, ProbeFailureLabels, ProbeResult, ProxyLabels, ReasonLabels,
+        ResetLabels,
+    },
 };
 use crate::model::{
     ContainerIdentity, LossKind, ResetDirection, RetryOutcome,
@@ -33,6 +36,7 @@ pub struct StopMetrics {
     refused: Family<ContainerLabels, Counter>,
     unreachable: Family<ContainerLabels, Counter>,
     accepted_after_sigterm: Family<ContainerLabels, Counter>,
+    probe_failures: Family<ProbeFailureLabels, Counter>,
     resets_sent: Family<ReasonLabels, Counter>,
     drain_duration: Family<ContainerLabels, Histogram>,
     routing_lag: Family<ContainerLabels, Histogram>,
@@ -54,6 +58,7 @@ impl StopMetrics {
             refused: Family::default(),
             unreachable: Family::default(),
             accepted_after_sigterm: Family::default(),
+            probe_failures: Family::default(),
             resets_sent: Family::default(),
             drain_duration: Family::new_with_constructor(seconds_buckets),
             routing_lag: Family::new_with_constructor(seconds_buckets),
@@ -74,6 +79,11 @@ impl StopMetrics {
             "drainwatch_stop_inflight_cut",
             "Inbound connections a stopping container closed or reset with a request pending",
             m.inflight_cut.clone(),
+        );
+        registry.register(
+            "drainwatch_stop_probe_failures",
+            "Health checks (the kubelet's probes, a balancer's learned checks) a stopping container cut, refused or was unreachable for: apart from the request counts",
+            m.probe_failures.clone(),
         );
         registry.register(
             "drainwatch_stop_refused",
@@ -191,6 +201,20 @@ impl StopMetrics {
                             container,
                             reason: reason.unwrap_or("unknown").into(),
                         })
+                        .inc();
+                }
+                return;
+            }
+            LossKind::ProbeCut | LossKind::ProbeRefused | LossKind::ProbeUnreachable => {
+                let container = ContainerLabels::from(c);
+                if self.cap.admit(&container, "drainwatch_stop_probe_failures") {
+                    let result = match kind {
+                        LossKind::ProbeCut => ProbeResult::Cut,
+                        LossKind::ProbeRefused => ProbeResult::Refused,
+                        _ => ProbeResult::Unreachable,
+                    };
+                    self.probe_failures
+                        .get_or_create(&ProbeFailureLabels { container, result })
                         .inc();
                 }
                 return;

@@ -97,14 +97,19 @@ impl Tracker {
         let retention = self.config.retention;
         let stops = &self.stops;
         let dropped = self.dropped;
-        self.containers.retain(|_, c| {
+        let probes = &mut self.probes;
+        self.containers.retain(|key, c| {
             let Some(gone) = c.gone_at else { return true };
             let settled = c
                 .stop
                 .and_then(|i| i.checked_sub(dropped))
                 .and_then(|i| stops.get(i))
                 .is_none_or(|s| s.settled);
-            !(settled && now >= gone + retention)
+            let keep = !(settled && now >= gone + retention);
+            if !keep {
+                probes.forget_backend(key);
+            }
+            keep
         });
         // After a stop settled and the container lives on (a restart in place), the next
         // signal starts a new record.

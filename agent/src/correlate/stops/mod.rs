@@ -5,7 +5,10 @@
 
 mod lifecycle;
 
-use super::retries::{Cut, Matcher};
+use super::{
+    probes::{ProbeSource, Probes},
+    retries::{Cut, Matcher},
+};
 use crate::model::{
     ContainerIdentity, Emitted, HashMap, Loss, LossKind, Mono, Observation, ResetDirection, SECOND,
     UpstreamStep,
@@ -67,6 +70,8 @@ struct ContainerState {
 pub struct Tracker {
     config: Config,
     retries: Matcher,
+    /// Which connections are health checks (their schedules forgotten with the backend).
+    probes: Probes,
     containers: HashMap<String, ContainerState>,
     stops: Vec<Stop>,
     /// Stops dropped from the front of `stops` (keeps indices stable in meaning).
@@ -86,6 +91,7 @@ impl Tracker {
     pub fn new(config: Config) -> Self {
         Self {
             retries: Matcher::new(config.retry_window),
+            probes: Probes::default(),
             config,
             containers: HashMap::default(),
             stops: Vec::new(),
@@ -264,6 +270,18 @@ impl Tracker {
             Observation::UpstreamPeerClosed { key, sock, unread } => {
                 self.retries.peer_closed(sock, key, now, unread);
             }
+            Observation::UpstreamOpened { key, sock, proxy } => {
+                self.probes.opened(sock, &proxy, &key, now);
+            }
+            Observation::UpstreamClosed {
+                sock, bytes_sent, ..
+            } => self.probes.closed(sock, bytes_sent),
+            // A health check is not re-sent by a proxy: nothing to judge.
+            Observation::UpstreamRequest {
+                sock,
+                step: UpstreamStep::Cut { bytes, .. },
+                ..
+            } if self.probes.classify(Some(sock), Some(bytes)).is_some() => {}
             Observation::UpstreamRequest {
                 key,
                 sock,
@@ -329,7 +347,7 @@ impl Tracker {
                     }
                 }
             }
-            Observation::InboundEstablished { sock, .. } => {
+            Observation::InboundEstablished { sock, upstream, .. } => {
                 let Some(c) = self.containers.get_mut(&key) else {
                     return;
                 };
@@ -338,6 +356,10 @@ impl Tracker {
                 }
                 c.inbound.insert(sock, Opened(now));
                 c.last_accept_at = Some(now);
+                // A balancer still checking is not routing: probes move neither.
+                if self.probes.classify(upstream, None).is_some() {
+                    return;
+                }
                 let after_sigterm = self
                     .stop_mut(&key)
                     .map(|s| {
@@ -353,6 +375,8 @@ impl Tracker {
                 sock,
                 by_container,
                 pending,
+                upstream,
+                request_bytes,
                 ..
             } => {
                 let Some(c) = self.containers.get_mut(&key) else {
@@ -366,17 +390,13 @@ impl Tracker {
                 }
                 let open_for = opened.at().and_then(|o| now.checked_sub(o));
                 if self.stop_mut(&key).is_some() {
-                    self.count(
-                        &key,
-                        if pending {
-                            LossKind::InflightCut
-                        } else {
-                            LossKind::IdleClosed
-                        },
-                        None,
-                        now,
-                        open_for,
-                    );
+                    let kind = if !pending {
+                        LossKind::IdleClosed
+                    } else {
+                        let probe = self.probes.classify(upstream, Some(request_bytes));
+                        self.probe_or(&key, probe, LossKind::InflightCut, LossKind::ProbeCut)
+                    };
+                    self.count(&key, kind, None, now, open_for);
                 }
             }
             Observation::Reset {
@@ -385,14 +405,33 @@ impl Tracker {
                 ..
             } => self.count(&key, LossKind::ResetsSent, Some(reason), now, None),
             Observation::Reset { .. } | Observation::Listener { .. } => {}
-            Observation::Refused { .. } => self.count(&key, LossKind::Refused, None, now, None),
-            Observation::Unreachable { .. } => {
+            Observation::Refused { at, upstream, .. } => {
+                let probe = self.probes.classify(upstream, None);
+                if probe.is_none()
+                    && let Some(c) = self.containers.get(&key)
+                {
+                    // Stop or not: the refused requests of a known container.
+                    self.emitted.push(Emitted::Refused {
+                        container: c.identity.clone(),
+                    });
+                }
+                let kind = self.probe_or(&key, probe, LossKind::Refused, LossKind::ProbeRefused);
+                self.count(&key, kind, None, at, None);
+            }
+            Observation::Unreachable { upstream, .. } => {
                 let gone = self
                     .containers
                     .get(&key)
                     .is_some_and(|c| c.gone_at.is_some());
                 if gone {
-                    self.count(&key, LossKind::Unreachable, None, now, None);
+                    let probe = self.probes.classify(upstream, None);
+                    let kind = self.probe_or(
+                        &key,
+                        probe,
+                        LossKind::Unreachable,
+                        LossKind::ProbeUnreachable,
+                    );
+                    self.count(&key, kind, None, now, None);
                 }
             }
             Observation::CgroupRemoved { .. } => {
@@ -404,6 +443,28 @@ impl Tracker {
                 if let Some(c) = self.containers.get_mut(&key) {
                     c.gone_at.get_or_insert(now);
                 }
+            }
+        }
+    }
+
+    /// `probe` when the attempt was a probe (and, told apart by a schedule, counted as such
+    /// on the stop), else `request`.
+    fn probe_or(
+        &mut self,
+        key: &str,
+        probe: Option<ProbeSource>,
+        request: LossKind,
+        probe_kind: LossKind,
+    ) -> LossKind {
+        match probe {
+            None => request,
+            Some(source) => {
+                if source == ProbeSource::Schedule
+                    && let Some(s) = self.stop_mut(key).filter(|s| !s.settled)
+                {
+                    s.loss.probes.by_schedule += 1;
+                }
+                probe_kind
             }
         }
     }

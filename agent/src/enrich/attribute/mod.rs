@@ -9,11 +9,13 @@
 
 mod containers;
 mod listeners;
+mod refusals;
 mod sockets;
 mod upstreams;
 mod watch;
 
 use listeners::Listeners;
+use refusals::Refusals;
 use sockets::{Sockets, Tracked};
 use upstreams::Upstreams;
 
@@ -65,6 +67,7 @@ pub struct Enricher<H> {
     listeners: Listeners,
     sockets: Sockets,
     upstreams: Upstreams,
+    refusals: Refusals,
     /// Pids known not to be in any container (until they exit).
     not_containers: HashSet<u32>,
     /// Pod metadata from the Kubernetes API, when it is used.
@@ -88,6 +91,7 @@ impl<H: HostView> Enricher<H> {
             listeners: Listeners::default(),
             sockets: Sockets::default(),
             upstreams: Upstreams::default(),
+            refusals: Refusals::default(),
             not_containers: HashSet::default(),
             kube: None,
             kube_generation: None,
@@ -129,6 +133,14 @@ impl<H: HostView> Enricher<H> {
         self.sockets.seeded.retain(|_, id| sockets.contains_key(id));
     }
 
+    /// Refusals that waited long enough for an attempt on this node to claim them (see
+    /// `refusals`); called with the periodic work.
+    pub fn flush(&mut self, now: u64) -> Vec<Observation> {
+        let mut out = Vec::new();
+        self.refusals.flush(now, &mut out);
+        out
+    }
+
     #[cfg(test)]
     pub fn host_mut(&mut self) -> &mut H {
         &mut self.host
@@ -150,6 +162,7 @@ impl<H: HostView> Enricher<H> {
     /// matched.
     pub fn on_event(&mut self, ev: &Event) -> Vec<Observation> {
         let mut out = Vec::new();
+        self.refusals.event_at(ev.meta().ts_ns);
         match ev {
             Event::Signal(s) => {
                 let target = u32::try_from(s.target_pid).ok();
@@ -209,7 +222,8 @@ impl<H: HostView> Enricher<H> {
                     let port = conn.local.port();
                     let open = self.listeners.open.contains_key(&(ns, port));
                     if !open && let Some(key) = self.listeners.closed.get(&(ns, port)) {
-                        out.push(Observation::Refused { key: key.clone() });
+                        let (at, key) = (r.meta.ts_ns, key.clone());
+                        self.refusals.refused(at, conn.remote, key, &mut out);
                     }
                 }
             }

@@ -91,7 +91,7 @@ impl<H: HostView> Enricher<H> {
         let (old, new) = (s.old, s.new);
         let ns = s.meta.netns;
         let Some(conn) = s.conn else { return };
-        if self.on_upstream(s, conn) {
+        if self.on_upstream(s, conn, out) {
             return;
         }
         if old == Some(Listen) || new == Some(Listen) {
@@ -106,6 +106,7 @@ impl<H: HostView> Enricher<H> {
                     out.push(Observation::InboundEstablished {
                         key: key.to_string(),
                         sock: s.skaddr,
+                        upstream: self.upstream_of(conn),
                     });
                     self.sockets.tracked.insert(
                         s.skaddr,
@@ -117,11 +118,21 @@ impl<H: HostView> Enricher<H> {
             (Some(SynSent), Some(Close)) => {
                 // An attempt that never connected and was not refused: to a gone container's
                 // address, unreachable.
+                // A followed proxy's (or prober's) attempt, if this one was.
+                let upstream = self
+                    .upstreams
+                    .failed_attempt
+                    .take()
+                    .filter(|a| *a == s.skaddr);
                 if self.sockets.refused_attempts.remove(&s.skaddr) {
+                    self.refusals.attempt_refused(conn.local, upstream, out);
                     return;
                 }
                 if let Some(key) = self.by_ip.get(&conn.remote.ip()) {
-                    out.push(Observation::Unreachable { key: key.clone() });
+                    out.push(Observation::Unreachable {
+                        key: key.clone(),
+                        upstream,
+                    });
                 }
             }
             (Some(Established), Some(CloseWait)) => {
@@ -153,6 +164,8 @@ impl<H: HostView> Enricher<H> {
                     sock: self.sock_id(s.skaddr),
                     by_container,
                     pending,
+                    upstream: self.upstream_of(conn),
+                    request_bytes: s.counters.bytes_received,
                 });
             }
             _ => {}

@@ -9,7 +9,7 @@ use super::Enricher;
 use crate::{
     capture::event::{Endpoints, IoStep, StateChange, UpstreamIo},
     enrich::host::HostView,
-    model::{HashMap, HashSet, Mono, Observation, Proxy, SECOND, TcpState, UpstreamStep},
+    model::{HashMap, HashSet, Mono, Observation, PROBERS, Proxy, SECOND, TcpState, UpstreamStep},
 };
 
 use TcpState::{Close, CloseWait, Established, SynSent};
@@ -41,6 +41,10 @@ pub(super) struct Upstreams {
     /// Upstream sockets the kernel may not follow yet (opened before their process was in
     /// its proxy map): the agent adds them (`take_follow`).
     pub(super) follow: Vec<u64>,
+    /// The upstream attempt the current event ended (connect failed), for the refusal or
+    /// unreachable verdict that follows in the same event. Socket addresses are reused at
+    /// once, so nothing else may name a closed upstream by its address.
+    pub(super) failed_attempt: Option<u64>,
 }
 
 /// How long after a proxy is found its connects may still precede the kernel knowing it:
@@ -55,13 +59,15 @@ impl<H: HostView> Enricher<H> {
         if let Some(p) = self.upstreams.proxies.get(&tgid) {
             return p.clone();
         }
+        let prober = PROBERS.contains(&comm) && !self.by_pid.contains_key(&tgid);
         let own: HashSet<u64> = self.host.socket_inodes(tgid).into_iter().collect();
-        let listens = !own.is_empty()
-            && self
-                .host
-                .sockets(tgid)
-                .iter()
-                .any(|s| s.listening && own.contains(&s.inode));
+        let listens = prober
+            || !own.is_empty()
+                && self
+                    .host
+                    .sockets(tgid)
+                    .iter()
+                    .any(|s| s.listening && own.contains(&s.inode));
         let p = listens.then(|| {
             let proxy = Proxy {
                 tgid,
@@ -70,6 +76,7 @@ impl<H: HostView> Enricher<H> {
                     .get(&tgid)
                     .and_then(|k| self.containers.get(k))
                     .map_or_else(|| comm.to_string(), |c| c.identity.workload.clone()),
+                prober,
             };
             (proxy, now)
         });
@@ -92,12 +99,13 @@ impl<H: HostView> Enricher<H> {
         Some(listener.map_or_else(|| key.clone(), |(k, _)| k.to_string()))
     }
 
-    /// The proxies the kernel is to follow the connects of.
+    /// The proxies the kernel is to follow the connects of. Not probers: a probe is never
+    /// retried, so their sends and receives are not needed.
     pub(super) fn proxy_tgids(&self) -> impl Iterator<Item = u32> + '_ {
         self.upstreams
             .proxies
             .iter()
-            .filter_map(|(tgid, p)| p.as_ref().map(|_| *tgid))
+            .filter_map(|(tgid, p)| p.as_ref().filter(|(p, _)| !p.prober).map(|_| *tgid))
     }
 
     /// Upstream sockets the agent must add to the kernel's map itself, since the last call.
@@ -155,8 +163,22 @@ impl<H: HostView> Enricher<H> {
         }
     }
 
+    /// The socket of the proxy or prober on this node at the other end of a container's
+    /// inbound connection, if one opened it.
+    pub(super) fn upstream_of(&self, inbound: Endpoints) -> Option<u64> {
+        self.upstreams
+            .by_tuple
+            .get(&(inbound.remote, inbound.local))
+            .map(|u| u.sock)
+    }
+
     /// Follows proxies' connections to containers; true when the state change was one.
-    pub(super) fn on_upstream(&mut self, s: &StateChange, conn: Endpoints) -> bool {
+    pub(super) fn on_upstream(
+        &mut self,
+        s: &StateChange,
+        conn: Endpoints,
+        out: &mut Vec<Observation>,
+    ) -> bool {
         let (old, new) = (s.old, s.new);
         match (old, new) {
             (Some(Close), Some(SynSent)) => {
@@ -168,24 +190,31 @@ impl<H: HostView> Enricher<H> {
                 let Some((proxy, found_at)) = self.proxy(s.meta.tgid, &s.meta.comm, now) else {
                     return false;
                 };
-                if now <= found_at.saturating_add(KERNEL_CATCH_UP) {
+                if !proxy.prober && now <= found_at.saturating_add(KERNEL_CATCH_UP) {
                     self.upstreams.follow.push(s.skaddr);
                 }
                 // A socket address reused: the old connection's record is over.
                 self.upstreams.closed.remove(&s.skaddr);
                 let up = Upstream {
                     sock: s.skaddr,
-                    key,
-                    proxy,
+                    key: key.clone(),
+                    proxy: proxy.clone(),
                 };
                 self.upstreams.open.insert(s.skaddr, up);
+                out.push(Observation::UpstreamOpened {
+                    key,
+                    sock: s.skaddr,
+                    proxy,
+                });
                 true
             }
             (Some(SynSent), Some(Established)) => {
+                let tuple = (conn.local, conn.remote);
                 let Some(up) = self.upstreams.open.get(&s.skaddr).cloned() else {
+                    // Another process's connection on a tuple a closed upstream had.
+                    self.upstreams.by_tuple.remove(&tuple);
                     return false;
                 };
-                let tuple = (conn.local, conn.remote);
                 if self.upstreams.by_tuple.insert(tuple, up).is_none() {
                     self.upstreams.order.push_back(tuple);
                 }
@@ -201,9 +230,18 @@ impl<H: HostView> Enricher<H> {
                 let Some(up) = self.upstreams.open.remove(&s.skaddr) else {
                     return false;
                 };
+                out.push(Observation::UpstreamClosed {
+                    key: up.key.clone(),
+                    sock: up.sock,
+                    bytes_sent: s.counters.bytes_sent,
+                });
                 self.remember_closed_upstream(up);
                 // A failed attempt goes on to be judged refused or unreachable below.
-                !(old == Some(SynSent) && new == Some(Close))
+                let failed = old == Some(SynSent) && new == Some(Close);
+                if failed {
+                    self.upstreams.failed_attempt = Some(s.skaddr);
+                }
+                !failed
             }
             _ => false,
         }

@@ -53,6 +53,26 @@ pub(super) fn chips(loss: &LossView) -> Markup {
         @if shown.is_empty() {
             span class="chip none" { "nothing lost" }
         }
+        (probe_chip(loss))
+    }
+}
+
+/// Failed health checks, apart from the loss: evidence that the balancer (or the kubelet) was
+/// still checking, and how many were told apart by the balancer's learned schedule.
+fn probe_chip(loss: &LossView) -> Markup {
+    let p = &loss.probes;
+    let failed = p.cut + p.refused + p.unreachable;
+    html! {
+        @if failed > 0 {
+            span class="chip probe" data-loss="probes"
+                title="connections of the kubelet or of a balancer's active checks: not users" {
+                b { (thousands(failed)) } " "
+                (if failed == 1 { "health check failed" } else { "health checks failed" })
+                @if p.by_schedule > 0 {
+                    " (" (thousands(p.by_schedule)) " told apart by the balancer's check schedule)"
+                }
+            }
+        }
     }
 }
 

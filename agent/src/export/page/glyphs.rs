@@ -14,6 +14,9 @@ pub(super) enum Glyph {
     Abort,
     Refused,
     Unreachable,
+    /// A failed health check (cut, refused or unreachable): the balancer or kubelet still
+    /// checking, not a user.
+    Probe,
     /// A connection accepted after the stop signal.
     Late,
     /// The last connection accepted before it.
@@ -33,6 +36,9 @@ impl Glyph {
             LossKind::Refused => Some(Glyph::Refused),
             LossKind::Unreachable => Some(Glyph::Unreachable),
             LossKind::AcceptedAfterSigterm => Some(Glyph::Late),
+            LossKind::ProbeCut | LossKind::ProbeRefused | LossKind::ProbeUnreachable => {
+                Some(Glyph::Probe)
+            }
             LossKind::IdleClosed | LossKind::ResetsSent => None,
         }
     }
@@ -60,6 +66,11 @@ pub(super) fn glyph(g: Glyph, x: f64, y: f64) -> Markup {
         Glyph::Unreachable => {
             html! { circle class="g-unreachable" cx=(px(x)) cy=(px(y)) r="4" {} }
         }
+        Glyph::Probe => html! {
+            path class="g-probe"
+                d={ "M" (px(x)) " " (px(y - 5.0)) "L" (px(x + 5.0)) " " (px(y + 4.0))
+                    "L" (px(x - 5.0)) " " (px(y + 4.0)) "Z" } {}
+        },
         Glyph::Late | Glyph::Accept => html! {
             rect class=(if g == Glyph::Late { "g-late" } else { "g-accept" })
                 x=(px(x - 1.25)) y=(px(y - 6.0)) width="2.5" height="12" {}
@@ -84,6 +95,7 @@ pub(super) fn legend() -> Markup {
         (Glyph::Cut, "in-flight cut"),
         (Glyph::Retried, "retried: done twice"),
         (Glyph::Abort, "cut, seen as 502"),
+        (Glyph::Probe, "health check failed (not a user)"),
         (Glyph::Grace, "grace period, drain"),
     ];
     html! {

@@ -267,3 +267,36 @@ fn the_state_changes_with_the_data_only() {
     let c = render(&deploy_of(&more, 0), &[more], &[], &info());
     assert_ne!(state(&a), state(&c));
 }
+
+#[test]
+fn failed_health_checks_are_drawn_apart_from_the_loss() {
+    let mut stop = no_handler_stop("web-1");
+    stop.loss.probes.refused = 2;
+    stop.loss.probes.by_schedule = 2;
+    for at in ["2026-11-29T22:47:30.358Z", "2026-11-29T22:47:32.359Z"] {
+        stop.loss_events.push(view(
+            json!({"at": at, "kind": "probe_refused", "open_seconds": null}),
+        ));
+    }
+    let html = render(
+        &deploy_of(&stop, 0),
+        std::slice::from_ref(&stop),
+        &[],
+        &info(),
+    );
+    assert!(
+        html.contains(r#"data-loss="probes""#)
+            && html.contains(
+                "<b>2</b> health checks failed (2 told apart by the balancer's check schedule)"
+            ),
+        "{html}"
+    );
+    assert!(html.contains("3 refused, 2 checks refused"), "{html}");
+    assert_eq!(
+        html.matches(r#"class="g-probe""#).count(),
+        2 + 1,
+        "2 probes + legend"
+    );
+    // Requests' counts are unchanged by them.
+    assert!(html.contains(r#"data-loss="refused"><b>3</b> refused"#));
+}

@@ -110,6 +110,9 @@ fn count_routed(events: &[(f64, LossKind)]) -> String {
             (LossKind::AcceptedAfterSigterm, "late"),
             (LossKind::Refused, "refused"),
             (LossKind::Unreachable, "unreach."),
+            (LossKind::ProbeRefused, "checks refused"),
+            (LossKind::ProbeUnreachable, "checks unreach."),
+            (LossKind::ProbeCut, "checks cut"),
         ],
     )
 }
@@ -316,7 +319,8 @@ fn events(axis: &Axis, events: &[(f64, LossKind)]) -> Markup {
             LossKind::RetryDuplicates | LossKind::RetriedUnexecuted | LossKind::UpstreamAborts
         );
         let mut x = axis.x(*t) + if proxy_outcome { 11.0 } else { 0.0 };
-        let y = if kind.is_routed() {
+        // Failed health checks sit with the routed traffic: the balancer was still checking.
+        let y = if kind.is_routed() || kind.is_probe() {
             GLYPH_Y
         } else {
             let lane = LOSS_Y + LANE_H / 2.0;

@@ -44,6 +44,8 @@ pub enum Mode {
     NoHandler,
     /// Closes the listener at once, finishes in-flight requests, exits 0.
     CloseListener,
+    /// Exits 0 at once: the listener still open, in-flight requests cut.
+    ExitZero,
     /// /health 503 and `Connection: close`, serves `drain_delay`, closes, finishes, exits 0.
     Drain,
     /// /health 503, serves `drain_delay` (0 by default), closes, waits for in-flight work
@@ -63,6 +65,7 @@ impl Mode {
         match self {
             Mode::NoHandler => "no-handler",
             Mode::CloseListener => "close-listener",
+            Mode::ExitZero => "exit-zero",
             Mode::Drain => "drain",
             Mode::Slow => "slow",
             Mode::Crash => "crash",

@@ -1,0 +1,305 @@
+//! Health checks apart from requests. A connection is a probe when the node's kubelet opened it
+//! (exact: its process, see `model::PROBERS`), or when it fits a load balancer's check
+//! schedule, learned from the proxy's own traffic: connections from one proxy process to one
+//! backend at a regular cadence (1–10 s, each interval within 2% or 20 ms of the others),
+//! carrying the same request size. Four such connections in a row (three intervals) teach the
+//! schedule, so at most 30 s of checking. After that, a connection opened on a tick of the
+//! schedule (one to four intervals after the last check, within the same tolerance), with the
+//! schedule's request size when it is known, is a check; one check per tick, the first that
+//! fits. Refused and unreachable attempts carry no size: time alone decides for them.
+//!
+//! Pure: fed the proxies' upstream connections and a clock (their open times).
+
+use std::collections::VecDeque;
+
+use crate::model::{HashMap, Mono, Proxy, SECOND};
+
+/// How a probe was told apart from requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeSource {
+    /// The kubelet opened it.
+    Kubelet,
+    /// It fit a balancer's learned check schedule.
+    Schedule,
+}
+
+const MIN_INTERVAL: Mono = SECOND;
+const MAX_INTERVAL: Mono = 10 * SECOND;
+/// Intervals in a row that teach a schedule.
+const LEARN_INTERVALS: usize = 3;
+/// Ticks a check may be late by (checks that failed and were not seen, a paused balancer).
+const MAX_TICKS: u64 = 4;
+/// Upstream connections remembered after they close, for the observations that name them
+/// late (the container side of a cut, a refusal joined after the proxy's close).
+const RECENT_CLOSED: usize = 4096;
+/// Request sizes followed per (proxy, backend): a balancer's checks have one; requests many.
+const MAX_SIZES: usize = 32;
+
+fn tolerance(interval: Mono) -> Mono {
+    (interval / 50).max(20_000_000)
+}
+
+#[derive(Debug, Clone)]
+struct Upstream {
+    route: (u32, String),
+    opened_at: Mono,
+    prober: bool,
+    /// Decided once, so the observations of one connection agree.
+    class: Option<Option<ProbeSource>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Learned {
+    interval: Mono,
+    size: u64,
+    /// The last check's open time: the phase of the schedule.
+    last: Mono,
+}
+
+#[derive(Debug, Default)]
+struct Route {
+    /// Open times of recent completed connections, by request size (oldest first).
+    by_size: HashMap<u64, VecDeque<Mono>>,
+    learned: Option<Learned>,
+}
+
+impl Route {
+    fn completed(&mut self, size: u64, at: Mono) {
+        if !self.by_size.contains_key(&size) && self.by_size.len() >= MAX_SIZES {
+            // Many sizes: requests. Start over rather than grow.
+            self.by_size.clear();
+        }
+        let times = self.by_size.entry(size).or_default();
+        times.push_back(at);
+        while times.len() > LEARN_INTERVALS + 1 {
+            times.pop_front();
+        }
+        if self.learned.is_some_and(|l| l.size == size) {
+            return;
+        }
+        if let Some(interval) = regular(times) {
+            self.learned = Some(Learned {
+                interval,
+                size,
+                last: at,
+            });
+        }
+    }
+
+    /// Whether a connection opened at `at` (with `size`, if known) is the schedule's next
+    /// check; consumes the tick when it is.
+    fn fits(&mut self, at: Mono, size: Option<u64>) -> bool {
+        let Some(l) = self.learned.as_mut() else {
+            return false;
+        };
+        if size.is_some_and(|s| s != l.size) {
+            return false;
+        }
+        let Some(since) = at.checked_sub(l.last) else {
+            return false;
+        };
+        let ticks = (since + l.interval / 2) / l.interval;
+        let due = l.last + ticks * l.interval;
+        if !(1..=MAX_TICKS).contains(&ticks) || at.abs_diff(due) > tolerance(l.interval) {
+            return false;
+        }
+        l.last = at;
+        true
+    }
+}
+
+/// The common interval of `times`, when they are evenly spaced at a check's cadence.
+fn regular(times: &VecDeque<Mono>) -> Option<Mono> {
+    if times.len() < LEARN_INTERVALS + 1 {
+        return None;
+    }
+    let mut gaps: Vec<Mono> = times
+        .iter()
+        .zip(times.iter().skip(1))
+        .map(|(a, b)| b.saturating_sub(*a))
+        .collect();
+    gaps.sort_unstable();
+    let median = gaps[gaps.len() / 2];
+    let tol = tolerance(median);
+    ((MIN_INTERVAL..=MAX_INTERVAL).contains(&median)
+        && gaps.iter().all(|g| g.abs_diff(median) <= tol))
+    .then_some(median)
+}
+
+#[derive(Debug, Default)]
+pub struct Probes {
+    upstreams: HashMap<u64, Upstream>,
+    closed: VecDeque<u64>,
+    routes: HashMap<(u32, String), Route>,
+}
+
+impl Probes {
+    /// A proxy (or prober) on this node opened `sock` to `backend` (a container key).
+    pub fn opened(&mut self, sock: u64, proxy: &Proxy, backend: &str, at: Mono) {
+        self.upstreams.insert(
+            sock,
+            Upstream {
+                route: (proxy.tgid, backend.to_string()),
+                opened_at: at,
+                prober: proxy.prober,
+                class: None,
+            },
+        );
+    }
+
+    /// That connection closed after the proxy sent `bytes_sent` on it: a completed request
+    /// (or check) of that size teaches the route's schedule.
+    pub fn closed(&mut self, sock: u64, bytes_sent: u64) {
+        let Some(u) = self.upstreams.get(&sock) else {
+            return;
+        };
+        if bytes_sent > 0 && !u.prober {
+            let (route, at) = (u.route.clone(), u.opened_at);
+            self.routes
+                .entry(route)
+                .or_default()
+                .completed(bytes_sent, at);
+        }
+        self.closed.push_back(sock);
+        while self.closed.len() > RECENT_CLOSED {
+            if let Some(old) = self.closed.pop_front() {
+                self.upstreams.remove(&old);
+            }
+        }
+    }
+
+    /// Whether the connection `sock` (a proxy's or prober's; `None`: opened by no process on
+    /// this node that is followed) is a probe, and how that was told. `size`: its request
+    /// size, when known.
+    pub fn classify(&mut self, sock: Option<u64>, size: Option<u64>) -> Option<ProbeSource> {
+        let u = self.upstreams.get_mut(&sock?)?;
+        if let Some(class) = u.class {
+            return class;
+        }
+        let class = if u.prober {
+            Some(ProbeSource::Kubelet)
+        } else {
+            let at = u.opened_at;
+            self.routes
+                .get_mut(&u.route)
+                .is_some_and(|r| r.fits(at, size))
+                .then_some(ProbeSource::Schedule)
+        };
+        u.class = Some(class);
+        class
+    }
+
+    /// Forgets the routes to a container that is gone.
+    pub fn forget_backend(&mut self, backend: &str) {
+        self.routes.retain(|(_, b), _| b != backend);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Mono = 1_000_000;
+
+    fn haproxy() -> Proxy {
+        Proxy {
+            tgid: 7,
+            name: "haproxy".into(),
+            prober: false,
+        }
+    }
+
+    /// A completed connection of `size` bytes opened at `at`; returns its socket.
+    fn conn(p: &mut Probes, sock: u64, at: Mono, size: u64) -> u64 {
+        p.opened(sock, &haproxy(), "s1", at);
+        p.closed(sock, size);
+        sock
+    }
+
+    /// Checks of 38 bytes every 2 s (+1 ms each), from 0.
+    fn learned() -> Probes {
+        let mut p = Probes::default();
+        for i in 0..4 {
+            let s = conn(&mut p, 100 + i, i * 2001 * MS, 38);
+            // The checks that teach the schedule were judged before it was known.
+            assert_eq!(p.classify(Some(s), Some(38)), None, "check {i}");
+        }
+        p
+    }
+
+    #[test]
+    fn four_evenly_spaced_same_size_connections_teach_the_schedule() {
+        let mut p = learned();
+        // The next tick, a little late: a check; its size decides when known.
+        p.opened(1, &haproxy(), "s1", 4 * 2001 * MS + 5 * MS);
+        assert_eq!(p.classify(Some(1), None), Some(ProbeSource::Schedule));
+        // Decided once: asking again with the size agrees.
+        assert_eq!(p.classify(Some(1), Some(38)), Some(ProbeSource::Schedule));
+        // A second attempt on the same tick is a request.
+        p.opened(2, &haproxy(), "s1", 4 * 2001 * MS + 8 * MS);
+        assert_eq!(p.classify(Some(2), None), None);
+    }
+
+    #[test]
+    fn requests_between_ticks_or_of_another_size_are_not_checks() {
+        let mut p = learned();
+        let next = 4 * 2001 * MS;
+        p.opened(1, &haproxy(), "s1", next - 500 * MS);
+        assert_eq!(p.classify(Some(1), None), None);
+        p.opened(2, &haproxy(), "s1", next + 45 * MS);
+        assert_eq!(p.classify(Some(2), None), None, "outside 40 ms");
+        p.opened(3, &haproxy(), "s1", next);
+        assert_eq!(p.classify(Some(3), Some(120)), None, "another size");
+        // Another backend, another process: no schedule there.
+        p.opened(4, &haproxy(), "s2", next);
+        assert_eq!(p.classify(Some(4), None), None);
+        assert_eq!(p.classify(None, None), None);
+    }
+
+    #[test]
+    fn a_gone_backends_schedule_is_forgotten() {
+        let mut p = learned();
+        p.forget_backend("s1");
+        p.opened(1, &haproxy(), "s1", 4 * 2001 * MS);
+        assert_eq!(p.classify(Some(1), None), None);
+    }
+
+    #[test]
+    fn missed_ticks_keep_the_phase_for_a_few_intervals() {
+        let mut p = learned();
+        let last = 3 * 2001 * MS;
+        p.opened(1, &haproxy(), "s1", last + 3 * 2001 * MS);
+        assert_eq!(p.classify(Some(1), None), Some(ProbeSource::Schedule));
+        p.opened(2, &haproxy(), "s1", last + 3 * 2001 * MS + 5 * 2001 * MS);
+        assert_eq!(p.classify(Some(2), None), None, "more than 4 ticks");
+    }
+
+    #[test]
+    fn steady_requests_are_never_a_schedule() {
+        let mut p = Probes::default();
+        // Same-size requests every 200 ms: below the cadence of any check.
+        for i in 0..50 {
+            conn(&mut p, i, i * 200 * MS, 95);
+        }
+        // Jittered same-size requests about every 2 s: not even enough.
+        for (i, at) in [0, 2000, 4300, 6100, 8400, 10_200].into_iter().enumerate() {
+            conn(&mut p, 100 + i as u64, 20 * SECOND + at * MS, 95);
+        }
+        p.opened(999, &haproxy(), "s1", 32_400 * MS);
+        assert_eq!(p.classify(Some(999), None), None);
+    }
+
+    #[test]
+    fn the_kubelets_connections_are_probes() {
+        let mut p = Probes::default();
+        let kubelet = Proxy {
+            tgid: 1,
+            name: "kubelet".into(),
+            prober: true,
+        };
+        p.opened(5, &kubelet, "s1", 0);
+        assert_eq!(p.classify(Some(5), None), Some(ProbeSource::Kubelet));
+        p.closed(5, 0);
+        assert_eq!(p.classify(Some(5), None), Some(ProbeSource::Kubelet));
+    }
+}
