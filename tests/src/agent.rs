@@ -71,8 +71,13 @@ impl Agent {
 
     /// As `start`, run through `wrapper` (a command that execs its arguments, e.g. `setpriv`
     /// with its options and `--`), so the child's pid is the agent's.
+    /// `DRAINWATCH_TEST_LOG=<file>`: the agent's log goes there (with `DRAINWATCH_LOG`'s filter).
     pub fn start_wrapped(wrapper: &[&str], extra: &[&str]) -> Self {
-        Self::start_with(wrapper, free_port(), extra, Stdio::piped())
+        let stderr = match std::env::var("DRAINWATCH_TEST_LOG") {
+            Ok(path) => std::fs::File::create(path).expect("log file").into(),
+            Err(_) => Stdio::piped(),
+        };
+        Self::start_with(wrapper, free_port(), extra, stderr)
     }
 
     /// On 127.0.0.1:`port`, its log (stderr) going to `stderr`.

@@ -3,6 +3,7 @@
 //! that the tests trigger (connect, close, kill, waitpid, rmdir) run their tracepoints before
 //! the system call returns, so draining right after the action sees every event it caused.
 
+pub mod accuracy;
 pub mod agent;
 pub mod browser;
 pub mod ops;

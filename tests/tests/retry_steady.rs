@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use drainwatch_tests::{
-    agent::{Agent, api, free_port, stop_record},
+    agent::{Agent, api, stop_record},
     lab::{Method, NginxOpts, RetryLab, RetrySpec, SteadyRun, Stream},
     require_root,
 };
@@ -27,15 +27,7 @@ struct Variant {
 
 fn variant(method: Method, next_upstream: Option<&str>, keepalive: Option<u32>) -> Variant {
     require_root();
-    // DRAINWATCH_TEST_LOG=<file>: the agent's log goes there (with DRAINWATCH_LOG's filter).
-    let agent = match std::env::var("DRAINWATCH_TEST_LOG") {
-        Ok(path) => Agent::start_on(
-            free_port(),
-            &[],
-            std::fs::File::create(path).expect("log file").into(),
-        ),
-        Err(_) => Agent::start(&[]),
-    };
+    let agent = Agent::start(&[]);
     let mut spec = RetrySpec::new(method, next_upstream);
     spec.nginx = NginxOpts {
         keepalive,

@@ -103,6 +103,31 @@ enum Cmd {
         Example: cargo xtask bench --no-setup"
     )]
     Bench(BenchArgs),
+    /// Run the retry labs over randomized shapes; compare every record field with ground truth
+    #[command(long_about = "Run the retry labs over randomized shapes against ground truth.\n\n\
+        Builds the agent (`cargo build --release -p drainwatch`), then runs the privileged test \
+        `tests/tests/accuracy.rs` for seeds FIRST..FIRST+N-1 (DRAINWATCH_ACCURACY_SEEDS): each \
+        seed draws a proxy setup (nginx with or without retries, pooled or not, GET or POST; \
+        HAProxy with retries 0, or L7 retries with redispatch), a request interval, duration \
+        and size, the stop's moment, HAProxy's check interval and fall; runs it with the real \
+        agent, and compares each stop record field with the proxies' and backends' own logs. \
+        Prints each seed's shape and mismatches, then per-field exactness; exits non-zero on \
+        any mismatch. About 15 s a seed. `cargo xtask test` runs a short slice of it.\n\n\
+        Example: cargo xtask accuracy --no-setup --seeds 50")]
+    Accuracy(AccuracyArgs),
+}
+
+#[derive(Args)]
+struct AccuracyArgs {
+    /// Skip `cargo xtask setup` (when the machine is known to be set up)
+    #[arg(long)]
+    no_setup: bool,
+    /// How many seeds
+    #[arg(long, default_value_t = 50)]
+    seeds: u64,
+    /// The first seed
+    #[arg(long, default_value_t = 1)]
+    first: u64,
 }
 
 #[derive(Args)]
@@ -158,6 +183,7 @@ fn main() -> ExitCode {
         Cmd::Run(args) => run_agent(&args),
         Cmd::Test(args) => test(&args),
         Cmd::Demo(args) => demo(&args),
+        Cmd::Accuracy(args) => accuracy(&args),
         Cmd::Bench(args) => {
             if !args.no_setup && setup::run().is_err() {
                 return ExitCode::FAILURE;
@@ -265,6 +291,30 @@ fn demo(args: &DemoArgs) -> ExitCode {
         .exec();
     eprintln!("[demo] could not start {}: {err}", bin.display());
     ExitCode::FAILURE
+}
+
+fn accuracy(args: &AccuracyArgs) -> ExitCode {
+    if !args.no_setup && setup::run().is_err() {
+        return ExitCode::FAILURE;
+    }
+    if args.seeds == 0 {
+        eprintln!("[accuracy] --seeds must be at least 1");
+        return ExitCode::from(2);
+    }
+    let root = repo_root();
+    let mut build = cargo(&root);
+    build.args(["build", "--release", "-p", "drainwatch"]);
+    let mut run = cargo(&root);
+    let last = args.first.saturating_add(args.seeds - 1);
+    run.env("DRAINWATCH_ACCURACY_SEEDS", format!("{}-{last}", args.first))
+        .args(["test", "-p", "drainwatch-tests", "--test", "accuracy"])
+        .args(["--", "--test-threads=1", "--nocapture"]);
+    for (name, cmd) in [("build", &mut build), ("accuracy", &mut run)] {
+        if let Phase::Failed(..) = phase(name, cmd) {
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 /// How one phase of `cargo xtask test` ended.

@@ -33,6 +33,11 @@ pub struct HaproxyOpts {
     /// Consecutive successful checks before a DOWN server is UP again.
     pub rise: u32,
     pub retries: u32,
+    /// `retry-on` conditions (L7 retries: the request is re-sent after, e.g.,
+    /// `empty-response`), or none (HAProxy then retries only failed connects).
+    pub retry_on: Option<&'static str>,
+    /// `option redispatch`: a retry may go to another server (on the last retry).
+    pub redispatch: bool,
     pub timeout_connect: Duration,
     pub timeout_client: Duration,
     pub timeout_server: Duration,
@@ -49,6 +54,8 @@ impl Default for HaproxyOpts {
             fall: 2,
             rise: 2,
             retries: 0,
+            retry_on: None,
+            redispatch: false,
             timeout_connect: Duration::from_secs(2),
             timeout_client: Duration::from_secs(30),
             timeout_server: Duration::from_secs(30),
@@ -82,6 +89,10 @@ pub struct HttpLog {
     /// Termination state, 4 characters: `----` clean, `SH--` server aborted before the
     /// response headers, `SC--` server refused the connection, `sC--` connect timeout, ...
     pub flags: String,
+    /// Retries of this request (`%rc`), and whether the last one went to another server
+    /// (redispatch: `%rc` has a `+`).
+    pub retries: u32,
+    pub redispatched: bool,
     /// Source address of HAProxy's connection to the server, if one was attempted.
     pub server_conn: Option<SocketAddrV4>,
     /// The request line, e.g. `GET /work?ms=1300&id=x HTTP/1.1`.
@@ -110,8 +121,12 @@ impl HttpLog {
                 q.split('&')
                     .find_map(|kv| kv.strip_prefix("id=").map(str::to_string))
             });
+        let rc = f[10].rsplit('/').next()?;
+        let redispatched = rc.starts_with('+');
         Some(HttpLog {
             at,
+            retries: rc.trim_start_matches('+').parse().ok()?,
+            redispatched,
             client: f[0].to_string(),
             backend: backend.to_string(),
             server: server.to_string(),
@@ -183,6 +198,18 @@ fn reader(src: impl Read + Send + 'static, sink: Arc<Mutex<Vec<LogLine>>>) -> Jo
     })
 }
 
+/// The `retry-on` and `option redispatch` lines of `opts` (empty when neither is set).
+fn retry_lines(opts: &HaproxyOpts) -> String {
+    let mut lines = Vec::new();
+    if let Some(on) = opts.retry_on {
+        lines.push(format!("    retry-on {on}"));
+    }
+    if opts.redispatch {
+        lines.push("    option redispatch".to_string());
+    }
+    lines.join("\n")
+}
+
 impl Haproxy {
     /// Writes the configuration for `servers` (name, address), starts `haproxy -db -f cfg` on a
     /// free loopback port, and waits (bounded by `opts.up_timeout`) until every server is UP at
@@ -208,6 +235,7 @@ impl Haproxy {
             .replace("{{STATS_SOCKET}}", &sock.display().to_string())
             .replace("{{CONN_MODE}}", opts.conn_mode)
             .replace("{{RETRIES}}", &opts.retries.to_string())
+            .replace("{{RETRY_ON}}", &retry_lines(&opts))
             .replace("{{TIMEOUT_CONNECT}}", &ms(opts.timeout_connect))
             .replace("{{TIMEOUT_CLIENT}}", &ms(opts.timeout_client))
             .replace("{{TIMEOUT_SERVER}}", &ms(opts.timeout_server))

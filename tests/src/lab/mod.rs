@@ -13,6 +13,9 @@
 //!   ran twice (retry duplicates) or gave up on (502), exactly.
 //! - [`steady`]: the same under a steady stream of same-size requests, the ground truth of
 //!   each cut (duplicate, retried unexecuted, abort) read from nginx's and the backends' logs.
+//! - [`steady_haproxy`]: the same behind HAProxy, with `retries 0` or L7 retries and
+//!   redispatch; the ground truth from HAProxy's log (termination state, retries) and the
+//!   backends' logs.
 //! - [`storm`]: reconnect storms: a socket service with a bounded connect path (`Mode::Gate`),
 //!   N persistent clients, the container stopped (rolling update) or restarted in place, and
 //!   each client's own timing of every reconnect.
@@ -31,6 +34,7 @@ mod proxy;
 pub mod retry;
 pub mod scenario;
 pub mod steady;
+pub mod steady_haproxy;
 pub mod storm;
 
 pub use client::{Load, Method, Outcome, RequestRecord, Schedule, Summary, Wave};
@@ -40,4 +44,5 @@ pub use nginx::{AccessEntry, Nginx, NginxOpts};
 pub use retry::{RetryLab, RetryPlan, RetryRequest, RetryRun, RetrySpec};
 pub use scenario::{Lab, Plan, ScenarioRun, ScenarioSpec, Trigger};
 pub use steady::{SteadyRequest, SteadyRun, Stream};
+pub use steady_haproxy::{HaproxyRetry, HaproxySteadyLab, HaproxySteadyRun};
 pub use storm::{Replace, StormLab, StormRun, StormSpec};

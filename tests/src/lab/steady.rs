@@ -53,6 +53,24 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// The schedule, starting 0.3 s from now, and when `s1` is to be stopped.
+    pub(super) fn schedule(&self) -> (Schedule, Instant) {
+        assert!(self.waves <= 10, "ids must have one length");
+        let first = Instant::now() + Duration::from_millis(300);
+        let per_wave = 10;
+        let mut schedule = Schedule::periodic(
+            first,
+            self.interval * per_wave,
+            self.waves,
+            per_wave as usize,
+            self.ms,
+        );
+        schedule.stagger = self.interval;
+        (schedule, first + self.stop_after)
+    }
+}
+
 /// One request's ground truth.
 #[derive(Clone, Debug)]
 pub struct SteadyRequest {
@@ -106,19 +124,8 @@ impl RetryLab {
     /// Runs `stream` through nginx, stops `s1` `stream.stop_after` into it, and reads the
     /// ground truth. Once per lab (`s1` is gone afterwards).
     pub fn run_steady(&self, stream: &Stream) -> SteadyRun {
-        assert!(stream.waves <= 10, "ids must have one length");
-        let first = Instant::now() + Duration::from_millis(300);
-        let per_wave = 10;
-        let mut schedule = Schedule::periodic(
-            first,
-            stream.interval * per_wave as u32,
-            stream.waves,
-            per_wave,
-            stream.ms,
-        );
-        schedule.stagger = stream.interval;
-        let last = schedule.dispatch_at(stream.waves - 1, per_wave - 1);
-        let anchor = first + stream.stop_after;
+        let (schedule, anchor) = stream.schedule();
+        let last = schedule.dispatch_at(stream.waves - 1, 9);
         assert!(
             last + Duration::from_millis(stream.ms + 1000) < anchor + self.spec.nginx.fail_timeout,
             "the stream outlasts fail_timeout after the stop: nginx would try s1 again"

@@ -1,0 +1,220 @@
+//! Ground truth over randomized shapes (`cargo xtask accuracy`): each seed draws a shape of
+//! the retry labs (the proxy and how it is set up, the request interval, size and duration,
+//! when the stop comes, HAProxy's check interval and fall), runs it against the real agent,
+//! and compares every field of the stop record the lab's ground truth knows: nginx's and
+//! HAProxy's own logs, the backends' own work logs, HAProxy's own failed-check count. Never
+//! drainwatch's arithmetic.
+
+use std::{fmt, time::Duration};
+
+use serde_json::Value;
+
+use crate::{
+    agent::{Agent, stop_record, sync},
+    lab::{
+        HaproxyRetry, HaproxySteadyLab, Method, NginxOpts, RetryLab, RetrySpec, Stream,
+        steady_haproxy::HaproxySteadyRun,
+    },
+};
+
+/// The proxy in front of the backends, and how it is set up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proxy {
+    /// nginx, `proxy_next_upstream` left at its default (`error timeout`), or `off`;
+    /// `keepalive`: an upstream pool of that many idle connections.
+    Nginx {
+        retry: bool,
+        keepalive: Option<u32>,
+    },
+    Haproxy(HaproxyRetry),
+}
+
+/// One randomized run.
+#[derive(Clone, Debug)]
+pub struct Shape {
+    pub seed: u64,
+    pub proxy: Proxy,
+    pub stream: Stream,
+    /// HAProxy's check interval and fall (unused for nginx).
+    pub inter: Duration,
+    pub fall: u32,
+}
+
+impl Shape {
+    pub fn from_seed(seed: u64) -> Shape {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let proxy = match rng.u32(0..6) {
+            0..=3 => Proxy::Nginx {
+                retry: rng.bool(),
+                keepalive: rng.bool().then(|| rng.u32(2..=16)),
+            },
+            4 => Proxy::Haproxy(HaproxyRetry::Off),
+            _ => Proxy::Haproxy(HaproxyRetry::L7Redispatch),
+        };
+        // POSTs only through nginx (the HAProxy labs' truth of a retry needs a GET).
+        let method = if matches!(proxy, Proxy::Nginx { .. }) && rng.u32(0..4) == 0 {
+            Method::Post(rng.usize(1..=512))
+        } else {
+            Method::Get
+        };
+        let stream = Stream {
+            method,
+            interval: Duration::from_millis(rng.u64(25..=80)),
+            ms: rng.u64(250..=900),
+            waves: rng.usize(6..=10),
+            stop_after: Duration::from_millis(rng.u64(1200..=2500)),
+        };
+        Shape {
+            seed,
+            proxy,
+            stream,
+            inter: Duration::from_millis(rng.u64(1000..=2000)),
+            fall: rng.u32(2..=3),
+        }
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.stream;
+        write!(
+            f,
+            "seed {}: {:?}, {:?} every {} ms of {} ms work, {} requests, stop at {} ms",
+            self.seed,
+            self.proxy,
+            s.method,
+            s.interval.as_millis(),
+            s.ms,
+            s.waves * 10,
+            s.stop_after.as_millis()
+        )?;
+        if matches!(self.proxy, Proxy::Haproxy(_)) {
+            write!(
+                f,
+                ", checks every {} ms, fall {}",
+                self.inter.as_millis(),
+                self.fall
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// One field of the stop record against its ground truth.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Check {
+    pub field: &'static str,
+    pub truth: u64,
+    pub drainwatch: u64,
+}
+
+impl Check {
+    pub fn exact(&self) -> bool {
+        self.truth == self.drainwatch
+    }
+}
+
+/// A stop record once its verdicts are in: settled, and an abort is decided a second after its
+/// cut (in the agent's event time), so a second and a half more of it.
+pub fn settled_stop(agent: &Agent, container_id: &str) -> Value {
+    stop_record(agent, container_id);
+    std::thread::sleep(Duration::from_millis(1500));
+    sync(agent);
+    stop_record(agent, container_id)
+}
+
+fn field(stop: &Value, path: &str) -> u64 {
+    let mut v = &stop["loss"];
+    for p in path.split('.') {
+        v = &v[p];
+    }
+    v.as_u64()
+        .unwrap_or_else(|| panic!("loss.{path} in {stop:#}"))
+}
+
+/// Runs `shape` with a fresh agent and compares.
+pub fn run(shape: &Shape) -> Vec<Check> {
+    let agent = Agent::start(&[]);
+    match shape.proxy {
+        Proxy::Nginx { retry, keepalive } => {
+            let mut spec = RetrySpec::new(shape.stream.method, (!retry).then_some("off"));
+            spec.nginx = NginxOpts {
+                keepalive,
+                ..spec.nginx
+            };
+            let lab = RetryLab::setup(spec);
+            let run = lab.run_steady(&shape.stream);
+            print!("{}", run.report());
+            assert!(
+                run.unlogged.is_empty(),
+                "nginx did not log {:?}",
+                run.unlogged
+            );
+            let stop = settled_stop(&agent, &lab.s1.id);
+            println!("drainwatch: {}", stop["loss"]);
+            let check = |field: &'static str, truth: usize| Check {
+                field,
+                truth: truth as u64,
+                drainwatch: self::field(&stop, field),
+            };
+            vec![
+                check("retry_duplicates", run.duplicates.len()),
+                check("retried_unexecuted", run.retried_unexecuted.len()),
+                check("upstream_aborts", run.aborts.len()),
+            ]
+        }
+        Proxy::Haproxy(retry) => {
+            let lab = HaproxySteadyLab::setup(retry, shape.inter, shape.fall);
+            let run = lab.run(&shape.stream);
+            print!("{}", run.report());
+            assert!(
+                run.unlogged.is_empty(),
+                "HAProxy did not log {:?}",
+                run.unlogged
+            );
+            let stop = settled_stop(&agent, &lab.s1.id);
+            println!("drainwatch: {}", stop["loss"]);
+            haproxy_checks(retry, &run, &stop)
+        }
+    }
+}
+
+/// The fields HAProxy's log and its check count know. A retried request `s1` never started
+/// was cut unread or refused, which the log does not tell apart: with retries on, only their
+/// sum is known.
+pub fn haproxy_checks(retry: HaproxyRetry, run: &HaproxySteadyRun, stop: &Value) -> Vec<Check> {
+    let f = |path| field(stop, path);
+    let check = |field: &'static str, truth: usize, drainwatch: u64| Check {
+        field,
+        truth: truth as u64,
+        drainwatch,
+    };
+    let mut checks = vec![
+        check(
+            "retry_duplicates",
+            run.duplicates.len(),
+            f("retry_duplicates"),
+        ),
+        check("upstream_aborts", run.aborts.len(), f("upstream_aborts")),
+        check(
+            "retried_unexecuted+refused",
+            run.retried_not_started.len() + run.refused.len(),
+            f("retried_unexecuted") + f("refused"),
+        ),
+        check(
+            "probes.refused",
+            run.failed_checks as usize,
+            f("probes.refused"),
+        ),
+        check(
+            "probes.by_schedule",
+            run.failed_checks as usize,
+            f("probes.by_schedule"),
+        ),
+    ];
+    if retry == HaproxyRetry::Off {
+        checks.push(check("refused", run.refused.len(), f("refused")));
+        checks.push(check("retried_unexecuted", 0, f("retried_unexecuted")));
+    }
+    checks
+}

@@ -1,0 +1,72 @@
+//! Ground truth over randomized shapes (`drainwatch_tests::accuracy`): every seed's stop record
+//! field by field against the proxies' and backends' own logs. `DRAINWATCH_ACCURACY_SEEDS`
+//! picks the seeds (`FIRST-LAST` or `a,b,c`; `cargo xtask accuracy --seeds N` sets it); by
+//! default a short slice for CI, plus every seed that ever failed.
+
+use std::collections::BTreeMap;
+
+use drainwatch_tests::{
+    accuracy::{Check, Shape, run},
+    require_root,
+};
+
+/// Seeds that once found a mismatch: each is run every time.
+const REGRESSIONS: &[u64] = &[];
+
+/// The slice CI runs when no seeds are given.
+const CI_SEEDS: &[u64] = &[1, 2, 3];
+
+fn seeds() -> Vec<u64> {
+    let Ok(spec) = std::env::var("DRAINWATCH_ACCURACY_SEEDS") else {
+        let mut s: Vec<u64> = CI_SEEDS.iter().chain(REGRESSIONS).copied().collect();
+        s.sort_unstable();
+        s.dedup();
+        return s;
+    };
+    let parse = |t: &str| {
+        t.trim()
+            .parse::<u64>()
+            .unwrap_or_else(|_| panic!("DRAINWATCH_ACCURACY_SEEDS: {t:?} is no seed"))
+    };
+    match spec.split_once('-') {
+        Some((a, b)) => (parse(a)..=parse(b)).collect(),
+        None => spec.split(',').map(parse).collect(),
+    }
+}
+
+#[test]
+fn retries_and_health_checks_equal_the_logs_over_random_shapes() {
+    require_root();
+    // field -> (exact, runs)
+    let mut exactness: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    let mut failed: Vec<(String, Vec<Check>)> = Vec::new();
+    let seeds = seeds();
+    let started = std::time::Instant::now();
+    for seed in &seeds {
+        let shape = Shape::from_seed(*seed);
+        println!("=== {shape}");
+        let checks = run(&shape);
+        for c in &checks {
+            let e = exactness.entry(c.field).or_default();
+            e.0 += usize::from(c.exact());
+            e.1 += 1;
+        }
+        let wrong: Vec<Check> = checks.into_iter().filter(|c| !c.exact()).collect();
+        if !wrong.is_empty() {
+            println!("MISMATCH {shape}: {wrong:?}");
+            failed.push((shape.to_string(), wrong));
+        }
+    }
+    println!(
+        "\n{} seeds in {:.0} s; per-field exactness:",
+        seeds.len(),
+        started.elapsed().as_secs_f64()
+    );
+    for (field, (exact, runs)) in &exactness {
+        println!("  {field:<28} {exact}/{runs}");
+    }
+    assert!(
+        failed.is_empty(),
+        "mismatches (keep each seed in REGRESSIONS once fixed):\n{failed:#?}"
+    );
+}
