@@ -104,7 +104,8 @@ enum Cmd {
     )]
     Bench(BenchArgs),
     /// Run the retry labs over randomized shapes; compare every record field with ground truth
-    #[command(long_about = "Run the retry labs over randomized shapes against ground truth.\n\n\
+    #[command(
+        long_about = "Run the retry labs over randomized shapes against ground truth.\n\n\
         Builds the agent (`cargo build --release -p drainwatch`), then runs the privileged test \
         `tests/tests/accuracy.rs` for seeds FIRST..FIRST+N-1 (DRAINWATCH_ACCURACY_SEEDS): each \
         seed draws a proxy setup (nginx with or without retries, pooled or not, GET or POST; \
@@ -113,7 +114,8 @@ enum Cmd {
         agent, and compares each stop record field with the proxies' and backends' own logs. \
         Prints each seed's shape and mismatches, then per-field exactness; exits non-zero on \
         any mismatch. About 15 s a seed. `cargo xtask test` runs a short slice of it.\n\n\
-        Example: cargo xtask accuracy --no-setup --seeds 50")]
+        Example: cargo xtask accuracy --no-setup --seeds 50"
+    )]
     Accuracy(AccuracyArgs),
 }
 
@@ -306,9 +308,12 @@ fn accuracy(args: &AccuracyArgs) -> ExitCode {
     build.args(["build", "--release", "-p", "drainwatch"]);
     let mut run = cargo(&root);
     let last = args.first.saturating_add(args.seeds - 1);
-    run.env("DRAINWATCH_ACCURACY_SEEDS", format!("{}-{last}", args.first))
-        .args(["test", "-p", "drainwatch-tests", "--test", "accuracy"])
-        .args(["--", "--test-threads=1", "--nocapture"]);
+    run.env(
+        "DRAINWATCH_ACCURACY_SEEDS",
+        format!("{}-{last}", args.first),
+    )
+    .args(["test", "-p", "drainwatch-tests", "--test", "accuracy"])
+    .args(["--", "--test-threads=1", "--nocapture"]);
     for (name, cmd) in [("build", &mut build), ("accuracy", &mut run)] {
         if let Phase::Failed(..) = phase(name, cmd) {
             return ExitCode::FAILURE;

@@ -87,8 +87,8 @@ impl Route {
     }
 
     /// Whether a connection opened at `at` (with `size`, if known) is the schedule's next
-    /// check; consumes the tick when it is.
-    fn fits(&mut self, at: Mono, size: Option<u64>) -> bool {
+    /// check; consumes the tick when it is and `consume`.
+    fn fits(&mut self, at: Mono, size: Option<u64>, consume: bool) -> bool {
         let Some(l) = self.learned.as_mut() else {
             return false;
         };
@@ -103,7 +103,9 @@ impl Route {
         if !(1..=MAX_TICKS).contains(&ticks) || at.abs_diff(due) > tolerance(l.interval) {
             return false;
         }
-        l.last = at;
+        if consume {
+            l.last = at;
+        }
         true
     }
 }
@@ -182,11 +184,29 @@ impl Probes {
             let at = u.opened_at;
             self.routes
                 .get_mut(&u.route)
-                .is_some_and(|r| r.fits(at, size))
+                .is_some_and(|r| r.fits(at, size, true))
                 .then_some(ProbeSource::Schedule)
         };
         u.class = Some(class);
         class
+    }
+
+    /// Whether an accepted connection looks like a probe, before its size is known: decided
+    /// for good only at its close (with its size), so that a request opened on a tick does not
+    /// take the tick from the check that follows.
+    pub fn peek(&mut self, sock: Option<u64>) -> Option<ProbeSource> {
+        let u = self.upstreams.get(&sock?)?;
+        if let Some(class) = u.class {
+            return class;
+        }
+        if u.prober {
+            return Some(ProbeSource::Kubelet);
+        }
+        let at = u.opened_at;
+        self.routes
+            .get_mut(&u.route)
+            .is_some_and(|r| r.fits(at, None, false))
+            .then_some(ProbeSource::Schedule)
     }
 
     /// Forgets the routes to a container that is gone.
@@ -238,6 +258,21 @@ mod tests {
         // A second attempt on the same tick is a request.
         p.opened(2, &haproxy(), "s1", 4 * 2001 * MS + 8 * MS);
         assert_eq!(p.classify(Some(2), None), None);
+    }
+
+    #[test]
+    fn a_request_accepted_on_a_tick_does_not_take_it_from_the_check() {
+        let mut p = learned();
+        let next = 4 * 2001 * MS;
+        // A request accepted on the tick looks like a check until its size is known...
+        p.opened(1, &haproxy(), "s1", next + MS);
+        assert_eq!(p.peek(Some(1)), Some(ProbeSource::Schedule));
+        // ...and the check accepted just after it too: peeking takes no tick.
+        p.opened(2, &haproxy(), "s1", next + 3 * MS);
+        assert_eq!(p.peek(Some(2)), Some(ProbeSource::Schedule));
+        // The request's size says it is none; the check's says it is one.
+        assert_eq!(p.classify(Some(1), Some(120)), None);
+        assert_eq!(p.classify(Some(2), Some(38)), Some(ProbeSource::Schedule));
     }
 
     #[test]

@@ -28,6 +28,9 @@ const TEMPLATE: &str = include_str!("../../lab/haproxy.cfg.in");
 pub struct HaproxyOpts {
     /// Health check interval.
     pub inter: Duration,
+    /// Check interval once a server is DOWN (`None`: `inter`). A long one stops the checks
+    /// at DOWN, so `chkfail` (failed checks while UP) counts every failed check.
+    pub downinter: Option<Duration>,
     /// Consecutive failed checks before a server is marked DOWN.
     pub fall: u32,
     /// Consecutive successful checks before a DOWN server is UP again.
@@ -51,6 +54,7 @@ impl Default for HaproxyOpts {
     fn default() -> Self {
         Self {
             inter: Duration::from_secs(2),
+            downinter: None,
             fall: 2,
             rise: 2,
             retries: 0,
@@ -242,6 +246,12 @@ impl Haproxy {
             .replace("{{INTER}}", &ms(opts.inter))
             .replace("{{FALL}}", &opts.fall.to_string())
             .replace("{{RISE}}", &opts.rise.to_string())
+            .replace(
+                "{{DOWNINTER}}",
+                &opts
+                    .downinter
+                    .map_or(String::new(), |d| format!(" downinter {}", ms(d))),
+            )
             .replace("{{FRONTEND}}", &frontend.to_string())
             .replace("{{SERVERS}}", &server_lines.join("\n"));
         assert!(!cfg.contains("{{"), "unfilled template field in:\n{cfg}");

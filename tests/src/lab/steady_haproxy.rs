@@ -9,8 +9,9 @@
 //!   work log started ran twice (a duplicate); one it never started was either cut unread or
 //!   refused, which HAProxy's log cannot tell apart: only their sum is known exactly.
 //!
-//! HAProxy keeps checking `s1` after it died until `fall` checks failed: those refused checks
-//! are health checks, never requests. The stop comes after enough checks for a learned
+//! HAProxy keeps checking `s1` after it died until `fall` checks failed (and no more once it
+//! is DOWN: `downinter` 60 s), so its `chkfail` is every failed check: health checks, never
+//! requests. The stop comes after enough checks for a learned
 //! schedule (`correlate::probes`): 6 checks (4 teach it).
 
 use std::{
@@ -121,6 +122,8 @@ impl HaproxySteadyLab {
         let s2 = Backend::start("s2", Mode::NoHandler, BackendOpts::default());
         let mut opts = HaproxyOpts {
             inter,
+            // No checks once DOWN: HAProxy's `chkfail` then counts every failed one.
+            downinter: Some(Duration::from_secs(60)),
             fall,
             ..HaproxyOpts::default()
         };

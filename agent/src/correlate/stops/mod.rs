@@ -357,7 +357,7 @@ impl Tracker {
                 c.inbound.insert(sock, Opened(now));
                 c.last_accept_at = Some(now);
                 // A balancer still checking is not routing: probes move neither.
-                if self.probes.classify(upstream, None).is_some() {
+                if self.probes.peek(upstream).is_some() {
                     return;
                 }
                 let after_sigterm = self

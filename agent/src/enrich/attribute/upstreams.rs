@@ -88,15 +88,18 @@ impl<H: HostView> Enricher<H> {
     }
 
     /// The container an address belongs to: the one listening on its port, as a pod's
-    /// containers share one address (a network holder, sidecars).
+    /// containers share one address (a network holder, sidecars); after that listener closed,
+    /// its former owner (so that attempts refused there name the same backend).
     fn backend_of(&self, remote: SocketAddr) -> Option<String> {
         let key = self.by_ip.get(&remote.ip())?;
-        let listener = self
-            .containers
-            .get(key)
-            .and_then(|c| c.netns)
-            .and_then(|ns| self.listeners.open.get(&(ns, remote.port())));
-        Some(listener.map_or_else(|| key.clone(), |(k, _)| k.to_string()))
+        let Some(ns) = self.containers.get(key).and_then(|c| c.netns) else {
+            return Some(key.clone());
+        };
+        let at = (ns, remote.port());
+        if let Some((k, _)) = self.listeners.open.get(&at) {
+            return Some(k.to_string());
+        }
+        Some(self.listeners.closed.get(&at).unwrap_or(key).clone())
     }
 
     /// The proxies the kernel is to follow the connects of. Not probers: a probe is never
