@@ -11,7 +11,9 @@ use drainwatch_tests::{
 };
 
 /// Seeds that once found a mismatch: each is run every time.
-const REGRESSIONS: &[u64] = &[];
+/// - 1, 3, 11, 16, 18, 20, 23, 25, 27, 29: HAProxy's failed checks were read before its last
+///   ones (the truth was short by one); now read once it marked the server DOWN.
+const REGRESSIONS: &[u64] = &[1, 3, 11, 16, 18, 20, 23, 25, 27, 29];
 
 /// The slice CI runs when no seeds are given.
 const CI_SEEDS: &[u64] = &[1, 2, 3];

@@ -158,6 +158,10 @@ impl HaproxySteadyLab {
         clock::sleep_until(anchor);
         self.s1.stop(10);
         let records = load.wait();
+        // Every failed check is in: HAProxy checks no more once s1 is DOWN (`downinter`).
+        let opts = &self.haproxy.opts;
+        let down = self.haproxy.wait_down("s1", opts.inter * (opts.fall + 2));
+        assert!(down.is_some(), "HAProxy never marked the dead s1 DOWN");
         let exit_code = self.s1.exit_code();
         let ids: Vec<&str> = records.iter().map(|r| r.id.as_str()).collect();
         let mut logs = self.haproxy.wait_logged(&ids, Duration::from_secs(5));
