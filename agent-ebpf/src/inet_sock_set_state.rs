@@ -123,6 +123,8 @@ pub fn inet_sock_set_state_btf(ctx: BtfTracePointContext) -> i32 {
     // Before the filters: every socket's last step, whatever it was (`sock_length`'s map).
     if newstate == cfg(&f.close_state) {
         crate::sock_length::on_close(sk as u64);
+    } else if newstate == cfg(&f.last_ack_state) {
+        crate::sock_length::on_proxy_close(sk as u64);
     }
     if in_mask(cfg(&f.emit_old), oldstate)
         && ld::<u16>(sk, cfg(&k.sock_protocol)) == Some(IPPROTO_TCP)
@@ -195,6 +197,8 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Option<()> {
     let newstate = rec.get::<i32>(f.newstate).unwrap_or(-1);
     if newstate == f.close_state {
         crate::sock_length::on_close(rec.get::<u64>(f.skaddr).unwrap_or(0));
+    } else if newstate == f.last_ack_state {
+        crate::sock_length::on_proxy_close(rec.get::<u64>(f.skaddr).unwrap_or(0));
     }
     if !in_mask(f.emit_old, oldstate) {
         return None;

@@ -1,15 +1,16 @@
 //! `sock_length`: `sock_send_length` and `sock_recv_length` (tp_btf), which every socket's
-//! send and receive pass. Only proxies' upstream sockets (`UPSTREAM_SOCKS`, filled where a
-//! proxy connects) are followed; any other socket costs one hash miss, plus, only within the
-//! retry window after a cut, a look at the `CHAINS` slot of the current thread.
+//! send and receive pass, and `tcp_destroy_sock`. Only proxies' upstream sockets
+//! (`UPSTREAM_SOCKS`, filled where a proxy connects) are followed; any other socket costs one
+//! hash miss, plus, only within a window after a cut, a look at the `CHAINS` slot of the
+//! current thread.
 //!
 //! Per request: a send after a response byte (or on a fresh socket) starts a request; bytes
 //! sent add to it; the first response byte ends it. A recv of EOF or a connection error (or a
 //! failed send) with a request sent and no response byte is a cut, emitted with the worker's
-//! tid and the request's size, and opens that thread's chain: if its next socket action is a
-//! connect (`inet_sock_set_state`) or a request start on an upstream socket, that request is
-//! the retry candidate (nginx re-sends synchronously, from the failed read's handler); any
-//! other socket I/O by the thread first ends the chain (nginx answering 502 to its client).
+//! tid and the request's size. The retry candidate is decided from what that thread does
+//! next (see `Chain`): it closes the cut socket with no client-side I/O since its latest cut,
+//! then its next upstream action (a connect, seen by `inet_sock_set_state`, or a request
+//! start on a pooled socket), with no other socket I/O first, is the candidate.
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
@@ -20,7 +21,8 @@ use aya_ebpf::{
 use drainwatch_common::{
     EventKind,
     sock_length::{
-        self, CLOSED, CONN_ERRORS, Chain, Event, MSG_PEEK, Phase, RETRY_STARTED, ReqState,
+        self, CHAIN_CUT_SEEN, CHAIN_OPEN, CLOSED, CONN_ERRORS, CUT, Chain, Event, MSG_PEEK, Phase,
+        RETRY_STARTED, ReqState,
     },
 };
 
@@ -40,9 +42,9 @@ pub static PROXIES: HashMap<u32, u8> = HashMap::with_max_entries(sock_length::PR
 #[map]
 static CHAINS: Array<Chain> = Array::with_max_entries(sock_length::CHAINS, 0);
 
-/// The latest end of any open chain's window (0: none), so that other traffic skips the
-/// chain lookup (and the clock) outside the windows. Written without atomics: a lost race
-/// closes a chain early (a missed retry, never a false one).
+/// The latest end of any chain's window (0: none), so that other traffic skips the chain
+/// lookup (and the clock) outside the windows. Written without atomics: a lost race ends a
+/// chain early (a missed retry, never a false one).
 #[map]
 static CHAIN_ARMED: Array<u64> = Array::with_max_entries(1, 0);
 
@@ -61,8 +63,19 @@ fn now() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
-/// The current thread's open chain slot, if any window is open and the slot is its own and
-/// fresh; `None` otherwise (closing an expired global window on the way).
+#[inline(always)]
+fn arm(until: u64) {
+    if let Some(a) = CHAIN_ARMED.get_ptr_mut(0) {
+        unsafe {
+            if *a < until {
+                *a = until;
+            }
+        }
+    }
+}
+
+/// The current thread's chain slot, if any window is open and the slot is its own, in a
+/// state, and fresh; `None` otherwise (closing an expired global window on the way).
 #[inline(always)]
 fn own_chain(tid: u32, now: u64) -> Option<*mut Chain> {
     let armed = CHAIN_ARMED.get_ptr_mut(0)?;
@@ -75,14 +88,29 @@ fn own_chain(tid: u32, now: u64) -> Option<*mut Chain> {
         return None;
     }
     let c = CHAINS.get_ptr_mut(tid % sock_length::CHAINS)?;
-    let fresh = unsafe { (*c).tid == tid && now <= (*c).at + window_ns() };
-    fresh.then_some(c)
+    let (own, state) = unsafe { ((*c).tid == tid, (*c).state) };
+    if !own || state == 0 {
+        return None;
+    }
+    let fresh = unsafe {
+        if state == CHAIN_OPEN {
+            now <= (*c).closed_at + window_ns()
+        } else {
+            now <= (*c).seen_at + sock_length::CUT_CLOSE_NS
+        }
+    };
+    if !fresh {
+        unsafe { (*c).state = 0 };
+        return None;
+    }
+    Some(c)
 }
 
-/// Socket I/O by the current thread on `sk` that is not its retry: its chain ends (I/O on the
-/// cut socket itself, a second read of its EOF, does not count).
+/// Socket I/O by the current thread on `sk` that is not its retry. An open chain ends (I/O on
+/// the cut socket itself does not count); client-side I/O (`upstream` false) also ends the
+/// clean state since the cut: whatever the thread closes next may be an abort answered.
 #[inline(always)]
-fn break_chain(sk: u64) {
+fn break_chain(sk: u64, upstream: bool) {
     let armed = match CHAIN_ARMED.get(0) {
         Some(a) => *a,
         None => return,
@@ -90,17 +118,20 @@ fn break_chain(sk: u64) {
     if armed == 0 {
         return;
     }
-    let (tid, now) = (tid(), now());
-    if let Some(c) = own_chain(tid, now)
-        && unsafe { (*c).cut_sk } != sk
-    {
-        unsafe { (*c).tid = 0 };
+    let Some(c) = own_chain(tid(), now()) else {
+        return;
+    };
+    unsafe {
+        if (*c).state == CHAIN_OPEN && (*c).cut_sk == sk {
+            return;
+        }
+        (*c).state = if upstream { CHAIN_CUT_SEEN } else { 0 };
     }
 }
 
-/// Takes the current thread's chain for a request starting on `sk`, or a connect (`sk`:
+/// Takes the current thread's open chain for a request starting on `sk`, or a connect (`sk`:
 /// `None`: a new socket, which may well sit at the address of the cut one the proxy just
-/// closed): the cut socket and when it was cut.
+/// closed): the cut socket and when it was cut. The thread stays clean for its other cuts.
 #[inline(always)]
 fn take_chain(sk: Option<u64>) -> Option<(u64, u64)> {
     let armed = CHAIN_ARMED.get(0).copied().unwrap_or(0);
@@ -108,31 +139,42 @@ fn take_chain(sk: Option<u64>) -> Option<(u64, u64)> {
         return None;
     }
     let c = own_chain(tid(), now())?;
-    let (cut_sk, at) = unsafe { ((*c).cut_sk, (*c).at) };
-    if sk == Some(cut_sk) {
-        return None; // the cut socket itself: no retry goes out on it
+    let (state, cut_sk, at) = unsafe { ((*c).state, (*c).cut_sk, (*c).cut_at) };
+    if state != CHAIN_OPEN || sk == Some(cut_sk) {
+        return None;
     }
-    unsafe { (*c).tid = 0 };
+    unsafe { (*c).state = CHAIN_CUT_SEEN };
     Some((cut_sk, at))
 }
 
+/// The current thread read a cut: it is clean from now.
 #[inline(always)]
-fn open_chain(sk: u64, tid: u32, now: u64) {
+fn cut_seen(tid: u32, now: u64) {
     if let Some(c) = CHAINS.get_ptr_mut(tid % sock_length::CHAINS) {
         unsafe {
-            (*c).cut_sk = sk;
-            (*c).at = now;
             (*c).tid = tid;
+            (*c).state = CHAIN_CUT_SEEN;
+            (*c).seen_at = now;
         }
     }
-    if let Some(a) = CHAIN_ARMED.get_ptr_mut(0) {
-        let until = now + window_ns();
-        unsafe {
-            if *a < until {
-                *a = until;
-            }
-        }
+    arm(now + sock_length::CUT_CLOSE_NS);
+}
+
+/// The current thread closed the cut socket `sk` (cut at `cut_at`): if it is clean since its
+/// latest cut, its next upstream action is the retry candidate.
+#[inline(always)]
+fn open_chain(sk: u64, cut_at: u64) {
+    let now = now();
+    let Some(c) = own_chain(tid(), now) else {
+        return;
+    };
+    unsafe {
+        (*c).state = CHAIN_OPEN;
+        (*c).cut_sk = sk;
+        (*c).cut_at = cut_at;
+        (*c).closed_at = now;
     }
+    arm(now + window_ns());
 }
 
 #[inline(always)]
@@ -165,13 +207,13 @@ fn conn_error(ret: i32) -> bool {
     false
 }
 
-/// The request on `sk` ended without a response byte: a cut, if one was sent. True when the
-/// entry is to go (the socket already reached CLOSE).
+/// The request on `sk` ended without a response byte: a cut, if one was sent. The entry stays
+/// (flagged `CUT`) until the proxy closes the socket: that close, not the read, opens the
+/// chain.
 #[inline(always)]
-fn failed(sk: u64, st: &mut ReqState, ret: i32) -> bool {
-    let closed = st.flags & CLOSED != 0;
+fn failed(sk: u64, st: &mut ReqState, ret: i32) {
     if st.req_bytes == 0 || st.resp_bytes != 0 {
-        return closed;
+        return;
     }
     if st.retry_of != 0 && st.flags & RETRY_STARTED != 0 {
         // A retry cut in turn: it was sent whole.
@@ -179,18 +221,22 @@ fn failed(sk: u64, st: &mut ReqState, ret: i32) -> bool {
     }
     st.retry_of = 0;
     st.retry_cut_at = 0;
-    st.flags &= CLOSED;
+    st.flags = (st.flags & CLOSED) | CUT;
+    let (tid, now) = (tid(), now());
+    st.cut_at = now;
     emit(sk, st, Phase::Cut, ret);
-    open_chain(sk, tid(), now());
+    cut_seen(tid, now);
     // One cut per request: a second EOF read is no new one.
     st.req_bytes = 0;
-    closed
 }
 
 #[inline(always)]
-fn on_send(sk: u64, st: &mut ReqState, ret: i32) -> bool {
+fn on_send(sk: u64, st: &mut ReqState, ret: i32) {
     if ret <= 0 {
-        return conn_error(ret) && failed(sk, st, ret);
+        if conn_error(ret) {
+            failed(sk, st, ret);
+        }
+        return;
     }
     if st.req_bytes == 0 || st.resp_bytes != 0 {
         // A new connection's retry was reported at its connect.
@@ -213,16 +259,15 @@ fn on_send(sk: u64, st: &mut ReqState, ret: i32) -> bool {
             st.flags |= RETRY_STARTED;
         }
     } else {
-        break_chain(sk);
+        break_chain(sk, true);
     }
     st.req_bytes += ret as u64;
-    false
 }
 
 #[inline(always)]
-fn on_recv(sk: u64, st: &mut ReqState, ret: i32, flags: i32) -> bool {
+fn on_recv(sk: u64, st: &mut ReqState, ret: i32, flags: i32) {
     if flags & MSG_PEEK != 0 {
-        return false;
+        return;
     }
     if ret > 0 {
         if st.resp_bytes == 0 && st.req_bytes != 0 && st.flags & RETRY_STARTED != 0 {
@@ -232,10 +277,9 @@ fn on_recv(sk: u64, st: &mut ReqState, ret: i32, flags: i32) -> bool {
             st.flags &= CLOSED;
         }
         st.resp_bytes += ret as u64;
-        break_chain(sk);
-        false
-    } else {
-        (ret == 0 || conn_error(ret)) && failed(sk, st, ret)
+        break_chain(sk, true);
+    } else if ret == 0 || conn_error(ret) {
+        failed(sk, st, ret);
     }
 }
 
@@ -245,17 +289,14 @@ fn on_io(sk: u64, ret: i32, flags: i32, send: bool) {
         return;
     }
     let Some(st) = UPSTREAM_SOCKS.get_ptr_mut(sk) else {
-        break_chain(sk);
+        break_chain(sk, false);
         return;
     };
     let st = unsafe { &mut *st };
-    let gone = if send {
-        on_send(sk, st, ret)
+    if send {
+        on_send(sk, st, ret);
     } else {
-        on_recv(sk, st, ret, flags)
-    };
-    if gone {
-        let _ = UPSTREAM_SOCKS.remove(sk);
+        on_recv(sk, st, ret, flags);
     }
 }
 
@@ -296,16 +337,52 @@ pub fn on_connect(sk: u64, tgid: u32) {
 }
 
 /// A socket reached CLOSE (`inet_sock_set_state`; every socket does before it is freed): its
-/// entry goes, unless a reset closed it under a pending request the proxy has yet to read.
+/// entry goes, unless a reset closed it under a pending request the proxy has yet to read, or
+/// it was cut and the proxy has yet to close it (then `tcp_destroy_sock` removes it).
 #[inline(always)]
 pub fn on_close(sk: u64) {
     let Some(st) = UPSTREAM_SOCKS.get_ptr_mut(sk) else {
         return;
     };
-    let pending = unsafe { (*st).req_bytes != 0 && (*st).resp_bytes == 0 };
+    let (pending, cut) = unsafe {
+        (
+            (*st).req_bytes != 0 && (*st).resp_bytes == 0,
+            (*st).flags & CUT != 0,
+        )
+    };
     if pending {
         unsafe { (*st).flags |= CLOSED };
-    } else {
+    } else if !cut {
         let _ = UPSTREAM_SOCKS.remove(sk);
     }
+}
+
+/// The proxy closed `sk` (CLOSE_WAIT → LAST_ACK, process context): if it was cut, the chain
+/// opens (see `Chain`).
+#[inline(always)]
+pub fn on_proxy_close(sk: u64) {
+    let Some(st) = UPSTREAM_SOCKS.get_ptr_mut(sk) else {
+        return;
+    };
+    unsafe {
+        if (*st).flags & CUT == 0 {
+            return;
+        }
+        (*st).flags &= !CUT;
+        open_chain(sk, (*st).cut_at);
+    }
+}
+
+/// tp_btf: `tcp_destroy_sock(struct sock *sk)`. A socket a reset had closed is destroyed at
+/// its process's close(), in process context: a proxy's close of a cut upstream; any other
+/// entry goes too (the kernel reuses the address).
+#[btf_tracepoint(function = "tcp_destroy_sock")]
+pub fn tcp_destroy_sock_btf(ctx: BtfTracePointContext) -> i32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
+    let sk = ctx.arg::<*const u8>(0) as u64;
+    on_proxy_close(sk);
+    let _ = UPSTREAM_SOCKS.remove(sk);
+    0
 }

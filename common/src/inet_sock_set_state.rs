@@ -60,7 +60,9 @@ pub struct Fields {
     /// TCP_CLOSE's number (-2: unknown): a socket's last state, where `sock_length`'s entry
     /// for it goes.
     pub close_state: i32,
-    pub _pad: u32,
+    /// TCP_LAST_ACK's number (-2: unknown): a socket the peer had closed, closed in turn by
+    /// its process (process context): a proxy's close of a cut upstream.
+    pub last_ack_state: i32,
 }
 
 impl Fields {
@@ -77,7 +79,7 @@ impl Fields {
         task_new: u32::MAX,
         connect_new: 0,
         close_state: -2,
-        _pad: 0,
+        last_ack_state: -2,
     };
 }
 

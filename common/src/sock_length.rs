@@ -64,7 +64,9 @@ pub struct ReqState {
     /// candidate; cleared when its `RetryEnd` is emitted.
     pub retry_of: u64,
     pub retry_cut_at: u64,
-    /// `RETRY_STARTED`.
+    /// When this socket's request was cut (with `CUT`).
+    pub cut_at: u64,
+    /// `RETRY_STARTED`, `CLOSED`, `CUT`.
     pub flags: u32,
     pub _pad: u32,
 }
@@ -75,17 +77,38 @@ pub const RETRY_STARTED: u32 = 1;
 /// the proxy reads the error (the cut), then removed. Entries are removed at CLOSE otherwise:
 /// the kernel reuses a freed socket's address, for any socket (a proxy's accepted client).
 pub const CLOSED: u32 = 2;
+/// `ReqState::flags`: its request was cut, and the proxy has not closed it yet. The entry is
+/// kept until the proxy's close (`LAST_ACK`, or `tcp_destroy_sock` for a reset socket).
+pub const CUT: u32 = 4;
 
-/// A `CHAINS` slot: a worker thread that saw a cut and has done no other socket I/O since.
+/// A `CHAINS` slot: one worker thread's way from a cut to its retry. A retry is the
+/// thread's next upstream action after it **closed** the cut socket (nginx and HAProxy both
+/// close it and connect again in one go; an event loop may read several cuts first, and may
+/// read a new client request before it, so the cut read alone proves nothing). The close
+/// counts only if the thread did no client-side I/O since its latest cut: an abort answers
+/// the client (a 502) before or right after its close.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Chain {
+    /// `CHAIN_OPEN`: the closed cut socket, and when it was cut and closed.
     pub cut_sk: u64,
-    pub at: u64,
+    pub cut_at: u64,
+    pub closed_at: u64,
+    /// The thread's latest cut (`CHAIN_CUT_SEEN` is fresh for `CUT_CLOSE_NS` after it).
+    pub seen_at: u64,
     /// 0: empty.
     pub tid: u32,
-    pub _pad: u32,
+    /// 0, `CHAIN_CUT_SEEN` or `CHAIN_OPEN`.
+    pub state: u32,
 }
+
+/// `Chain::state`: the thread read a cut and has done no client-side I/O since.
+pub const CHAIN_CUT_SEEN: u32 = 1;
+/// `Chain::state`: then it closed a cut socket: its next upstream action, within the retry
+/// window and with no other socket I/O first, is that request's retry candidate.
+pub const CHAIN_OPEN: u32 = 2;
+/// How long after its latest cut a thread's close of a cut socket may open a chain.
+pub const CUT_CLOSE_NS: u64 = 250_000_000;
 
 /// Capacity of `UPSTREAM_SOCKS` (an LRU hash: stale entries of closed sockets age out).
 pub const UPSTREAM_SOCKS: u32 = 65536;
@@ -114,5 +137,5 @@ pod!(Event, ReqState, Chain);
 
 // The layouts are a contract with the kernel side (see the crate root).
 const _: () = assert!(core::mem::size_of::<Event>() == 96);
-const _: () = assert!(core::mem::size_of::<ReqState>() == 48);
-const _: () = assert!(core::mem::size_of::<Chain>() == 24);
+const _: () = assert!(core::mem::size_of::<ReqState>() == 56);
+const _: () = assert!(core::mem::size_of::<Chain>() == 40);

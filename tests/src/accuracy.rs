@@ -106,8 +106,6 @@ pub struct Check {
     pub field: &'static str,
     pub truth: u64,
     pub drainwatch: u64,
-    /// A known gap: drainwatch may count fewer, never more (see `haproxy_checks`).
-    pub at_most: bool,
 }
 
 impl Check {
@@ -116,17 +114,11 @@ impl Check {
             field,
             truth: truth as u64,
             drainwatch,
-            at_most: false,
         }
     }
 
     pub fn exact(&self) -> bool {
         self.truth == self.drainwatch
-    }
-
-    /// Exact, or for a known gap within its bound.
-    pub fn holds(&self) -> bool {
-        self.exact() || self.at_most && self.drainwatch < self.truth
     }
 }
 
@@ -193,12 +185,7 @@ pub fn run(shape: &Shape) -> Vec<Check> {
 
 /// The fields HAProxy's log and its check count know. A retried request `s1` never started
 /// was cut unread or refused, which the log does not tell apart: with retries on, only their
-/// sum is known, so every retried request is checked to have one verdict.
-///
-/// Known gap: HAProxy's L7 retries. HAProxy reads every cut connection's EOF before it runs
-/// any stream, so the retry is not its thread's next upstream action after the cut; drainwatch
-/// finds few of them and calls the rest aborts. It never reports a false duplicate there
-/// (checked: at most the truth).
+/// sum is known.
 pub fn haproxy_checks(retry: HaproxyRetry, run: &HaproxySteadyRun, stop: &Value) -> Vec<Check> {
     let f = |path| field(stop, path);
     let probes = f("probes.cut") + f("probes.refused") + f("probes.unreachable");
@@ -213,32 +200,23 @@ pub fn haproxy_checks(retry: HaproxyRetry, run: &HaproxySteadyRun, stop: &Value)
             run.failed_checks as usize,
             f("probes.by_schedule"),
         ),
+        Check::new(
+            "retry_duplicates",
+            run.duplicates.len(),
+            f("retry_duplicates"),
+        ),
+        Check::new("upstream_aborts", run.aborts.len(), f("upstream_aborts")),
+        Check::new(
+            "retried_unexecuted+refused",
+            run.retried_not_started.len() + run.refused.len(),
+            f("retried_unexecuted") + f("refused"),
+        ),
     ];
-    match retry {
-        HaproxyRetry::Off => checks.extend([
-            Check::new("retry_duplicates", 0, f("retry_duplicates")),
+    if retry == HaproxyRetry::Off {
+        checks.extend([
             Check::new("retried_unexecuted", 0, f("retried_unexecuted")),
-            Check::new("upstream_aborts", run.aborts.len(), f("upstream_aborts")),
             Check::new("refused", run.refused.len(), f("refused")),
-        ]),
-        HaproxyRetry::L7Redispatch => checks.extend([
-            Check {
-                at_most: true,
-                ..Check::new(
-                    "retry_duplicates",
-                    run.duplicates.len(),
-                    f("retry_duplicates"),
-                )
-            },
-            Check::new(
-                "duplicates+unexecuted+aborts+refused",
-                run.duplicates.len() + run.retried_not_started.len() + run.aborts.len(),
-                f("retry_duplicates")
-                    + f("retried_unexecuted")
-                    + f("upstream_aborts")
-                    + f("refused"),
-            ),
-        ]),
+        ]);
     }
     checks
 }

@@ -13,6 +13,10 @@ use drainwatch_tests::{
 /// Seeds that once found a mismatch: each is run every time.
 /// - 1, 3, 11, 16, 18, 20, 23, 25, 27, 29: HAProxy's failed checks were read before its last
 ///   ones (the truth was short by one); now read once it marked the server DOWN.
+/// - 29 (HAProxy, `retries 0`, a request every 27 ms): a false retry duplicate. HAProxy read a
+///   new client request, then the cuts, then connected for that request: the chain opened at
+///   the cut read took it. Chains now open at the proxy's close of the cut socket.
+/// - 3, 16, 23, 27 (HAProxy L7 retries): retries missed (called aborts), for the same reason.
 const REGRESSIONS: &[u64] = &[1, 3, 11, 16, 18, 20, 23, 25, 27, 29];
 
 /// The slice CI runs when no seeds are given.
@@ -39,8 +43,8 @@ fn seeds() -> Vec<u64> {
 #[test]
 fn retries_and_health_checks_equal_the_logs_over_random_shapes() {
     require_root();
-    // field -> (exact, held, runs)
-    let mut exactness: BTreeMap<&str, (usize, usize, usize)> = BTreeMap::new();
+    // field -> (exact, runs)
+    let mut exactness: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     let mut failed: Vec<(String, Vec<Check>)> = Vec::new();
     let seeds = seeds();
     let started = std::time::Instant::now();
@@ -51,10 +55,9 @@ fn retries_and_health_checks_equal_the_logs_over_random_shapes() {
         for c in &checks {
             let e = exactness.entry(c.field).or_default();
             e.0 += usize::from(c.exact());
-            e.1 += usize::from(c.holds());
-            e.2 += 1;
+            e.1 += 1;
         }
-        let wrong: Vec<Check> = checks.into_iter().filter(|c| !c.holds()).collect();
+        let wrong: Vec<Check> = checks.into_iter().filter(|c| !c.exact()).collect();
         if !wrong.is_empty() {
             println!("MISMATCH {shape}: {wrong:?}");
             failed.push((shape.to_string(), wrong));
@@ -65,13 +68,8 @@ fn retries_and_health_checks_equal_the_logs_over_random_shapes() {
         seeds.len(),
         started.elapsed().as_secs_f64()
     );
-    for (field, (exact, held, runs)) in &exactness {
-        let bound = if held > exact {
-            format!(" (below the truth, a known gap, in {})", held - exact)
-        } else {
-            String::new()
-        };
-        println!("  {field:<40} exact {exact}/{runs}{bound}");
+    for (field, (exact, runs)) in &exactness {
+        println!("  {field:<28} exact {exact}/{runs}");
     }
     assert!(
         failed.is_empty(),

@@ -253,11 +253,15 @@ pub const PLAN: &[SignalPlan] = &[
             Hook::BtfTracepoint {
                 name: "sock_send_length",
                 program: "sock_send_length_btf",
-                also: &[("sock_recv_length", "sock_recv_length_btf")],
+                // tcp_destroy_sock: a reset upstream's close by its proxy (see `sock_length`).
+                also: &[
+                    ("sock_recv_length", "sock_recv_length_btf"),
+                    ("tcp_destroy_sock", "tcp_destroy_sock_btf"),
+                ],
                 offsets: &[],
             },
         ],
-        unavailable: "needs tp_btf sock:sock_send_length and sock:sock_recv_length (Linux 6.3+): proxy retries and upstream aborts are not judged",
+        unavailable: "needs tp_btf sock:sock_send_length, sock:sock_recv_length (Linux 6.3+) and tcp:tcp_destroy_sock: proxy retries and upstream aborts are not judged",
     },
 ];
 
@@ -339,7 +343,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             io.hooks[0].label(),
-            "tp_btf:sock_send_length+sock_recv_length"
+            "tp_btf:sock_send_length+sock_recv_length+tcp_destroy_sock"
         );
     }
 

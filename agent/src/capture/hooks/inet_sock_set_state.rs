@@ -74,6 +74,11 @@ pub fn fields(r: &mut Resolver) -> Fields {
         .symbol_value("newstate", "TCP_CLOSE")
         .and_then(|v| i32::try_from(v).ok())
         .unwrap_or(-2);
+    f.last_ack_state = r
+        .format()
+        .symbol_value("newstate", "TCP_LAST_ACK")
+        .and_then(|v| i32::try_from(v).ok())
+        .unwrap_or(-2);
     f
 }
 
@@ -151,6 +156,7 @@ mod tests {
         assert_eq!(f.backlog_new, bit(10));
         assert_eq!(f.connect_new, bit(2));
         assert_eq!(f.close_state, 7);
+        assert_eq!(f.last_ack_state, 9);
     }
 
     #[test]
