@@ -20,6 +20,7 @@ use aya_ebpf::{
 };
 use drainwatch_common::{
     EventKind,
+    faults::FaultKind,
     sock_length::{
         self, CHAIN_CUT_SEEN, CHAIN_OPEN, CLOSED, CONN_ERRORS, CUT, Chain, Event, MSG_PEEK, Phase,
         RETRY_STARTED, ReqState,
@@ -152,6 +153,12 @@ fn take_chain(sk: Option<u64>) -> Option<(u64, u64)> {
 fn cut_seen(tid: u32, now: u64) {
     if let Some(c) = CHAINS.get_ptr_mut(tid % sock_length::CHAINS) {
         unsafe {
+            let live = (*c).state != 0
+                && (*c).tid != tid
+                && now <= (*c).seen_at + sock_length::CUT_CLOSE_NS;
+            if live {
+                crate::fault::fault(KIND, FaultKind::ChainLost);
+            }
             (*c).tid = tid;
             (*c).state = CHAIN_CUT_SEEN;
             (*c).seen_at = now;

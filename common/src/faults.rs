@@ -21,15 +21,19 @@ pub enum FaultKind {
     PathRead = 3,
     /// `cgroup_rmdir`'s path was longer than the record holds (`PATH_LEN`): it is cut.
     PathTruncated = 4,
+    /// A proxy thread's retry chain (`sock_length::Chain`) was taken over by another thread
+    /// sharing its slot: a retry of that cut, if any, is counted as an abort.
+    ChainLost = 5,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 5] = [
+    pub const ALL: [FaultKind; 6] = [
         FaultKind::RecordRead,
         FaultKind::KernelRead,
         FaultKind::PacketRead,
         FaultKind::PathRead,
         FaultKind::PathTruncated,
+        FaultKind::ChainLost,
     ];
 
     pub const COUNT: u32 = Self::ALL.len() as u32;
@@ -41,6 +45,7 @@ impl FaultKind {
             FaultKind::PacketRead => "packet_read",
             FaultKind::PathRead => "path_read",
             FaultKind::PathTruncated => "path_truncated",
+            FaultKind::ChainLost => "chain_lost",
         }
     }
 }

@@ -57,12 +57,18 @@ impl Shape {
         } else {
             Method::Get
         };
+        // 5–80 ms between requests, log-uniform: high rates are where a new request and a
+        // retry meet in one event-loop turn.
+        let interval = Duration::from_secs_f64(0.005 * 16f64.powf(rng.f64()));
+        let waves = rng.usize(6..=10);
+        let span = interval * (waves as u32 * 10);
         let stream = Stream {
             method,
-            interval: Duration::from_millis(rng.u64(25..=80)),
+            interval,
             ms: rng.u64(250..=900),
-            waves: rng.usize(6..=10),
-            stop_after: Duration::from_millis(rng.u64(1200..=2500)),
+            waves,
+            // Somewhere in the first half of the stream, so that requests follow the stop.
+            stop_after: (span.mul_f64(0.2 + 0.4 * rng.f64())).max(Duration::from_millis(200)),
         };
         Shape {
             seed,

@@ -26,6 +26,7 @@ const TRACEPOINTS: &[&str] = &[
     // this measures what other traffic pays (one hash miss).
     "sock:sock_send_length",
     "sock:sock_recv_length",
+    "tcp:tcp_destroy_sock",
 ];
 
 /// bpftrace with one `count()` per tracepoint, killed on drop.
