@@ -53,9 +53,18 @@ trait Socket {
 fn emit<S: Socket>(s: &S, f: &Fields, skaddr: u64, oldstate: i32, newstate: i32) -> Option<()> {
     let r = emit_event(s, f, skaddr, oldstate, newstate);
     if in_mask(cfg(&f.connect_new), newstate) {
-        // Whatever the scope filter said: a proxy's upstream is followed wherever it goes.
-        // After the connect's own event, which a retry's start (emitted here) refers to.
-        crate::sock_length::on_connect(skaddr, (bpf_get_current_pid_tgid() >> 32) as u32);
+        // A proxy's upstream is followed wherever it goes, and any connection to a container
+        // on this node from its first byte: a proxy is known only after its first connect
+        // reached the agent, too late for the requests it sent meanwhile. After the
+        // connect's own event, which a retry's start (emitted here) refers to.
+        let mut tuple = zeroed::<Tuple>();
+        s.tuple(&mut tuple);
+        let to_container = crate::util::watched_addr(tuple.family, &tuple.daddr);
+        crate::sock_length::on_connect(
+            skaddr,
+            (bpf_get_current_pid_tgid() >> 32) as u32,
+            to_container,
+        );
     }
     r
 }

@@ -323,11 +323,12 @@ pub fn sock_recv_length_btf(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-/// A connect() (CLOSE → SYN_SENT, process context) by a proxy: the new socket is followed,
-/// and is the retry candidate of a cut the thread just saw.
+/// A connect() (CLOSE → SYN_SENT, process context) by a proxy, or to a container on this node
+/// (`to_container`): the new socket is followed, and is the retry candidate of a chain the
+/// thread just opened.
 #[inline(always)]
-pub fn on_connect(sk: u64, tgid: u32) {
-    if unsafe { PROXIES.get(tgid) }.is_none() {
+pub fn on_connect(sk: u64, tgid: u32, to_container: bool) {
+    if !to_container && unsafe { PROXIES.get(tgid) }.is_none() {
         return;
     }
     let mut st = zeroed::<ReqState>();

@@ -71,7 +71,7 @@ fn watched_port_of(port: u16) -> bool {
 }
 
 #[inline(always)]
-fn watched_addr(family: u16, a: &[u8; 16]) -> bool {
+pub fn watched_addr(family: u16, a: &[u8; 16]) -> bool {
     watch::Addr::of(family, a).is_some_and(|k| unsafe { WATCH_ADDRS.get(k) }.is_some())
 }
 

@@ -33,6 +33,7 @@ pub enum Proxy {
 #[derive(Clone, Debug)]
 pub struct Shape {
     pub seed: u64,
+    pub draw: Draw,
     pub proxy: Proxy,
     pub stream: Stream,
     /// HAProxy's check interval and fall (unused for nginx).
@@ -40,8 +41,19 @@ pub struct Shape {
     pub fall: u32,
 }
 
+/// The distribution a seed draws from. A regression seed names its distribution, so a seed
+/// that once failed keeps drawing the shape it failed with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Draw {
+    /// The first campaign's: a request every 25–80 ms, the stop 1.2–2.5 s in.
+    Slow,
+    /// A request every 5–80 ms (log-uniform: high rates are where a new request and a retry
+    /// meet in one event-loop turn), the stop within the stream's first half.
+    Wide,
+}
+
 impl Shape {
-    pub fn from_seed(seed: u64) -> Shape {
+    pub fn from_seed(seed: u64, draw: Draw) -> Shape {
         let mut rng = fastrand::Rng::with_seed(seed);
         let proxy = match rng.u32(0..6) {
             0..=3 => Proxy::Nginx {
@@ -57,21 +69,32 @@ impl Shape {
         } else {
             Method::Get
         };
-        // 5–80 ms between requests, log-uniform: high rates are where a new request and a
-        // retry meet in one event-loop turn.
-        let interval = Duration::from_secs_f64(0.005 * 16f64.powf(rng.f64()));
-        let waves = rng.usize(6..=10);
-        let span = interval * (waves as u32 * 10);
-        let stream = Stream {
-            method,
-            interval,
-            ms: rng.u64(250..=900),
-            waves,
-            // Somewhere in the first half of the stream, so that requests follow the stop.
-            stop_after: (span.mul_f64(0.2 + 0.4 * rng.f64())).max(Duration::from_millis(200)),
+        let stream = match draw {
+            Draw::Slow => Stream {
+                method,
+                interval: Duration::from_millis(rng.u64(25..=80)),
+                ms: rng.u64(250..=900),
+                waves: rng.usize(6..=10),
+                stop_after: Duration::from_millis(rng.u64(1200..=2500)),
+            },
+            Draw::Wide => {
+                let interval = Duration::from_secs_f64(0.005 * 16f64.powf(rng.f64()));
+                let waves = rng.usize(6..=10);
+                let span = interval * (waves as u32 * 10);
+                Stream {
+                    method,
+                    interval,
+                    ms: rng.u64(250..=900),
+                    waves,
+                    stop_after: span
+                        .mul_f64(0.2 + 0.4 * rng.f64())
+                        .max(Duration::from_millis(200)),
+                }
+            }
         };
         Shape {
             seed,
+            draw,
             proxy,
             stream,
             inter: Duration::from_millis(rng.u64(1000..=2000)),
@@ -85,8 +108,9 @@ impl fmt::Display for Shape {
         let s = &self.stream;
         write!(
             f,
-            "seed {}: {:?}, {:?} every {} ms of {} ms work, {} requests, stop at {} ms",
+            "seed {} ({:?}): {:?}, {:?} every {} ms of {} ms work, {} requests, stop at {} ms",
             self.seed,
+            self.draw,
             self.proxy,
             s.method,
             s.interval.as_millis(),
