@@ -23,6 +23,11 @@ use drainwatch_tests::{
 ///   the stream's first few hundred ms): cuts missed. The proxy was known only after its
 ///   first connect reached the agent; the requests it sent meanwhile went unaccounted.
 ///   Connections to containers are now followed in the kernel from their connect.
+///
+/// Known, not fixed, not listed (it passed when run again): Wide 66 (HAProxy `retries 0`, a
+/// request every 9 ms, stop 231 ms in) once read 17 upstream aborts for HAProxy's 18 `SH`.
+/// Likely a connection reset while HAProxy was still to send the request: no request bytes,
+/// so no cut.
 const REGRESSIONS: &[(Draw, u64)] = &[
     (Draw::Slow, 1),
     (Draw::Slow, 3),
