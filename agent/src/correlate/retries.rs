@@ -4,9 +4,10 @@
 //! Evidence, not coincidence: the kernel (`sock_length`) reports the cut as the proxy's
 //! worker thread saw it (its recv returned EOF or an error with a request of N bytes sent and
 //! no response byte read), and reports as a candidate only the request that same thread
-//! started next, if it started it within the retry window and did no other socket I/O first
-//! (nginx re-sends from the failed read's handler; answering the client 502 instead is I/O
-//! on another socket). The candidate is the retry when it went to another backend and its
+//! started right after it closed the cut socket: no client-side I/O between its latest cut
+//! and the close (an abort answers the client its 502 there), then its next upstream action,
+//! within the retry window, with no other socket I/O first (nginx and HAProxy both close the
+//! cut connection and connect again in one go). The candidate is the retry when it went to another backend and its
 //! size, counted per request (bytes sent since the last response byte, so pooled keep-alive
 //! connections count too), is N. Then:
 //! - the cut backend had read the request (its receive queue did not hold it when it
