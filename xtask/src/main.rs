@@ -130,6 +130,9 @@ struct AccuracyArgs {
     /// The first seed
     #[arg(long, default_value_t = 1)]
     first: u64,
+    /// Run every seed that ever failed instead (tests/tests/accuracy.rs: REGRESSIONS)
+    #[arg(long)]
+    regressions: bool,
 }
 
 #[derive(Args)]
@@ -308,12 +311,14 @@ fn accuracy(args: &AccuracyArgs) -> ExitCode {
     build.args(["build", "--release", "-p", "drainwatch"]);
     let mut run = cargo(&root);
     let last = args.first.saturating_add(args.seeds - 1);
-    run.env(
-        "DRAINWATCH_ACCURACY_SEEDS",
-        format!("{}-{last}", args.first),
-    )
-    .args(["test", "-p", "drainwatch-tests", "--test", "accuracy"])
-    .args(["--", "--test-threads=1", "--nocapture"]);
+    let seeds = if args.regressions {
+        "regressions".to_string()
+    } else {
+        format!("{}-{last}", args.first)
+    };
+    run.env("DRAINWATCH_ACCURACY_SEEDS", seeds)
+        .args(["test", "-p", "drainwatch-tests", "--test", "accuracy"])
+        .args(["--", "--test-threads=1", "--nocapture"]);
     for (name, cmd) in [("build", &mut build), ("accuracy", &mut run)] {
         if let Phase::Failed(..) = phase(name, cmd) {
             return ExitCode::FAILURE;
