@@ -50,16 +50,27 @@ trait Socket {
 }
 
 #[inline(always)]
-fn emit<S: Socket>(s: &S, f: &Fields, skaddr: u64, oldstate: i32, newstate: i32) -> Option<()> {
+fn emit<S: Socket>(
+    s: &S,
+    f: &Fields,
+    skaddr: u64,
+    oldstate: i32,
+    newstate: i32,
+    follow_containers: bool,
+) -> Option<()> {
     let r = emit_event(s, f, skaddr, oldstate, newstate);
     if in_mask(cfg(&f.connect_new), newstate) {
         // A proxy's upstream is followed wherever it goes, and any connection to a container
         // on this node from its first byte: a proxy is known only after its first connect
         // reached the agent, too late for the requests it sent meanwhile. After the
-        // connect's own event, which a retry's start (emitted here) refers to.
-        let mut tuple = zeroed::<Tuple>();
-        s.tuple(&mut tuple);
-        let to_container = crate::util::watched_addr(tuple.family, &tuple.daddr);
+        // connect's own event, which a retry's start (emitted here) refers to. Not on the
+        // classic tracepoint, whose program the verifier then finds too long (sock_length
+        // needs tp_btf anyway).
+        let to_container = follow_containers && {
+            let mut tuple = zeroed::<Tuple>();
+            s.tuple(&mut tuple);
+            crate::util::watched_addr(tuple.family, &tuple.daddr)
+        };
         crate::sock_length::on_connect(
             skaddr,
             (bpf_get_current_pid_tgid() >> 32) as u32,
@@ -139,7 +150,7 @@ pub fn inet_sock_set_state_btf(ctx: BtfTracePointContext) -> i32 {
         && ld::<u16>(sk, cfg(&k.sock_protocol)) == Some(IPPROTO_TCP)
     {
         let s = Direct { sk, newstate, f };
-        emit(&s, f, sk as u64, oldstate, newstate);
+        emit(&s, f, sk as u64, oldstate, newstate, true);
     }
     0
 }
@@ -223,6 +234,7 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Option<()> {
         skaddr,
         oldstate,
         newstate,
+        false,
     )
 }
 
