@@ -8,7 +8,7 @@
 //! sent add to it; the first response byte ends it. A recv of EOF or a connection error (or a
 //! failed send) with a request sent and no response byte is a cut, emitted with the worker's
 //! tid and the request's size. The retry candidate is decided from what that thread does
-//! next (see `Chain`): it closes the cut socket with no client-side I/O since its latest cut,
+//! next (see `Chain`): it closes the cut socket with no client-side send since its latest cut,
 //! then its next upstream action (a connect, seen by `inet_sock_set_state`, or a request
 //! start on a pooled socket), with no other socket I/O first, is the candidate.
 
@@ -108,10 +108,11 @@ fn own_chain(tid: u32, now: u64) -> Option<*mut Chain> {
 }
 
 /// Socket I/O by the current thread on `sk` that is not its retry. An open chain ends (I/O on
-/// the cut socket itself does not count); client-side I/O (`upstream` false) also ends the
-/// clean state since the cut: whatever the thread closes next may be an abort answered.
+/// the cut socket itself does not count). A client-side send (`answer`) also ends the clean
+/// state since the cut: whatever the thread closes next may be an abort answered. A client-side
+/// read does not: an event loop reads new requests between a cut and its retry.
 #[inline(always)]
-fn break_chain(sk: u64, upstream: bool) {
+fn break_chain(sk: u64, answer: bool) {
     let armed = match CHAIN_ARMED.get(0) {
         Some(a) => *a,
         None => return,
@@ -126,7 +127,7 @@ fn break_chain(sk: u64, upstream: bool) {
         if (*c).state == CHAIN_OPEN && (*c).cut_sk == sk {
             return;
         }
-        (*c).state = if upstream { CHAIN_CUT_SEEN } else { 0 };
+        (*c).state = if answer { 0 } else { CHAIN_CUT_SEEN };
     }
 }
 
@@ -266,7 +267,7 @@ fn on_send(sk: u64, st: &mut ReqState, ret: i32) {
             st.flags |= RETRY_STARTED;
         }
     } else {
-        break_chain(sk, true);
+        break_chain(sk, false);
     }
     st.req_bytes += ret as u64;
 }
@@ -284,7 +285,7 @@ fn on_recv(sk: u64, st: &mut ReqState, ret: i32, flags: i32) {
             st.flags &= CLOSED;
         }
         st.resp_bytes += ret as u64;
-        break_chain(sk, true);
+        break_chain(sk, false);
     } else if ret == 0 || conn_error(ret) {
         failed(sk, st, ret);
     }
@@ -296,7 +297,7 @@ fn on_io(sk: u64, ret: i32, flags: i32, send: bool) {
         return;
     }
     let Some(st) = UPSTREAM_SOCKS.get_ptr_mut(sk) else {
-        break_chain(sk, false);
+        break_chain(sk, send);
         return;
     };
     let st = unsafe { &mut *st };

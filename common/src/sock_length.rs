@@ -85,8 +85,8 @@ pub const CUT: u32 = 4;
 /// thread's next upstream action after it **closed** the cut socket (nginx and HAProxy both
 /// close it and connect again in one go; an event loop may read several cuts first, and may
 /// read a new client request before it, so the cut read alone proves nothing). The close
-/// counts only if the thread did no client-side I/O since its latest cut: an abort answers
-/// the client (a 502) before or right after its close.
+/// counts only if the thread sent nothing to a client since its latest cut: an abort answers
+/// the client (a 502) before or right after its close. Client-side reads do not count.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Chain {
@@ -102,7 +102,7 @@ pub struct Chain {
     pub state: u32,
 }
 
-/// `Chain::state`: the thread read a cut and has done no client-side I/O since.
+/// `Chain::state`: the thread read a cut and has sent nothing to a client since.
 pub const CHAIN_CUT_SEEN: u32 = 1;
 /// `Chain::state`: then it closed a cut socket: its next upstream action, within the retry
 /// window and with no other socket I/O first, is that request's retry candidate.

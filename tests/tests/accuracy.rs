@@ -1,17 +1,18 @@
-//! Ground truth over randomized shapes (`drainwatch_tests::accuracy`): every seed's stop record
-//! field by field against the proxies' and backends' own logs. `DRAINWATCH_ACCURACY_SEEDS`
-//! picks the seeds (`FIRST-LAST` or `a,b,c`, drawn from `Draw::Wide`; `slow:` in front draws
-//! from `Draw::Slow`; `regressions`: every seed that ever failed; `cargo xtask accuracy` sets
-//! it); by default a short slice for CI. Slow 16 and 23 (HAProxy L7 retries, a retry
-//! sometimes missed) and Wide 45 (nginx pooled, an abort once counted twice) still fail at
-//! times: not in CI until fixed.
+//! Ground truth over randomized shapes (`drainwatch_tests::accuracy`): every seed's record
+//! field by field against the proxies', backends' and clients' own logs and counts.
+//! `DRAINWATCH_ACCURACY_SEEDS` picks the seeds: items `LAB:FIRST-LAST` or `LAB:a,b,c` (labs
+//! `retry`, `slow`, `stop`, `storm`; no `LAB:` is `retry`), or `regressions`: every seed that
+//! ever failed (`cargo xtask accuracy` sets it). By default a short slice for CI.
 
 use std::collections::BTreeMap;
 
 use drainwatch_tests::{
-    accuracy::{Check, Draw, Shape, run},
+    accuracy::{Check, Draw, Lab, parse_seeds, run},
     require_root,
 };
+
+const SLOW: Lab = Lab::Retry(Draw::Slow);
+const WIDE: Lab = Lab::Retry(Draw::Wide);
 
 /// Seeds that once found a mismatch, with the distribution they drew from: each is run every
 /// time.
@@ -30,78 +31,61 @@ use drainwatch_tests::{
 /// request every 9 ms, stop 231 ms in) once read 17 upstream aborts for HAProxy's 18 `SH`.
 /// Likely a connection reset while HAProxy was still to send the request: no request bytes,
 /// so no cut.
-const REGRESSIONS: &[(Draw, u64)] = &[
-    (Draw::Slow, 1),
-    (Draw::Slow, 3),
-    (Draw::Slow, 11),
-    (Draw::Slow, 16),
-    (Draw::Slow, 18),
-    (Draw::Slow, 20),
-    (Draw::Slow, 23),
-    (Draw::Slow, 25),
-    (Draw::Slow, 27),
-    (Draw::Slow, 29),
-    (Draw::Wide, 2),
-    (Draw::Wide, 5),
-    (Draw::Wide, 7),
-    (Draw::Wide, 12),
-    (Draw::Wide, 15),
-    (Draw::Wide, 17),
-    (Draw::Wide, 19),
-    (Draw::Wide, 21),
-    (Draw::Wide, 23),
-    (Draw::Wide, 26),
-    (Draw::Wide, 31),
-    (Draw::Wide, 33),
-    (Draw::Wide, 34),
-    (Draw::Wide, 35),
-    (Draw::Wide, 40),
-    (Draw::Wide, 42),
-    (Draw::Wide, 45),
-    (Draw::Wide, 48),
-    (Draw::Wide, 50),
+const REGRESSIONS: &[(Lab, u64)] = &[
+    (SLOW, 1),
+    (SLOW, 3),
+    (SLOW, 11),
+    (SLOW, 16),
+    (SLOW, 18),
+    (SLOW, 20),
+    (SLOW, 23),
+    (SLOW, 25),
+    (SLOW, 27),
+    (SLOW, 29),
+    (WIDE, 2),
+    (WIDE, 5),
+    (WIDE, 7),
+    (WIDE, 12),
+    (WIDE, 15),
+    (WIDE, 17),
+    (WIDE, 19),
+    (WIDE, 21),
+    (WIDE, 23),
+    (WIDE, 26),
+    (WIDE, 31),
+    (WIDE, 33),
+    (WIDE, 34),
+    (WIDE, 35),
+    (WIDE, 40),
+    (WIDE, 42),
+    (WIDE, 45),
+    (WIDE, 48),
+    (WIDE, 50),
 ];
 
 /// The slice CI runs when no seeds are given.
-const CI_SEEDS: &[u64] = &[1, 2, 3];
+const CI_SEEDS: &str = "retry:1-3 stop:1-2 storm:1";
 
-fn seeds() -> Vec<(Draw, u64)> {
-    let Ok(spec) = std::env::var("DRAINWATCH_ACCURACY_SEEDS") else {
-        return CI_SEEDS.iter().map(|&n| (Draw::Wide, n)).collect();
-    };
+fn seeds() -> Vec<(Lab, u64)> {
+    let spec = std::env::var("DRAINWATCH_ACCURACY_SEEDS").unwrap_or_else(|_| CI_SEEDS.into());
     if spec == "regressions" {
         return REGRESSIONS.to_vec();
     }
-    let (draw, spec) = match spec.strip_prefix("slow:") {
-        Some(rest) => (Draw::Slow, rest.to_string()),
-        None => (Draw::Wide, spec),
-    };
-    let parse = |t: &str| {
-        t.trim()
-            .parse::<u64>()
-            .unwrap_or_else(|_| panic!("DRAINWATCH_ACCURACY_SEEDS: {t:?} is no seed"))
-    };
-    let seeds: Vec<u64> = match spec.split_once('-') {
-        Some((a, b)) => (parse(a)..=parse(b)).collect(),
-        None => spec.split(',').map(parse).collect(),
-    };
-    seeds.into_iter().map(|n| (draw, n)).collect()
+    parse_seeds(&spec).unwrap_or_else(|e| panic!("DRAINWATCH_ACCURACY_SEEDS: {e}"))
 }
 
 #[test]
-fn retries_and_health_checks_equal_the_logs_over_random_shapes() {
+fn records_equal_the_ground_truth_over_random_shapes() {
     require_root();
-    // field -> (exact, runs)
-    let mut exactness: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    // (lab, field) -> (exact, runs)
+    let mut exactness: BTreeMap<(&str, &str), (usize, usize)> = BTreeMap::new();
     let mut failed: Vec<(String, Vec<Check>)> = Vec::new();
     let seeds = seeds();
     let started = std::time::Instant::now();
-    for (draw, seed) in &seeds {
-        let shape = Shape::from_seed(*seed, *draw);
-        println!("=== {shape}");
-        let checks = run(&shape);
+    for &(lab, seed) in &seeds {
+        let (shape, checks) = run(lab, seed);
         for c in &checks {
-            let e = exactness.entry(c.field).or_default();
+            let e = exactness.entry((lab.name(), c.field)).or_default();
             e.0 += usize::from(c.exact());
             e.1 += 1;
         }
@@ -116,8 +100,8 @@ fn retries_and_health_checks_equal_the_logs_over_random_shapes() {
         seeds.len(),
         started.elapsed().as_secs_f64()
     );
-    for (field, (exact, runs)) in &exactness {
-        println!("  {field:<28} exact {exact}/{runs}");
+    for ((lab, field), (exact, runs)) in &exactness {
+        println!("  {lab:<6} {field:<46} exact {exact}/{runs}");
     }
     assert!(
         failed.is_empty(),

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use drainwatch_tests::{
-    accuracy::{Check, haproxy_checks, settled_stop},
+    accuracy::{Check, retry::haproxy_checks, settled_stop},
     agent::Agent,
     lab::{HaproxyRetry, HaproxySteadyLab, HaproxySteadyRun, Method, Stream},
     require_root,

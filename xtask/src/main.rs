@@ -103,18 +103,25 @@ enum Cmd {
         Example: cargo xtask bench --no-setup"
     )]
     Bench(BenchArgs),
-    /// Run the retry labs over randomized shapes; compare every record field with ground truth
+    /// Run the retry, stop and storm labs over randomized shapes; compare every record field
+    /// with ground truth
     #[command(
-        long_about = "Run the retry labs over randomized shapes against ground truth.\n\n\
+        long_about = "Run the retry, stop and storm labs over randomized shapes against ground truth.\n\n\
         Builds the agent (`cargo build --release -p drainwatch`), then runs the privileged test \
-        `tests/tests/accuracy.rs` for seeds FIRST..FIRST+N-1 (DRAINWATCH_ACCURACY_SEEDS): each \
-        seed draws a proxy setup (nginx with or without retries, pooled or not, GET or POST; \
-        HAProxy with retries 0, or L7 retries with redispatch), a request interval, duration \
-        and size, the stop's moment, HAProxy's check interval and fall; runs it with the real \
-        agent, and compares each stop record field with the proxies' and backends' own logs. \
-        Prints each seed's shape and mismatches, then per-field exactness; exits non-zero on \
-        any mismatch. About 15 s a seed. `cargo xtask test` runs a short slice of it.\n\n\
-        Example: cargo xtask accuracy --no-setup --seeds 50"
+        `tests/tests/accuracy.rs` for seeds FIRST..FIRST+N-1 of each lab chosen \
+        (DRAINWATCH_ACCURACY_SEEDS). A retry seed draws a proxy setup (nginx with or without \
+        retries, pooled or not, GET or POST; HAProxy with retries 0, or L7 retries with \
+        redispatch), a request interval, duration and size, the stop's moment, HAProxy's check \
+        interval and fall. A stop seed draws the backend's behaviour on the stop (every mode, \
+        grace, drain delay, a request outliving the grace), the load's waves and the stop's \
+        place among them and among HAProxy's checks. A storm seed draws the fleet, the \
+        service's capacity, the reconnect jitter and rolling or in-place. Each runs with the \
+        real agent; every record field is compared with the proxies', backends' and clients' \
+        own logs and counts and the kernel's counters. Prints each seed's shape and \
+        mismatches, then per-field exactness; exits non-zero on any mismatch. About 15 s a \
+        retry seed, 25 s a stop seed, 30 s a storm seed. `cargo xtask test` runs a short \
+        slice of it.\n\n\
+        Example: cargo xtask accuracy --no-setup --lab stop --seeds 50"
     )]
     Accuracy(AccuracyArgs),
 }
@@ -130,6 +137,9 @@ struct AccuracyArgs {
     /// The first seed
     #[arg(long, default_value_t = 1)]
     first: u64,
+    /// The labs, comma-separated: retry (its wide draw), slow (its first draw), stop, storm
+    #[arg(long, default_value = "retry,stop,storm", value_delimiter = ',')]
+    lab: Vec<String>,
     /// Run every seed that ever failed instead (tests/tests/accuracy.rs: REGRESSIONS)
     #[arg(long)]
     regressions: bool,
@@ -314,7 +324,12 @@ fn accuracy(args: &AccuracyArgs) -> ExitCode {
     let seeds = if args.regressions {
         "regressions".to_string()
     } else {
-        format!("{}-{last}", args.first)
+        let items: Vec<String> = args
+            .lab
+            .iter()
+            .map(|lab| format!("{lab}:{}-{last}", args.first))
+            .collect();
+        items.join(" ")
     };
     run.env("DRAINWATCH_ACCURACY_SEEDS", seeds)
         .args(["test", "-p", "drainwatch-tests", "--test", "accuracy"])

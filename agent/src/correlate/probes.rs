@@ -74,10 +74,13 @@ impl Route {
         while times.len() > LEARN_INTERVALS + 1 {
             times.pop_front();
         }
-        if self.learned.is_some_and(|l| l.size == size) {
+        let regular = regular(times);
+        // A check on the schedule moves its phase along: the schedule holds for as long as
+        // the checks go on, not only for `MAX_TICKS` intervals after it was learned.
+        if self.learned.is_some_and(|l| l.size == size) && self.fits(at, Some(size), true) {
             return;
         }
-        if let Some(interval) = regular(times) {
+        if let Some(interval) = regular {
             self.learned = Some(Learned {
                 interval,
                 size,
@@ -157,10 +160,9 @@ impl Probes {
         };
         if bytes_sent > 0 && !u.prober {
             let (route, at) = (u.route.clone(), u.opened_at);
-            self.routes
-                .entry(route)
-                .or_default()
-                .completed(bytes_sent, at);
+            let r = self.routes.entry(route).or_default();
+            r.completed(bytes_sent, at);
+            tracing::debug!(sock, bytes_sent, at, backend = %u.route.1, learned = ?r.learned, "probes: upstream closed");
         }
         self.closed.push_back(sock);
         while self.closed.len() > RECENT_CLOSED {
@@ -188,6 +190,7 @@ impl Probes {
                 .then_some(ProbeSource::Schedule)
         };
         u.class = Some(class);
+        tracing::debug!(sock, ?size, at = u.opened_at, backend = %u.route.1, ?class, learned = ?self.routes.get(&u.route).and_then(|r| r.learned), "probes: classified");
         class
     }
 
@@ -203,10 +206,13 @@ impl Probes {
             return Some(ProbeSource::Kubelet);
         }
         let at = u.opened_at;
-        self.routes
+        let class = self
+            .routes
             .get_mut(&u.route)
             .is_some_and(|r| r.fits(at, None, false))
-            .then_some(ProbeSource::Schedule)
+            .then_some(ProbeSource::Schedule);
+        tracing::debug!(sock, at, backend = %u.route.1, ?class, "probes: peek");
+        class
     }
 
     /// Forgets the routes to a container that is gone.
@@ -307,6 +313,20 @@ mod tests {
         assert_eq!(p.classify(Some(1), None), Some(ProbeSource::Schedule));
         p.opened(2, &haproxy(), "s1", last + 3 * 2001 * MS + 5 * 2001 * MS);
         assert_eq!(p.classify(Some(2), None), None, "more than 4 ticks");
+    }
+
+    #[test]
+    fn the_schedule_holds_for_as_long_as_the_checks_go_on() {
+        let mut p = learned();
+        // A minute of checks that fail nothing (never classified), a same-size request
+        // between two of them.
+        for i in 4..34 {
+            conn(&mut p, 100 + i, i * 2001 * MS, 38);
+        }
+        conn(&mut p, 99, 20 * 2001 * MS + 700 * MS, 38);
+        // Then one refused on the next tick: a check.
+        p.opened(1, &haproxy(), "s1", 34 * 2001 * MS + 3 * MS);
+        assert_eq!(p.classify(Some(1), None), Some(ProbeSource::Schedule));
     }
 
     #[test]

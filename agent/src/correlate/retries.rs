@@ -4,7 +4,7 @@
 //! Evidence, not coincidence: the kernel (`sock_length`) reports the cut as the proxy's
 //! worker thread saw it (its recv returned EOF or an error with a request of N bytes sent and
 //! no response byte read), and reports as a candidate only the request that same thread
-//! started right after it closed the cut socket: no client-side I/O between its latest cut
+//! started right after it closed the cut socket: no client-side send between its latest cut
 //! and the close (an abort answers the client its 502 there), then its next upstream action,
 //! within the retry window, with no other socket I/O first (nginx and HAProxy both close the
 //! cut connection and connect again in one go). The candidate is the retry when it went to another backend and its

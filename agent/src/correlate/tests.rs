@@ -1212,3 +1212,66 @@ fn a_balancers_checks_are_learned_and_only_the_attempt_on_the_tick_is_a_probe() 
     assert_eq!((s.loss.probes.refused, s.loss.probes.by_schedule), (1, 1));
     assert_eq!(s.outcome(), Some(Outcome::ListenerClosedEarly));
 }
+
+#[test]
+fn a_request_accepted_on_a_check_tick_after_sigterm_is_counted_at_its_close() {
+    let mut t = Tracker::new(Config::default());
+    t.observe(
+        ms(0) - 9 * SECOND,
+        O::Container {
+            identity: identity("c1", "web"),
+            listeners: vec![addr()],
+            inbound: vec![],
+        },
+    );
+    let next = checked(&mut t);
+    t.observe(
+        next - 500_000_000,
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    let haproxy = proxy(700, "haproxy", false);
+    // On the tick: a 120-byte request, then the 38-byte check; both served and closed by
+    // HAProxy.
+    for (sock, at) in [(0xe1, next + 1_000_000), (0xe2, next + 4_000_000)] {
+        t.observe(
+            at,
+            O::UpstreamOpened {
+                key: key(),
+                sock,
+                proxy: haproxy.clone(),
+            },
+        );
+        t.observe(
+            at,
+            O::InboundEstablished {
+                key: key(),
+                sock: sock + 0x100,
+                upstream: Some(sock),
+            },
+        );
+    }
+    for (sock, bytes) in [(0xe1, 120), (0xe2, 38)] {
+        t.observe(
+            next + 300_000_000,
+            O::InboundClosed {
+                key: key(),
+                sock: sock + 0x100,
+                by_container: false,
+                pending: false,
+                upstream: Some(sock),
+                request_bytes: bytes,
+            },
+        );
+    }
+    exit_zero(&mut t, next + SECOND);
+    let s = only_stop(&t);
+    assert_eq!(
+        s.loss.accepted_after_sigterm, 1,
+        "the request, not the check"
+    );
+    assert_eq!(s.last_accept_at, Some(next + 1_000_000));
+}

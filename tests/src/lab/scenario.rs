@@ -22,6 +22,11 @@ use super::{
     haproxy::{Haproxy, HaproxyOpts},
 };
 
+/// Health checks of `s1` before its stop is planned: drainwatch learns a balancer's check
+/// schedule from four in a row (README: health checks), as a balancer that has run for more
+/// than a few seconds has made; before that, no tool can tell its checks from requests.
+pub const WARM_CHECKS: usize = 4;
+
 /// What ends backend `s1`'s life at the anchor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Trigger {
@@ -256,18 +261,19 @@ impl Lab {
         client::prime(self.haproxy.frontend, &self.tag)
     }
 
-    /// Plans the anchor and the schedule from `s1`'s health checks (waits, bounded, for two).
+    /// Plans the anchor and the schedule from `s1`'s health checks (waits, bounded, for
+    /// [`WARM_CHECKS`]).
     pub fn plan(&self) -> Plan {
         let spec = &self.spec;
-        let deadline = Instant::now() + spec.haproxy.inter * 4;
+        let deadline = Instant::now() + spec.haproxy.inter * (WARM_CHECKS as u32 + 2);
         let checks = loop {
             let c = self.s1.health_checks();
-            if c.len() >= 2 {
+            if c.len() >= WARM_CHECKS {
                 break c;
             }
             assert!(
                 Instant::now() < deadline,
-                "s1 saw fewer than 2 health checks: {c:?}"
+                "s1 saw fewer than {WARM_CHECKS} health checks: {c:?}"
             );
             std::thread::sleep(Duration::from_millis(50));
         };

@@ -10,8 +10,8 @@ use super::{
     retries::{Cut, Matcher},
 };
 use crate::model::{
-    ContainerIdentity, Emitted, HashMap, Loss, LossKind, Mono, Observation, ResetDirection, SECOND,
-    UpstreamStep,
+    ContainerIdentity, Emitted, HashMap, HashSet, Loss, LossKind, Mono, Observation,
+    ResetDirection, SECOND, UpstreamStep,
     stop::{ListenerTimeline, LossEvent, MAX_LOSS_EVENTS, Stop},
 };
 
@@ -59,6 +59,9 @@ struct ContainerState {
     listeners: Vec<ListenerTimeline>,
     /// Open inbound connections, with when their handshake was seen.
     inbound: HashMap<u64, Opened>,
+    /// Those accepted after the stop signal on a check tick: a check or a request, decided at
+    /// their close by their size.
+    tick_accepts: HashSet<u64>,
     last_accept_at: Option<Mono>,
     /// Index into `Tracker::stops` of the stop in progress.
     stop: Option<usize>,
@@ -231,6 +234,7 @@ impl Tracker {
                 c.gone_at = None;
                 c.stop = None;
                 c.inbound.clear();
+                c.tick_accepts.clear();
                 c.listeners.retain(|l| l.closed_at.is_none());
             }
             c.identity = identity;
@@ -356,20 +360,17 @@ impl Tracker {
                 }
                 c.inbound.insert(sock, Opened(now));
                 c.last_accept_at = Some(now);
-                // A balancer still checking is not routing: probes move neither.
-                if self.probes.peek(upstream).is_some() {
-                    return;
-                }
                 let after_sigterm = self
                     .stop_mut(&key)
-                    .map(|s| {
-                        s.last_accept_at = Some(now);
-                        s.sigterm_at.is_some_and(|t| t <= now) && s.exit_at.is_none()
-                    })
-                    .unwrap_or(false);
-                if after_sigterm {
-                    self.count(&key, LossKind::AcceptedAfterSigterm, None, now, None);
+                    .is_some_and(|s| s.sigterm_at.is_some_and(|t| t <= now) && s.exit_at.is_none());
+                // A balancer still checking is not routing: probes move neither.
+                if self.probes.peek(upstream).is_some() {
+                    if after_sigterm && let Some(c) = self.containers.get_mut(&key) {
+                        c.tick_accepts.insert(sock);
+                    }
+                    return;
                 }
+                self.accepted(&key, after_sigterm, now);
             }
             Observation::InboundClosed {
                 sock,
@@ -385,6 +386,14 @@ impl Tracker {
                 let Some(opened) = c.inbound.remove(&sock) else {
                     return; // unknown (duplicate)
                 };
+                if c.tick_accepts.remove(&sock)
+                    && self
+                        .probes
+                        .classify(upstream, Some(request_bytes))
+                        .is_none()
+                {
+                    self.accepted(&key, true, opened.at().unwrap_or(now));
+                }
                 if !by_container {
                     return; // closed by the peer
                 }
@@ -466,6 +475,16 @@ impl Tracker {
                 }
                 probe_kind
             }
+        }
+    }
+
+    /// A request accepted at `at` (a probe is not: it moves nothing).
+    fn accepted(&mut self, key: &str, after_sigterm: bool, at: Mono) {
+        if let Some(s) = self.stop_mut(key) {
+            s.last_accept_at = s.last_accept_at.max(Some(at));
+        }
+        if after_sigterm {
+            self.count(key, LossKind::AcceptedAfterSigterm, None, at, None);
         }
     }
 

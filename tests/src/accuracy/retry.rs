@@ -1,5 +1,4 @@
-//! Ground truth over randomized shapes (`cargo xtask accuracy`): each seed draws a shape of
-//! the retry labs (the proxy and how it is set up, the request interval, size and duration,
+//! The retry labs over randomized shapes: each seed draws a shape of the retry labs (the proxy and how it is set up, the request interval, size and duration,
 //! when the stop comes, HAProxy's check interval and fall), runs it against the real agent,
 //! and compares every field of the stop record the lab's ground truth knows: nginx's and
 //! HAProxy's own logs, the backends' own work logs, HAProxy's own failed-check count. Never
@@ -9,8 +8,9 @@ use std::{fmt, time::Duration};
 
 use serde_json::Value;
 
+use super::{Check, loss, settled_stop};
 use crate::{
-    agent::{Agent, stop_record, sync},
+    agent::Agent,
     lab::{
         HaproxyRetry, HaproxySteadyLab, Method, NginxOpts, RetryLab, RetrySpec, Stream,
         steady_haproxy::HaproxySteadyRun,
@@ -130,46 +130,6 @@ impl fmt::Display for Shape {
     }
 }
 
-/// One field of the stop record against its ground truth.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Check {
-    pub field: &'static str,
-    pub truth: u64,
-    pub drainwatch: u64,
-}
-
-impl Check {
-    fn new(field: &'static str, truth: usize, drainwatch: u64) -> Check {
-        Check {
-            field,
-            truth: truth as u64,
-            drainwatch,
-        }
-    }
-
-    pub fn exact(&self) -> bool {
-        self.truth == self.drainwatch
-    }
-}
-
-/// A stop record once its verdicts are in: settled, and an abort is decided a second after its
-/// cut (in the agent's event time), so a second and a half more of it.
-pub fn settled_stop(agent: &Agent, container_id: &str) -> Value {
-    stop_record(agent, container_id);
-    std::thread::sleep(Duration::from_millis(1500));
-    sync(agent);
-    stop_record(agent, container_id)
-}
-
-fn field(stop: &Value, path: &str) -> u64 {
-    let mut v = &stop["loss"];
-    for p in path.split('.') {
-        v = &v[p];
-    }
-    v.as_u64()
-        .unwrap_or_else(|| panic!("loss.{path} in {stop:#}"))
-}
-
 /// Runs `shape` with a fresh agent and compares.
 pub fn run(shape: &Shape) -> Vec<Check> {
     let agent = Agent::start(&[]);
@@ -190,7 +150,7 @@ pub fn run(shape: &Shape) -> Vec<Check> {
             );
             let stop = settled_stop(&agent, &lab.s1.id);
             println!("drainwatch: {}", stop["loss"]);
-            let check = |f: &'static str, truth: usize| Check::new(f, truth, field(&stop, f));
+            let check = |f: &'static str, truth: usize| Check::eq(f, truth, loss(&stop, f));
             vec![
                 check("retry_duplicates", run.duplicates.len()),
                 check("retried_unexecuted", run.retried_unexecuted.len()),
@@ -217,26 +177,26 @@ pub fn run(shape: &Shape) -> Vec<Check> {
 /// was cut unread or refused, which the log does not tell apart: with retries on, only their
 /// sum is known.
 pub fn haproxy_checks(retry: HaproxyRetry, run: &HaproxySteadyRun, stop: &Value) -> Vec<Check> {
-    let f = |path| field(stop, path);
+    let f = |path| loss(stop, path);
     let probes = f("probes.cut") + f("probes.refused") + f("probes.unreachable");
     let mut checks = vec![
-        Check::new(
+        Check::eq(
             "probes (all failed checks)",
             run.failed_checks as usize,
             probes,
         ),
-        Check::new(
+        Check::eq(
             "probes.by_schedule",
             run.failed_checks as usize,
             f("probes.by_schedule"),
         ),
-        Check::new(
+        Check::eq(
             "retry_duplicates",
             run.duplicates.len(),
             f("retry_duplicates"),
         ),
-        Check::new("upstream_aborts", run.aborts.len(), f("upstream_aborts")),
-        Check::new(
+        Check::eq("upstream_aborts", run.aborts.len(), f("upstream_aborts")),
+        Check::eq(
             "retried_unexecuted+refused",
             run.retried_not_started.len() + run.refused.len(),
             f("retried_unexecuted") + f("refused"),
@@ -244,8 +204,8 @@ pub fn haproxy_checks(retry: HaproxyRetry, run: &HaproxySteadyRun, stop: &Value)
     ];
     if retry == HaproxyRetry::Off {
         checks.extend([
-            Check::new("retried_unexecuted", 0, f("retried_unexecuted")),
-            Check::new("refused", run.refused.len(), f("refused")),
+            Check::eq("retried_unexecuted", 0, f("retried_unexecuted")),
+            Check::eq("refused", run.refused.len(), f("refused")),
         ]);
     }
     checks
