@@ -6,7 +6,8 @@
 //! schedule, so at most 30 s of checking. After that, a connection opened on a tick of the
 //! schedule (one to four intervals after the last check, within the same tolerance), with the
 //! schedule's request size when it is known, is a check; one check per tick, the first that
-//! fits. Refused and unreachable attempts carry no size: time alone decides for them.
+//! fits, and each check moves the schedule's phase along. Refused and unreachable attempts
+//! carry no size: time alone decides for them, the one closest to the tick's due time.
 //!
 //! Pure: fed the proxies' upstream connections and a clock (their open times).
 
@@ -44,6 +45,8 @@ struct Upstream {
     route: (u32, String),
     opened_at: Mono,
     prober: bool,
+    /// The request size, once closed.
+    size: Option<u64>,
     /// Decided once, so the observations of one connection agree.
     class: Option<Option<ProbeSource>>,
 }
@@ -64,7 +67,9 @@ struct Route {
 }
 
 impl Route {
-    fn completed(&mut self, size: u64, at: Mono) {
+    /// A connection opened at `at` completed with `size`: whether it was a check on the
+    /// schedule (which then moves its phase along).
+    fn completed(&mut self, size: u64, at: Mono) -> bool {
         if !self.by_size.contains_key(&size) && self.by_size.len() >= MAX_SIZES {
             // Many sizes: requests. Start over rather than grow.
             self.by_size.clear();
@@ -78,35 +83,44 @@ impl Route {
         // A check on the schedule moves its phase along: the schedule holds for as long as
         // the checks go on, not only for `MAX_TICKS` intervals after it was learned.
         if self.learned.is_some_and(|l| l.size == size) && self.fits(at, Some(size), true) {
-            return;
+            return true;
         }
-        if let Some(interval) = regular {
+        // A live schedule (checked within its last `MAX_TICKS` ticks) is not replaced by
+        // another size's: a client as regular as a balancer's checks must not take their place.
+        let live = self
+            .learned
+            .is_some_and(|l| l.size != size && at <= l.last + MAX_TICKS * l.interval);
+        if let Some(interval) = regular.filter(|_| !live) {
             self.learned = Some(Learned {
                 interval,
                 size,
                 last: at,
             });
         }
+        false
+    }
+
+    /// The due time of the schedule's tick that a connection opened at `at` (with `size`, if
+    /// known) fits: one to `MAX_TICKS` intervals after the last check, within tolerance.
+    fn due(&self, at: Mono, size: Option<u64>) -> Option<Mono> {
+        let l = self.learned.as_ref()?;
+        if size.is_some_and(|s| s != l.size) {
+            return None;
+        }
+        let since = at.checked_sub(l.last)?;
+        let ticks = (since + l.interval / 2) / l.interval;
+        let due = l.last + ticks * l.interval;
+        ((1..=MAX_TICKS).contains(&ticks) && at.abs_diff(due) <= tolerance(l.interval))
+            .then_some(due)
     }
 
     /// Whether a connection opened at `at` (with `size`, if known) is the schedule's next
     /// check; consumes the tick when it is and `consume`.
     fn fits(&mut self, at: Mono, size: Option<u64>, consume: bool) -> bool {
-        let Some(l) = self.learned.as_mut() else {
-            return false;
-        };
-        if size.is_some_and(|s| s != l.size) {
+        if self.due(at, size).is_none() {
             return false;
         }
-        let Some(since) = at.checked_sub(l.last) else {
-            return false;
-        };
-        let ticks = (since + l.interval / 2) / l.interval;
-        let due = l.last + ticks * l.interval;
-        if !(1..=MAX_TICKS).contains(&ticks) || at.abs_diff(due) > tolerance(l.interval) {
-            return false;
-        }
-        if consume {
+        if consume && let Some(l) = self.learned.as_mut() {
             l.last = at;
         }
         true
@@ -147,6 +161,7 @@ impl Probes {
                 route: (proxy.tgid, backend.to_string()),
                 opened_at: at,
                 prober: proxy.prober,
+                size: None,
                 class: None,
             },
         );
@@ -155,13 +170,17 @@ impl Probes {
     /// That connection closed after the proxy sent `bytes_sent` on it: a completed request
     /// (or check) of that size teaches the route's schedule.
     pub fn closed(&mut self, sock: u64, bytes_sent: u64) {
-        let Some(u) = self.upstreams.get(&sock) else {
+        let Some(u) = self.upstreams.get_mut(&sock) else {
             return;
         };
+        u.size = Some(bytes_sent);
         if bytes_sent > 0 && !u.prober {
             let (route, at) = (u.route.clone(), u.opened_at);
             let r = self.routes.entry(route).or_default();
-            r.completed(bytes_sent, at);
+            // Decided here when it took its tick, as the container's side may ask after.
+            if r.completed(bytes_sent, at) && u.class.is_none() {
+                u.class = Some(Some(ProbeSource::Schedule));
+            }
             tracing::debug!(sock, bytes_sent, at, backend = %u.route.1, learned = ?r.learned, "probes: upstream closed");
         }
         self.closed.push_back(sock);
@@ -183,15 +202,56 @@ impl Probes {
         let class = if u.prober {
             Some(ProbeSource::Kubelet)
         } else {
-            let at = u.opened_at;
-            self.routes
-                .get_mut(&u.route)
-                .is_some_and(|r| r.fits(at, size, true))
-                .then_some(ProbeSource::Schedule)
+            let (at, route) = (u.opened_at, u.route.clone());
+            let closer = size.is_none() && self.closer_on_tick(sock?, &route, at);
+            (!closer
+                && self
+                    .routes
+                    .get_mut(&route)
+                    .is_some_and(|r| r.fits(at, size, true)))
+            .then_some(ProbeSource::Schedule)
+        };
+        let Some(u) = self.upstreams.get_mut(&sock?) else {
+            return class;
         };
         u.class = Some(class);
         tracing::debug!(sock, ?size, at = u.opened_at, backend = %u.route.1, ?class, learned = ?self.routes.get(&u.route).and_then(|r| r.learned), "probes: classified");
         class
+    }
+
+    /// Whether another undecided connection on `route` fits the same tick as one opened at
+    /// `at`, closer to its due time. Refused and unreachable attempts carry no size, and the
+    /// agent judges a refusal 50 ms after it: the attempts of one tick are all known by then,
+    /// and the check is the one on time (a request that happened to come on the tick is off
+    /// it by milliseconds).
+    fn closer_on_tick(&self, sock: u64, route: &(u32, String), at: Mono) -> bool {
+        let Some(r) = self.routes.get(route) else {
+            return false;
+        };
+        let Some(due) = r.due(at, None) else {
+            return false;
+        };
+        self.upstreams.iter().any(|(&other, o)| {
+            other != sock
+                && o.route == *route
+                && !o.prober
+                && o.class.is_none()
+                && o.opened_at.abs_diff(due) < at.abs_diff(due)
+                && r.due(o.opened_at, o.size) == Some(due)
+        })
+    }
+
+    /// When a sizeless attempt (refused, unreachable) on `sock` can be judged: once its
+    /// tick's window is over and every rival on the tick is known (`closer_on_tick`). `None`:
+    /// at once (decided already, a prober's, or on no tick).
+    pub fn judge_at(&self, sock: Option<u64>) -> Option<Mono> {
+        let u = self.upstreams.get(&sock?)?;
+        if u.class.is_some() || u.prober {
+            return None;
+        }
+        let r = self.routes.get(&u.route)?;
+        let due = r.due(u.opened_at, None)?;
+        Some(due + tolerance(r.learned?.interval))
     }
 
     /// Whether an accepted connection looks like a probe, before its size is known: decided
@@ -327,6 +387,62 @@ mod tests {
         // Then one refused on the next tick: a check.
         p.opened(1, &haproxy(), "s1", 34 * 2001 * MS + 3 * MS);
         assert_eq!(p.classify(Some(1), None), Some(ProbeSource::Schedule));
+    }
+
+    #[test]
+    fn a_check_the_proxy_closed_first_is_still_a_check_when_the_container_side_asks() {
+        let mut p = learned();
+        let s = conn(&mut p, 1, 4 * 2001 * MS + 2 * MS, 38);
+        assert_eq!(p.peek(Some(s)), Some(ProbeSource::Schedule));
+        assert_eq!(p.classify(Some(s), Some(38)), Some(ProbeSource::Schedule));
+    }
+
+    #[test]
+    fn of_two_refusals_on_one_tick_the_one_on_time_is_the_check() {
+        let mut p = learned();
+        let due = 3 * 2001 * MS + 2001 * MS;
+        // A request refused 12 ms before the tick, the check 1 ms after it: the request is
+        // judged first (both are known by then).
+        p.opened(1, &haproxy(), "s1", due - 12 * MS);
+        p.opened(2, &haproxy(), "s1", due + MS);
+        assert_eq!(p.classify(Some(1), None), None);
+        assert_eq!(p.classify(Some(2), None), Some(ProbeSource::Schedule));
+        // A connection closer to the tick with another size is no rival.
+        let due = due + MS + 2001 * MS;
+        p.opened(3, &haproxy(), "s1", due);
+        p.closed(3, 120);
+        p.opened(4, &haproxy(), "s1", due + 5 * MS);
+        assert_eq!(p.classify(Some(4), None), Some(ProbeSource::Schedule));
+    }
+
+    #[test]
+    fn requests_as_regular_as_the_checks_do_not_take_their_schedule() {
+        let mut p = learned();
+        // Checks go on every 2001 ms; a client's 87-byte requests every 1334 ms through the
+        // same proxy to the same backend.
+        for i in 0..8 {
+            conn(&mut p, 200 + i, 4 * 2001 * MS + i * 2001 * MS, 38);
+            conn(
+                &mut p,
+                300 + i,
+                4 * 2001 * MS + 500 * MS + i * 1334 * MS,
+                87,
+            );
+        }
+        let next = 12 * 2001 * MS;
+        p.opened(1, &haproxy(), "s1", next + 2 * MS);
+        assert_eq!(p.classify(Some(1), None), Some(ProbeSource::Schedule));
+        p.opened(
+            2,
+            &haproxy(),
+            "s1",
+            4 * 2001 * MS + 500 * MS + 8 * 1334 * MS,
+        );
+        assert_eq!(
+            p.classify(Some(2), None),
+            None,
+            "a request refused on the client's cadence"
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! connection loss to it. Signals, exits and the clock (settling, retention, the record cap)
 //! are in `lifecycle`.
 
+mod held;
 mod lifecycle;
 
 use super::{
@@ -82,6 +83,8 @@ pub struct Tracker {
     emitted: Vec<Emitted>,
     /// The newest event time fed so far: readers use it to know what has been processed.
     processed_until: Mono,
+    /// Observations waiting until they can be judged (`held.rs`).
+    held: held::Held,
 }
 
 impl Default for Tracker {
@@ -101,6 +104,7 @@ impl Tracker {
             dropped: 0,
             emitted: Vec::new(),
             processed_until: 0,
+            held: held::Held::default(),
         }
     }
 
@@ -201,17 +205,8 @@ impl Tracker {
         });
     }
 
-    /// Records that every event up to `at` has been fed.
-    pub fn processed(&mut self, at: Mono) {
-        self.processed_until = self.processed_until.max(at);
-    }
-
-    pub fn processed_until(&self) -> Mono {
-        self.processed_until
-    }
-
-    /// Feeds one observation made at `now`.
-    pub fn observe(&mut self, now: Mono, obs: Observation) {
+    /// Applies one observation made at `now` (see `observe`).
+    fn apply(&mut self, now: Mono, obs: Observation) {
         let key = obs.key().to_string();
         if let Observation::Container {
             identity,
