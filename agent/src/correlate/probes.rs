@@ -7,7 +7,7 @@
 //! schedule (one to four intervals after the last check, within the same tolerance), with the
 //! schedule's request size when it is known, is a check; one check per tick, the first that
 //! fits, and each check moves the schedule's phase along. Refused and unreachable attempts
-//! carry no size: time alone decides for them, the one closest to the tick's due time.
+//! carry no size: time alone decides for them.
 //!
 //! Pure: fed the proxies' upstream connections and a clock (their open times).
 
@@ -45,8 +45,6 @@ struct Upstream {
     route: (u32, String),
     opened_at: Mono,
     prober: bool,
-    /// The request size, once closed.
-    size: Option<u64>,
     /// Decided once, so the observations of one connection agree.
     class: Option<Option<ProbeSource>>,
 }
@@ -161,7 +159,6 @@ impl Probes {
                 route: (proxy.tgid, backend.to_string()),
                 opened_at: at,
                 prober: proxy.prober,
-                size: None,
                 class: None,
             },
         );
@@ -173,7 +170,6 @@ impl Probes {
         let Some(u) = self.upstreams.get_mut(&sock) else {
             return;
         };
-        u.size = Some(bytes_sent);
         if bytes_sent > 0 && !u.prober {
             let (route, at) = (u.route.clone(), u.opened_at);
             let r = self.routes.entry(route).or_default();
@@ -202,56 +198,15 @@ impl Probes {
         let class = if u.prober {
             Some(ProbeSource::Kubelet)
         } else {
-            let (at, route) = (u.opened_at, u.route.clone());
-            let closer = size.is_none() && self.closer_on_tick(sock?, &route, at);
-            (!closer
-                && self
-                    .routes
-                    .get_mut(&route)
-                    .is_some_and(|r| r.fits(at, size, true)))
-            .then_some(ProbeSource::Schedule)
-        };
-        let Some(u) = self.upstreams.get_mut(&sock?) else {
-            return class;
+            let at = u.opened_at;
+            self.routes
+                .get_mut(&u.route)
+                .is_some_and(|r| r.fits(at, size, true))
+                .then_some(ProbeSource::Schedule)
         };
         u.class = Some(class);
         tracing::debug!(sock, ?size, at = u.opened_at, backend = %u.route.1, ?class, learned = ?self.routes.get(&u.route).and_then(|r| r.learned), "probes: classified");
         class
-    }
-
-    /// Whether another undecided connection on `route` fits the same tick as one opened at
-    /// `at`, closer to its due time. Refused and unreachable attempts carry no size, and the
-    /// agent judges a refusal 50 ms after it: the attempts of one tick are all known by then,
-    /// and the check is the one on time (a request that happened to come on the tick is off
-    /// it by milliseconds).
-    fn closer_on_tick(&self, sock: u64, route: &(u32, String), at: Mono) -> bool {
-        let Some(r) = self.routes.get(route) else {
-            return false;
-        };
-        let Some(due) = r.due(at, None) else {
-            return false;
-        };
-        self.upstreams.iter().any(|(&other, o)| {
-            other != sock
-                && o.route == *route
-                && !o.prober
-                && o.class.is_none()
-                && o.opened_at.abs_diff(due) < at.abs_diff(due)
-                && r.due(o.opened_at, o.size) == Some(due)
-        })
-    }
-
-    /// When a sizeless attempt (refused, unreachable) on `sock` can be judged: once its
-    /// tick's window is over and every rival on the tick is known (`closer_on_tick`). `None`:
-    /// at once (decided already, a prober's, or on no tick).
-    pub fn judge_at(&self, sock: Option<u64>) -> Option<Mono> {
-        let u = self.upstreams.get(&sock?)?;
-        if u.class.is_some() || u.prober {
-            return None;
-        }
-        let r = self.routes.get(&u.route)?;
-        let due = r.due(u.opened_at, None)?;
-        Some(due + tolerance(r.learned?.interval))
     }
 
     /// Whether an accepted connection looks like a probe, before its size is known: decided
@@ -395,24 +350,6 @@ mod tests {
         let s = conn(&mut p, 1, 4 * 2001 * MS + 2 * MS, 38);
         assert_eq!(p.peek(Some(s)), Some(ProbeSource::Schedule));
         assert_eq!(p.classify(Some(s), Some(38)), Some(ProbeSource::Schedule));
-    }
-
-    #[test]
-    fn of_two_refusals_on_one_tick_the_one_on_time_is_the_check() {
-        let mut p = learned();
-        let due = 3 * 2001 * MS + 2001 * MS;
-        // A request refused 12 ms before the tick, the check 1 ms after it: the request is
-        // judged first (both are known by then).
-        p.opened(1, &haproxy(), "s1", due - 12 * MS);
-        p.opened(2, &haproxy(), "s1", due + MS);
-        assert_eq!(p.classify(Some(1), None), None);
-        assert_eq!(p.classify(Some(2), None), Some(ProbeSource::Schedule));
-        // A connection closer to the tick with another size is no rival.
-        let due = due + MS + 2001 * MS;
-        p.opened(3, &haproxy(), "s1", due);
-        p.closed(3, 120);
-        p.opened(4, &haproxy(), "s1", due + 5 * MS);
-        assert_eq!(p.classify(Some(4), None), Some(ProbeSource::Schedule));
     }
 
     #[test]

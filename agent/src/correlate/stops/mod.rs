@@ -3,7 +3,6 @@
 //! connection loss to it. Signals, exits and the clock (settling, retention, the record cap)
 //! are in `lifecycle`.
 
-mod held;
 mod lifecycle;
 
 use super::{
@@ -83,8 +82,6 @@ pub struct Tracker {
     emitted: Vec<Emitted>,
     /// The newest event time fed so far: readers use it to know what has been processed.
     processed_until: Mono,
-    /// Observations waiting until they can be judged (`held.rs`).
-    held: held::Held,
 }
 
 impl Default for Tracker {
@@ -104,7 +101,6 @@ impl Tracker {
             dropped: 0,
             emitted: Vec::new(),
             processed_until: 0,
-            held: held::Held::default(),
         }
     }
 
@@ -205,8 +201,17 @@ impl Tracker {
         });
     }
 
-    /// Applies one observation made at `now` (see `observe`).
-    fn apply(&mut self, now: Mono, obs: Observation) {
+    /// Records that every event up to `at` has been fed.
+    pub fn processed(&mut self, at: Mono) {
+        self.processed_until = self.processed_until.max(at);
+    }
+
+    pub fn processed_until(&self) -> Mono {
+        self.processed_until
+    }
+
+    /// Feeds one observation made at `now`.
+    pub fn observe(&mut self, now: Mono, obs: Observation) {
         let key = obs.key().to_string();
         if let Observation::Container {
             identity,
