@@ -1155,8 +1155,9 @@ fn checked(t: &mut Tracker) -> Mono {
     at
 }
 
-#[test]
-fn a_balancers_checks_are_learned_and_only_the_attempt_on_the_tick_is_a_probe() {
+/// A container checked by HAProxy (`checked`), signalled 500 ms before the next tick: the
+/// tracker and that tick.
+fn checked_then_signalled() -> (Tracker, Mono) {
     let mut t = Tracker::new(Config::default());
     t.observe(
         ms(0) - 9 * SECOND,
@@ -1175,6 +1176,12 @@ fn a_balancers_checks_are_learned_and_only_the_attempt_on_the_tick_is_a_probe() 
             sender: runc(),
         },
     );
+    (t, next)
+}
+
+#[test]
+fn a_balancers_checks_are_learned_and_only_the_attempt_on_the_tick_is_a_probe() {
+    let (mut t, next) = checked_then_signalled();
     t.observe(
         next - 499_000_000,
         O::ListenerClosed {
@@ -1215,24 +1222,7 @@ fn a_balancers_checks_are_learned_and_only_the_attempt_on_the_tick_is_a_probe() 
 
 #[test]
 fn a_request_accepted_on_a_check_tick_after_sigterm_is_counted_at_its_close() {
-    let mut t = Tracker::new(Config::default());
-    t.observe(
-        ms(0) - 9 * SECOND,
-        O::Container {
-            identity: identity("c1", "web"),
-            listeners: vec![addr()],
-            inbound: vec![],
-        },
-    );
-    let next = checked(&mut t);
-    t.observe(
-        next - 500_000_000,
-        O::Signal {
-            key: key(),
-            sig: SIGTERM,
-            sender: runc(),
-        },
-    );
+    let (mut t, next) = checked_then_signalled();
     let haproxy = proxy(700, "haproxy", false);
     // On the tick: a 120-byte request, then the 38-byte check; both served and closed by
     // HAProxy.
