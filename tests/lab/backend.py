@@ -13,8 +13,9 @@ Endpoints
 Logs (in --log-dir, one line per record, flushed at once; <ns> is CLOCK_MONOTONIC in
 nanoseconds, the host's clock too as containers get no time namespace)
   requests.log  start ID <ns> / end ID <ns>
-  health.log    health <ns> <status> <user-agent, or - (HAProxy's checks send none)>
-  events.log    listening, sigterm, not-ready, listener-closed, idle-closed, drained, crash, exit
+  health.log    health <ns> <status> <user-agent, or - (HAProxy's checks send none)> <peer port>
+  events.log    listening, sigterm, not-ready, listener-closed, idle-closed, drained, crash, exit;
+                conn-open and conn-close <ns> <peer port> for every connection served
 
 Modes
   no-handler      no SIGTERM handler: under `podman run --init` the forwarded SIGTERM kills the
@@ -101,12 +102,13 @@ class Server:
     def accept_loop(self):
         while True:
             try:
-                conn, _ = self.lsock.accept()
+                conn, peer = self.lsock.accept()
             except OSError:
                 return  # listener shut down
+            self.events.line("conn-open", now_ns(), peer[1])
             with self.cv:
                 self.busy += 1
-            threading.Thread(target=self.serve_conn, args=(conn,), daemon=True).start()
+            threading.Thread(target=self.serve_conn, args=(conn, peer[1]), daemon=True).start()
 
     def set_idle(self, conn, idle):
         with self.cv:
@@ -118,7 +120,7 @@ class Server:
                 self.idle.discard(conn)
                 self.busy += 1
 
-    def serve_conn(self, conn):
+    def serve_conn(self, conn, port):
         buf = b""
         busy = True
         try:
@@ -162,7 +164,7 @@ class Server:
                         return
                     buf += data
                 buf = buf[length:]
-                status, body = self.handle(method, target, headers)
+                status, body = self.handle(method, target, headers, port)
                 if self.closing:
                     keep = False
                 reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed"}.get(
@@ -189,20 +191,21 @@ class Server:
                 conn.close()
             except OSError:
                 pass
+            self.events.line("conn-close", now_ns(), port)
             with self.cv:
                 if busy:
                     self.busy -= 1
                 self.idle.discard(conn)
                 self.cv.notify_all()
 
-    def handle(self, method, target, headers):
+    def handle(self, method, target, headers, port):
         url = urlsplit(target)
         if method != "GET" and not (method == "POST" and url.path == "/work"):
             return 405, b"GET only\n"
         if url.path == "/health":
             status = 200 if self.ready else 503
             agent = headers.get("user-agent", "-").replace(" ", "_") or "-"
-            self.health.line("health", now_ns(), status, agent)
+            self.health.line("health", now_ns(), status, agent, port)
             return status, (b"ok\n" if status == 200 else b"draining\n")
         if url.path == "/work":
             q = parse_qs(url.query)

@@ -7,7 +7,7 @@
 //! schedule (one to four intervals after the last check, within the same tolerance), with the
 //! schedule's request size when it is known, is a check; one check per tick, the first that
 //! fits, and each check moves the schedule's phase along. Refused and unreachable attempts
-//! carry no size: time alone decides for them.
+//! carry no size: time alone decides for them, the one closest to the tick's due time.
 //!
 //! Pure: fed the proxies' upstream connections and a clock (their open times).
 
@@ -45,6 +45,8 @@ struct Upstream {
     route: (u32, String),
     opened_at: Mono,
     prober: bool,
+    /// The attempt failed (refused, unreachable): it carries no size.
+    failed: bool,
     /// Decided once, so the observations of one connection agree.
     class: Option<Option<ProbeSource>>,
 }
@@ -143,31 +145,69 @@ fn regular(times: &VecDeque<Mono>) -> Option<Mono> {
     .then_some(median)
 }
 
+/// One upstream connection: its socket and when it opened (the kernel reuses a closed
+/// socket's address at once, e.g. for a proxy's retry of a refused connect).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Attempt {
+    sock: u64,
+    opened_at: Mono,
+}
+
 #[derive(Debug, Default)]
 pub struct Probes {
-    upstreams: HashMap<u64, Upstream>,
-    closed: VecDeque<u64>,
+    upstreams: HashMap<Attempt, Upstream>,
+    /// The latest connection on each socket: what an observation naming the socket means.
+    current: HashMap<u64, Attempt>,
+    /// Connections closed (or replaced on their socket), oldest first.
+    closed: VecDeque<Attempt>,
     routes: HashMap<(u32, String), Route>,
 }
 
 impl Probes {
     /// A proxy (or prober) on this node opened `sock` to `backend` (a container key).
     pub fn opened(&mut self, sock: u64, proxy: &Proxy, backend: &str, at: Mono) {
-        self.upstreams.insert(
+        let id = Attempt {
             sock,
+            opened_at: at,
+        };
+        self.upstreams.insert(
+            id,
             Upstream {
                 route: (proxy.tgid, backend.to_string()),
                 opened_at: at,
                 prober: proxy.prober,
+                failed: false,
                 class: None,
             },
         );
+        if let Some(old) = self.current.insert(sock, id)
+            && old != id
+        {
+            self.retire(old);
+        }
+    }
+
+    /// Remembers `id` for a while after it closed, for the observations that name it late
+    /// (the container side of a cut, a refusal judged after its tick).
+    fn retire(&mut self, id: Attempt) {
+        self.closed.push_back(id);
+        while self.closed.len() > RECENT_CLOSED {
+            if let Some(old) = self.closed.pop_front() {
+                self.upstreams.remove(&old);
+                if self.current.get(&old.sock) == Some(&old) {
+                    self.current.remove(&old.sock);
+                }
+            }
+        }
     }
 
     /// That connection closed after the proxy sent `bytes_sent` on it: a completed request
     /// (or check) of that size teaches the route's schedule.
     pub fn closed(&mut self, sock: u64, bytes_sent: u64) {
-        let Some(u) = self.upstreams.get_mut(&sock) else {
+        let Some(id) = self.current.get(&sock).copied() else {
+            return;
+        };
+        let Some(u) = self.upstreams.get_mut(&id) else {
             return;
         };
         if bytes_sent > 0 && !u.prober {
@@ -179,41 +219,86 @@ impl Probes {
             }
             tracing::debug!(sock, bytes_sent, at, backend = %u.route.1, learned = ?r.learned, "probes: upstream closed");
         }
-        self.closed.push_back(sock);
-        while self.closed.len() > RECENT_CLOSED {
-            if let Some(old) = self.closed.pop_front() {
-                self.upstreams.remove(&old);
-            }
-        }
+        self.retire(id);
     }
 
     /// Whether the connection `sock` (a proxy's or prober's; `None`: opened by no process on
     /// this node that is followed) is a probe, and how that was told. `size`: its request
-    /// size, when known.
+    /// size, when known; `None`: the attempt failed (refused, unreachable).
     pub fn classify(&mut self, sock: Option<u64>, size: Option<u64>) -> Option<ProbeSource> {
-        let u = self.upstreams.get_mut(&sock?)?;
+        let id = *self.current.get(&sock?)?;
+        self.classify_attempt(id, size)
+    }
+
+    /// As `classify`, for a connection named before its socket may have been reused.
+    pub fn classify_attempt(&mut self, id: Attempt, size: Option<u64>) -> Option<ProbeSource> {
+        let u = self.upstreams.get_mut(&id)?;
         if let Some(class) = u.class {
             return class;
         }
+        u.failed |= size.is_none();
         let class = if u.prober {
             Some(ProbeSource::Kubelet)
         } else {
-            let at = u.opened_at;
-            self.routes
-                .get_mut(&u.route)
-                .is_some_and(|r| r.fits(at, size, true))
-                .then_some(ProbeSource::Schedule)
+            let (at, route) = (u.opened_at, u.route.clone());
+            let closer = size.is_none() && self.closer_on_tick(id, &route, at);
+            (!closer
+                && self
+                    .routes
+                    .get_mut(&route)
+                    .is_some_and(|r| r.fits(at, size, true)))
+            .then_some(ProbeSource::Schedule)
         };
+        let u = self.upstreams.get_mut(&id)?;
         u.class = Some(class);
-        tracing::debug!(sock, ?size, at = u.opened_at, backend = %u.route.1, ?class, learned = ?self.routes.get(&u.route).and_then(|r| r.learned), "probes: classified");
+        tracing::debug!(sock = id.sock, ?size, at = u.opened_at, backend = %u.route.1, ?class, learned = ?self.routes.get(&u.route).and_then(|r| r.learned), "probes: classified");
         class
+    }
+
+    /// Whether another failed, undecided attempt on `route` fits the same tick as `id`
+    /// (opened at `at`), closer to its due time. Failed attempts carry no size; the check is
+    /// the one on time (a request that happened to come on the tick is off it by
+    /// milliseconds). Only attempts known to have failed are rivals: one still connecting may
+    /// never be judged.
+    fn closer_on_tick(&self, id: Attempt, route: &(u32, String), at: Mono) -> bool {
+        let Some(r) = self.routes.get(route) else {
+            return false;
+        };
+        let Some(due) = r.due(at, None) else {
+            return false;
+        };
+        self.upstreams.iter().any(|(&other, o)| {
+            other != id
+                && o.route == *route
+                && o.failed
+                && o.class.is_none()
+                && o.opened_at.abs_diff(due) < at.abs_diff(due)
+                && r.due(o.opened_at, None) == Some(due)
+        })
+    }
+
+    /// The attempt on `sock` was refused: which connection it was, and when it can be
+    /// judged. A refusal is known microseconds after its connect, before a later attempt of
+    /// the same tick has even connected, so one on a tick waits until the tick's window is
+    /// over and every rival is known (`closer_on_tick`). `None`: judge it at once (decided
+    /// already, a prober's, on no tick).
+    pub fn refused(&mut self, sock: Option<u64>) -> Option<(Attempt, Mono)> {
+        let id = *self.current.get(&sock?)?;
+        let u = self.upstreams.get_mut(&id)?;
+        if u.class.is_some() || u.prober {
+            return None;
+        }
+        u.failed = true;
+        let r = self.routes.get(&u.route)?;
+        let due = r.due(u.opened_at, None)?;
+        Some((id, due + tolerance(r.learned?.interval)))
     }
 
     /// Whether an accepted connection looks like a probe, before its size is known: decided
     /// for good only at its close (with its size), so that a request opened on a tick does not
     /// take the tick from the check that follows.
     pub fn peek(&mut self, sock: Option<u64>) -> Option<ProbeSource> {
-        let u = self.upstreams.get(&sock?)?;
+        let u = self.upstreams.get(self.current.get(&sock?)?)?;
         if let Some(class) = u.class {
             return class;
         }
@@ -350,6 +435,54 @@ mod tests {
         let s = conn(&mut p, 1, 4 * 2001 * MS + 2 * MS, 38);
         assert_eq!(p.peek(Some(s)), Some(ProbeSource::Schedule));
         assert_eq!(p.classify(Some(s), Some(38)), Some(ProbeSource::Schedule));
+    }
+
+    #[test]
+    fn of_two_refusals_on_one_tick_the_one_on_time_is_the_check() {
+        let mut p = learned();
+        let due = 3 * 2001 * MS + 2001 * MS;
+        // A request refused 12 ms before the tick, the check 1 ms after it: both refusals
+        // wait out the tick's window, then the request is judged first.
+        p.opened(1, &haproxy(), "s1", due - 12 * MS);
+        p.opened(2, &haproxy(), "s1", due + MS);
+        let window = due + tolerance(2001 * MS);
+        assert_eq!(p.refused(Some(1)).map(|r| r.1), Some(window));
+        assert_eq!(p.refused(Some(2)).map(|r| r.1), Some(window));
+        assert_eq!(p.classify(Some(1), None), None);
+        assert_eq!(p.classify(Some(2), None), Some(ProbeSource::Schedule));
+        // Closer to the next tick: a connection of another size, and one still connecting
+        // (it may never fail): no rivals.
+        let due = due + MS + 2001 * MS;
+        p.opened(3, &haproxy(), "s1", due);
+        p.closed(3, 120);
+        p.opened(4, &haproxy(), "s1", due + MS);
+        p.opened(5, &haproxy(), "s1", due + 5 * MS);
+        assert_eq!(
+            p.refused(Some(5)).map(|r| r.1),
+            Some(due + tolerance(2001 * MS))
+        );
+        assert_eq!(p.classify(Some(5), None), Some(ProbeSource::Schedule));
+        // Decided or off any tick: judged at once.
+        assert_eq!(p.refused(Some(5)), None);
+        p.opened(6, &haproxy(), "s1", due + 900 * MS);
+        assert_eq!(p.refused(Some(6)), None);
+    }
+
+    #[test]
+    fn a_refusal_judged_after_its_socket_was_reused_is_still_that_attempt() {
+        let mut p = learned();
+        let due = 4 * 2001 * MS;
+        p.opened(1, &haproxy(), "s1", due + MS);
+        let (attempt, _) = p.refused(Some(1)).expect("on a tick: held");
+        // The proxy's next connect (a retry on another server) gets the same socket address
+        // before the refusal is judged.
+        p.closed(1, 0);
+        p.opened(1, &haproxy(), "s2", due + 2 * MS);
+        assert_eq!(
+            p.classify_attempt(attempt, None),
+            Some(ProbeSource::Schedule)
+        );
+        assert_eq!(p.classify(Some(1), Some(90)), None, "s2's connection");
     }
 
     #[test]

@@ -223,6 +223,10 @@ fn summarize(namespace: String, workload: String, port: u16, mut o: Open) -> Sto
     let peak = buckets.iter().copied().max().unwrap_or(0) as f64 * (SECOND / BUCKET) as f64;
     o.accepts.sort_by_key(|(at, _)| *at);
     let sustained = capacity(&o.accepts);
+    // A wider window is recommended only when the service needed more time to take every
+    // client than they took to come back: a busy service that kept up needs none.
+    let span = (last - first) as f64 / SECOND as f64;
+    let needed = sustained.map(|r| clients as f64 / r).filter(|w| *w > span);
     let mut waits: Vec<f64> = o.accepts.iter().map(|(_, w)| *w).collect();
     waits.sort_by(f64::total_cmp);
     Storm {
@@ -245,14 +249,15 @@ fn summarize(namespace: String, workload: String, port: u16, mut o: Open) -> Sto
         netns_listen_drops: o.counters.map(|(a, b)| b.drops.saturating_sub(a.drops)),
         accept_waits: waits,
         sustained_accept_rate: sustained,
-        recommended_window_seconds: sustained.map(|r| clients as f64 / r),
+        recommended_window_seconds: needed,
     }
 }
 
-/// Accepts per second while the queue was backed up: each accept of a connection that had
-/// queued ended a busy gap since the previous accept; capacity = busy gaps ÷ their total time.
-/// None unless at least a tenth of the accepts (and 10) came from a backlog: a few unlucky
-/// waits in an unhurried return say nothing about capacity.
+/// Accepts per second while the queue was backed up: an accept of a connection that was
+/// already waiting at the previous accept ended a gap during which the queue never emptied;
+/// capacity = those gaps ÷ their total time (gaps with idle time in them would understate
+/// it). None unless at least a tenth of the accepts (and 10) came from a backlog: a few
+/// unlucky waits in an unhurried return say nothing about capacity.
 fn capacity(accepts: &[(Mono, f64)]) -> Option<f64> {
     let queued = accepts.iter().filter(|(_, w)| *w >= QUEUED_SECS).count();
     if queued < 10 || queued * 10 < accepts.len() {
@@ -260,9 +265,11 @@ fn capacity(accepts: &[(Mono, f64)]) -> Option<f64> {
     }
     let (mut gaps, mut busy) = (0u64, 0u64);
     for pair in accepts.windows(2) {
-        if pair[1].1 >= QUEUED_SECS {
+        let ((before, _), (at, wait)) = (pair[0], pair[1]);
+        let arrived = at.saturating_sub((wait * SECOND as f64) as Mono);
+        if wait >= QUEUED_SECS && arrived <= before {
             gaps += 1;
-            busy += pair[1].0 - pair[0].0;
+            busy += at - before;
         }
     }
     (busy > 0).then(|| gaps as f64 / (busy as f64 / SECOND as f64))
@@ -300,6 +307,26 @@ mod tests {
             );
         }
         s
+    }
+
+    #[test]
+    fn a_busy_service_that_kept_up_gets_no_recommended_window() {
+        // 200 clients in pairs every 25 ms against 100 accepts/s: the second of each pair
+        // waits 10 ms (the capacity is known), but 2 s of work came over 2.475 s.
+        let mut s = Storms::new(Config::default());
+        s.stopped(web(), "old-1", "web-1", T0);
+        let start = T0 + 500 * MS;
+        for pair in 0..100 {
+            let at = start + pair * 25 * MS;
+            for (i, wait) in [(0, 0), (1, 10 * MS)] {
+                s.arrival(&web(), "web-2", 8080, at + i);
+                s.accept_wait(&web(), 8080, wait as f64 / SECOND as f64, at + wait);
+            }
+        }
+        let st = &s.tick(T0 + 5 * SECOND)[0];
+        let rate = st.sustained_accept_rate.unwrap();
+        assert!((rate - 100.0).abs() < 1.0, "{rate}");
+        assert_eq!(st.recommended_window_seconds, None);
     }
 
     #[test]

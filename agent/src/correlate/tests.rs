@@ -1265,3 +1265,65 @@ fn a_request_accepted_on_a_check_tick_after_sigterm_is_counted_at_its_close() {
     );
     assert_eq!(s.last_accept_at, Some(next + 1_000_000));
 }
+
+#[test]
+fn a_request_refused_just_before_the_check_on_its_tick_is_the_request() {
+    let mut t = Tracker::new(Config::default());
+    t.observe(
+        ms(0) - 9 * SECOND,
+        O::Container {
+            identity: identity("c1", "web"),
+            listeners: vec![addr()],
+            inbound: vec![],
+        },
+    );
+    let next = checked(&mut t);
+    t.observe(
+        next - 500_000_000,
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    t.observe(
+        next - 499_000_000,
+        O::ListenerClosed {
+            key: key(),
+            addr: addr(),
+        },
+    );
+    let haproxy = proxy(700, "haproxy", false);
+    // The request connects and is refused 10 ms before the tick, before the check connects.
+    for (sock, at) in [(0xf1, next - 10_000_000), (0xf2, next + 2_000_000)] {
+        t.observe(
+            at,
+            O::UpstreamOpened {
+                key: key(),
+                sock,
+                proxy: haproxy.clone(),
+            },
+        );
+        t.observe(
+            at,
+            O::Refused {
+                key: key(),
+                at,
+                upstream: Some(sock),
+            },
+        );
+    }
+    exit_zero(&mut t, next + SECOND);
+    let s = only_stop(&t);
+    assert_eq!(s.loss.refused, 1);
+    assert_eq!((s.loss.probes.refused, s.loss.probes.by_schedule), (1, 1));
+    let kinds: Vec<(Mono, LossKind)> = s.events.iter().map(|e| (e.at, e.kind)).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (next - 10_000_000, LossKind::Refused),
+            (next + 2_000_000, LossKind::ProbeRefused)
+        ],
+        "the request is the one off the tick"
+    );
+}

@@ -32,7 +32,8 @@ pub struct Storm {
     /// the queue never backed up (the clients came back slower than it accepts).
     pub sustained_accept_rate: Option<f64>,
     /// Clients ÷ sustained accept rate: the reconnect window that would have avoided waiting.
-    /// None when nothing waited: the window was wide enough.
+    /// None when nothing queued, or when it is no wider than the clients' own window (first
+    /// to last arrival): the service kept up.
     pub recommended_window_seconds: Option<f64>,
 }
 

@@ -15,7 +15,7 @@ use serde_json::Value;
 use super::{Check, loss};
 use crate::{
     agent::{Agent, instant, stop_record},
-    lab::{Lab, Mode, ScenarioRun, ScenarioSpec, Trigger, clock::secs_since},
+    lab::{ConnMode, Lab, Mode, ScenarioRun, ScenarioSpec, Trigger, clock::secs_since},
 };
 
 /// One randomized stop.
@@ -71,6 +71,15 @@ impl StopShape {
             }
             _ => {}
         }
+        // Drawn last, so the shapes above stay those of the seeds found before.
+        spec.stagger = ms(&mut rng, 20, 150);
+        if rng.bool() {
+            spec.jitter = ms(&mut rng, 1, spec.stagger.as_millis() as u64 - 10);
+            spec.jitter_seed = rng.u64(..);
+        }
+        if rng.bool() {
+            spec.haproxy.conn_mode = ConnMode::KeepAlive;
+        }
         StopShape { seed, spec }
     }
 }
@@ -81,7 +90,8 @@ impl fmt::Display for StopShape {
         write!(
             f,
             "stop seed {}: {:?} {:?}, drain delay {:?}, {} waves of {} × {} ms every {} ms, \
-             stop {} ms into wave {}, long request {:?}, checks every {} ms (fall {}), stop {} ms after one",
+             stop {} ms into wave {}, long request {:?}, checks every {} ms (fall {}), stop {} ms after one, \
+             requests {} ms apart (late by up to {} ms), {:?}",
             self.seed,
             s.mode,
             s.trigger,
@@ -95,7 +105,10 @@ impl fmt::Display for StopShape {
             s.long_request_ms,
             s.haproxy.inter.as_millis(),
             s.haproxy.fall,
-            s.check_offset.as_millis()
+            s.check_offset.as_millis(),
+            s.stagger.as_millis(),
+            s.jitter.as_millis(),
+            s.haproxy.conn_mode
         )
     }
 }
@@ -140,21 +153,16 @@ fn sigterm_bounds(run: &ScenarioRun) -> Option<(Instant, Instant)> {
     Some((st.issued - Duration::from_millis(5), hi))
 }
 
-/// Requests `s1` was working on at `t`, from its own log.
-fn in_flight(run: &ScenarioRun, t: Instant) -> u64 {
-    let ended = |id: &str| {
-        run.s1_work
-            .iter()
-            .any(|w| !w.started && w.id == id && w.at <= t)
-    };
-    run.s1_work
+/// Connections `s1` held open at `t` (checks and idle keep-alive ones too), from its own log.
+fn open_at(run: &ScenarioRun, t: Instant) -> u64 {
+    run.s1_conns
         .iter()
-        .filter(|w| w.started && w.at <= t && !ended(&w.id))
+        .filter(|c| c.opened <= t && c.closed.is_none_or(|c| c > t))
         .count() as u64
 }
 
-/// The range of `count(t)` for `t` in `lo..=hi`: it changes only at log entries, so its value
-/// at both ends and at every entry between covers it.
+/// The range of `count(t)` for `t` in `lo..=hi`: it changes only at connection events, so its
+/// value at both ends and at every event between covers it.
 fn range_over(
     run: &ScenarioRun,
     lo: Instant,
@@ -164,9 +172,10 @@ fn range_over(
     let values: Vec<u64> = [lo, hi]
         .into_iter()
         .chain(
-            run.s1_work
+            run.s1_conns
                 .iter()
-                .map(|w| w.at)
+                .flat_map(|c| [Some(c.opened), c.closed])
+                .flatten()
                 .filter(|&at| at > lo && at < hi),
         )
         .map(count)
@@ -281,10 +290,11 @@ pub fn checks(lab: &Lab, run: &ScenarioRun, stop: &Value) -> Vec<Check> {
                 stop["sigterm_sender"]["comm"].as_str().unwrap_or("-"),
             ));
             let end = run.exit_logged_at.unwrap_or_else(Instant::now);
+            // Connections that carried requests, not checks.
             let accepted_after = |t: Instant| {
-                run.s1_work
+                run.s1_conns
                     .iter()
-                    .filter(|w| w.started && w.at > t && w.at < end)
+                    .filter(|c| !c.check && c.opened > t && c.opened < end)
                     .count() as u64
             };
             checks.push(count_check(
@@ -293,8 +303,8 @@ pub fn checks(lab: &Lab, run: &ScenarioRun, stop: &Value) -> Vec<Check> {
                 loss(stop, "accepted_after_sigterm"),
             ));
             checks.push(count_check(
-                "connections_at_sigterm (requests in flight)",
-                range_over(run, lo, hi, |t| in_flight(run, t)),
+                "connections_at_sigterm",
+                range_over(run, lo, hi, |t| open_at(run, t)),
                 stop["connections_at_sigterm"].as_u64().unwrap_or(u64::MAX),
             ));
         }

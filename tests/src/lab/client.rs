@@ -105,11 +105,13 @@ impl RequestRecord {
     }
 }
 
-/// One wave: at `at`, one request per entry of `ms` (its work in ms), `stagger` apart.
+/// One wave: at `at`, one request per entry of `ms` (its work in ms), `stagger` apart, each
+/// late by its entry of `jitter` (none: on time).
 #[derive(Clone, Debug)]
 pub struct Wave {
     pub at: Instant,
     pub ms: Vec<u64>,
+    pub jitter: Vec<Duration>,
 }
 
 /// The whole load, fixed in advance: bounded in count and in time.
@@ -142,6 +144,7 @@ impl Schedule {
                 .map(|i| Wave {
                     at: first + period * i as u32,
                     ms: vec![ms; per_wave],
+                    jitter: Vec::new(),
                 })
                 .collect(),
             stagger: STAGGER,
@@ -160,7 +163,20 @@ impl Schedule {
 
     /// When request `slot` of wave `wave` is sent.
     pub fn dispatch_at(&self, wave: usize, slot: usize) -> Instant {
-        self.waves[wave].at + self.stagger * slot as u32
+        let w = &self.waves[wave];
+        w.at + self.stagger * slot as u32 + w.jitter.get(slot).copied().unwrap_or_default()
+    }
+
+    /// Makes every request late by a random 0..`max` (drawn from `rng`): arrivals off the
+    /// beat, in the same order (`max` is below `stagger`).
+    pub fn jitter(&mut self, rng: &mut fastrand::Rng, max: Duration) {
+        assert!(max < self.stagger, "jitter {max:?} would reorder requests");
+        let max_us = max.as_micros() as u64;
+        for w in &mut self.waves {
+            w.jitter = (0..w.ms.len())
+                .map(|_| Duration::from_micros(rng.u64(0..=max_us)))
+                .collect();
+        }
     }
 
     /// When the last request would end if every request completed its work.

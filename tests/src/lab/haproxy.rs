@@ -44,10 +44,30 @@ pub struct HaproxyOpts {
     pub timeout_connect: Duration,
     pub timeout_client: Duration,
     pub timeout_server: Duration,
-    /// `http-server-close` (default: one server connection per request) or `http-keep-alive`.
-    pub conn_mode: &'static str,
+    /// How server connections are used.
+    pub conn_mode: ConnMode,
     /// Bound on waiting for every server to be UP at full health.
     pub up_timeout: Duration,
+}
+
+/// HAProxy's server-side connection mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ConnMode {
+    /// `option http-server-close`: one server connection per request, closed after it.
+    #[default]
+    ServerClose,
+    /// `option http-keep-alive` and `http-reuse always`: idle server connections are pooled
+    /// and any request may reuse one, as in most production setups.
+    KeepAlive,
+}
+
+impl ConnMode {
+    fn config(self) -> &'static str {
+        match self {
+            ConnMode::ServerClose => "option http-server-close",
+            ConnMode::KeepAlive => "option http-keep-alive\n    http-reuse always",
+        }
+    }
 }
 
 impl Default for HaproxyOpts {
@@ -63,7 +83,7 @@ impl Default for HaproxyOpts {
             timeout_connect: Duration::from_secs(2),
             timeout_client: Duration::from_secs(30),
             timeout_server: Duration::from_secs(30),
-            conn_mode: "http-server-close",
+            conn_mode: ConnMode::ServerClose,
             up_timeout: Duration::from_secs(15),
         }
     }
@@ -237,7 +257,7 @@ impl Haproxy {
             .collect();
         let cfg = TEMPLATE
             .replace("{{STATS_SOCKET}}", &sock.display().to_string())
-            .replace("{{CONN_MODE}}", opts.conn_mode)
+            .replace("{{CONN_MODE}}", opts.conn_mode.config())
             .replace("{{RETRIES}}", &opts.retries.to_string())
             .replace("{{RETRY_ON}}", &retry_lines(&opts))
             .replace("{{TIMEOUT_CONNECT}}", &ms(opts.timeout_connect))

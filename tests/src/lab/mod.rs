@@ -39,7 +39,7 @@ pub mod storm;
 
 pub use client::{Load, Method, Outcome, RequestRecord, Schedule, Summary, Wave};
 pub use container::{Backend, BackendOpts, Mode, StopTimes};
-pub use haproxy::{Haproxy, HaproxyOpts, HttpLog};
+pub use haproxy::{ConnMode, Haproxy, HaproxyOpts, HttpLog};
 pub use nginx::{AccessEntry, Nginx, NginxOpts};
 pub use retry::{RetryLab, RetryPlan, RetryRequest, RetryRun, RetrySpec};
 pub use scenario::{Lab, Plan, ScenarioRun, ScenarioSpec, Trigger};

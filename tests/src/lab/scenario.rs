@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 use super::{
     client::{self, Load, Outcome, RequestRecord, Schedule, Summary},
     clock::{self, secs_since},
-    container::{Backend, BackendOpts, Mode, ServerEvent, StopTimes, WorkEntry, unique_name},
+    container::{
+        Backend, BackendOpts, ConnEntry, Mode, ServerEvent, StopTimes, WorkEntry, unique_name,
+    },
     haproxy::{Haproxy, HaproxyOpts},
 };
 
@@ -48,6 +50,12 @@ pub struct ScenarioSpec {
     pub per_wave: usize,
     /// Work per request.
     pub request_ms: u64,
+    /// Between two requests of a wave.
+    pub stagger: Duration,
+    /// Each request of the load leaves up to this late (below `stagger`), drawn from
+    /// `jitter_seed`: arrivals off the beat.
+    pub jitter: Duration,
+    pub jitter_seed: u64,
     /// Between two waves.
     pub period: Duration,
     /// Waves before the stop wave.
@@ -78,6 +86,9 @@ impl ScenarioSpec {
             backend: BackendOpts::default(),
             per_wave: 4,
             request_ms: 1300,
+            stagger: client::STAGGER,
+            jitter: Duration::ZERO,
+            jitter_seed: 0,
             period: Duration::from_millis(1500),
             waves_before: 2,
             waves_after: 4,
@@ -128,6 +139,8 @@ pub struct ScenarioRun {
     /// `s1`'s request log and lifecycle events.
     pub s1_work: Vec<WorkEntry>,
     pub s1_events: Vec<ServerEvent>,
+    /// The connections `s1` accepted.
+    pub s1_conns: Vec<ConnEntry>,
     /// Request ids HAProxy did not log (should be empty).
     pub unlogged: Vec<String>,
 }
@@ -308,6 +321,10 @@ impl Lab {
         if let Some(ms) = spec.long_request_ms {
             schedule.waves[spec.waves_before].ms[0] = ms;
         }
+        schedule.stagger = spec.stagger;
+        if !spec.jitter.is_zero() {
+            schedule.jitter(&mut fastrand::Rng::with_seed(spec.jitter_seed), spec.jitter);
+        }
         Plan {
             anchor,
             check_before_anchor: last + period * k,
@@ -367,6 +384,7 @@ impl Lab {
             exit_code,
             down_at,
             s1_work: self.s1.work_log(),
+            s1_conns: self.s1.connections(),
             s1_events,
             unlogged,
         }

@@ -5,7 +5,7 @@ use super::Tracker;
 use crate::{
     correlate::retries::Decision,
     model::{
-        Emitted, ExitInfo, Mono, Sender,
+        Emitted, ExitInfo, Mono, SECOND, Sender,
         stop::{SIGINT, SIGKILL, SIGQUIT, SIGTERM},
     },
 };
@@ -70,6 +70,9 @@ impl Tracker {
     /// Advances the clock: settles stops whose container is gone long enough, forgets
     /// containers past the retention window, bounds the number of records.
     pub fn tick(&mut self, now: Mono) {
+        // Event time judges held refusals; the clock only when events stopped coming (it runs
+        // ahead of events still in the pipeline).
+        self.release_held(now.saturating_sub(SECOND));
         for d in self.retries.tick(now) {
             self.decided(d);
         }

@@ -3,6 +3,7 @@
 //! connection loss to it. Signals, exits and the clock (settling, retention, the record cap)
 //! are in `lifecycle`.
 
+mod held;
 mod lifecycle;
 
 use super::{
@@ -82,6 +83,8 @@ pub struct Tracker {
     emitted: Vec<Emitted>,
     /// The newest event time fed so far: readers use it to know what has been processed.
     processed_until: Mono,
+    /// Observations waiting until they can be judged (`held.rs`).
+    held: held::Held,
 }
 
 impl Default for Tracker {
@@ -101,6 +104,7 @@ impl Tracker {
             dropped: 0,
             emitted: Vec::new(),
             processed_until: 0,
+            held: held::Held::default(),
         }
     }
 
@@ -201,17 +205,8 @@ impl Tracker {
         });
     }
 
-    /// Records that every event up to `at` has been fed.
-    pub fn processed(&mut self, at: Mono) {
-        self.processed_until = self.processed_until.max(at);
-    }
-
-    pub fn processed_until(&self) -> Mono {
-        self.processed_until
-    }
-
-    /// Feeds one observation made at `now`.
-    pub fn observe(&mut self, now: Mono, obs: Observation) {
+    /// Applies one observation made at `now` (see `observe`).
+    fn apply(&mut self, now: Mono, obs: Observation) {
         let key = obs.key().to_string();
         if let Observation::Container {
             identity,
@@ -416,16 +411,7 @@ impl Tracker {
             Observation::Reset { .. } | Observation::Listener { .. } => {}
             Observation::Refused { at, upstream, .. } => {
                 let probe = self.probes.classify(upstream, None);
-                if probe.is_none()
-                    && let Some(c) = self.containers.get(&key)
-                {
-                    // Stop or not: the refused requests of a known container.
-                    self.emitted.push(Emitted::Refused {
-                        container: c.identity.clone(),
-                    });
-                }
-                let kind = self.probe_or(&key, probe, LossKind::Refused, LossKind::ProbeRefused);
-                self.count(&key, kind, None, at, None);
+                self.refusal(&key, at, probe);
             }
             Observation::Unreachable { upstream, .. } => {
                 let gone = self
@@ -454,6 +440,20 @@ impl Tracker {
                 }
             }
         }
+    }
+
+    /// A refused attempt at `at`, a probe or a request.
+    fn refusal(&mut self, key: &str, at: Mono, probe: Option<ProbeSource>) {
+        if probe.is_none()
+            && let Some(c) = self.containers.get(key)
+        {
+            // Stop or not: the refused requests of a known container.
+            self.emitted.push(Emitted::Refused {
+                container: c.identity.clone(),
+            });
+        }
+        let kind = self.probe_or(key, probe, LossKind::Refused, LossKind::ProbeRefused);
+        self.count(key, kind, None, at, None);
     }
 
     /// `probe` when the attempt was a probe (and, told apart by a schedule, counted as such

@@ -3,7 +3,7 @@
 
 use std::{fs, time::Instant};
 
-use super::{Backend, LAB_AGENT, ServerEvent, WorkEntry};
+use super::{Backend, ConnEntry, LAB_AGENT, ServerEvent, WorkEntry};
 use crate::lab::clock;
 
 impl Backend {
@@ -54,6 +54,41 @@ impl Backend {
                     mono_ns,
                     at: clock::instant_of_mono_ns(mono_ns),
                     detail: f.next().unwrap_or("").trim().to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// The connections the server accepted, in order: each `conn-open` paired with the next
+    /// `conn-close` of the same peer port, a check when a health log line of that port falls
+    /// between them.
+    pub fn connections(&self) -> Vec<ConnEntry> {
+        let checks: Vec<(u64, u64)> = self
+            .read_log("health.log")
+            .iter()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                Some((f.get(1)?.parse().ok()?, f.get(4)?.parse().ok()?))
+            })
+            .collect();
+        let events = self.events();
+        let port = |e: &ServerEvent| e.detail.parse::<u64>().ok();
+        events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.kind == "conn-open")
+            .filter_map(|(i, open)| {
+                let p = port(open)?;
+                let close = events[i + 1..]
+                    .iter()
+                    .find(|e| e.kind == "conn-close" && port(e) == Some(p));
+                let end = close.map_or(u64::MAX, |c| c.mono_ns);
+                Some(ConnEntry {
+                    opened: open.at,
+                    closed: close.map(|c| c.at),
+                    check: checks
+                        .iter()
+                        .any(|&(ns, cp)| cp == p && ns >= open.mono_ns && ns <= end),
                 })
             })
             .collect()

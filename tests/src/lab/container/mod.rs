@@ -139,7 +139,8 @@ pub struct StopTimes {
 }
 
 /// One line of the backend's `events.log`: `listening`, `sigterm`, `not-ready`,
-/// `listener-closed`, `idle-closed`, `drained`, `crash`, `exit`.
+/// `listener-closed`, `idle-closed`, `drained`, `crash`, `exit`, and per connection
+/// `conn-open` and `conn-close` (detail: the peer's port).
 #[derive(Clone, Debug)]
 pub struct ServerEvent {
     pub kind: String,
@@ -155,6 +156,16 @@ pub struct WorkEntry {
     pub started: bool,
     pub id: String,
     pub at: Instant,
+}
+
+/// One connection the server accepted, from its own events and health log.
+#[derive(Clone, Debug)]
+pub struct ConnEntry {
+    pub opened: Instant,
+    /// `None`: still open when the log was read (or the server died holding it).
+    pub closed: Option<Instant>,
+    /// It carried a health check (`GET /health`).
+    pub check: bool,
 }
 
 /// A running backend container (and its network holder). Dropping it removes both.
