@@ -45,6 +45,13 @@ const WIDE: Lab = Lab::Retry(Draw::Wide);
 ///   authorisation) was given a recommended window. The capacity read the idle time between
 ///   queued accepts as work; a window is now recommended only when it is wider than the one
 ///   the clients came back in, and capacity counts only gaps the queue never emptied in.
+/// - Wide 5, 31 (nginx with a keep-alive pool, a request every 5–6 ms): 2–4 upstream aborts
+///   too many. Another process connected to the dying `s1` on socket addresses nginx's cut
+///   connections had had; the kernel follows every connection to a container, and the agent
+///   read its cuts as the closed nginx connection's. Any connect now ends the old record.
+/// - Wide 42: a request that reached `s1` as it was killed, never logged as started, was read
+///   by it (a duplicate for drainwatch, "maybe executed"). No log tells whether it was read:
+///   the truth now counts such a request (sent from 10 ms before the stop on) as either.
 ///
 /// Known, not fixed, not listed: Wide 66 (HAProxy `retries 0`, a
 /// request every 9 ms, stop 231 ms in) once read 17 upstream aborts for HAProxy's 18 `SH`.

@@ -698,11 +698,32 @@ fn a_proxy_connection_cut_names_the_proxy_its_worker_and_what_the_backend_left_u
         "{obs:#?}"
     );
     // A socket that is no proxy's connection to a container says nothing.
-    let Event::UpstreamIo(mut other) = cut else {
+    let Event::UpstreamIo(mut other) = cut.clone() else {
         unreachable!()
     };
     other.skaddr = 0xe9;
     assert!(e.on_event(&Event::UpstreamIo(other)).is_empty());
+    // Another process (no proxy) connects to the container on the closed socket's address,
+    // and the kernel follows it too: its cut is not the proxy's, whether its connect reached
+    // the agent or not.
+    let Event::UpstreamIo(mut foreign) = cut.clone() else {
+        unreachable!()
+    };
+    foreign.meta.tgid = 50;
+    assert!(e.on_event(&Event::UpstreamIo(foreign)).is_empty());
+    let Event::StateChange(mut reused) = state(
+        0xe1,
+        HOST_NS,
+        "TCP_CLOSE",
+        "TCP_SYN_SENT",
+        conn("0.0.0.0:0", "10.88.0.5:8080"),
+        TcpCounters::default(),
+    ) else {
+        unreachable!()
+    };
+    reused.meta.tgid = 50; // holds no listening socket
+    assert!(e.on_event(&Event::StateChange(reused)).is_empty());
+    assert!(e.on_event(&cut).is_empty(), "a cut on the reused socket");
 }
 
 #[test]

@@ -52,6 +52,20 @@ impl Check {
         }
     }
 
+    /// A count the truth knows exactly (`lo == hi`), or only within `lo..=hi`.
+    pub fn count(field: &'static str, (lo, hi): (u64, u64), drainwatch: u64) -> Check {
+        if lo == hi {
+            Check::eq(field, lo, drainwatch)
+        } else {
+            Check {
+                field,
+                truth: format!("{lo}..{hi}"),
+                drainwatch: drainwatch.to_string(),
+                exact: (lo..=hi).contains(&drainwatch),
+            }
+        }
+    }
+
     /// A measure of a duration the truth measures with its own noise: within `tolerance` of it
     /// (relative), or `slack` (absolute) for small values.
     pub fn near(

@@ -150,11 +150,30 @@ pub fn run(shape: &Shape) -> Vec<Check> {
             );
             let stop = settled_stop(&agent, &lab.s1.id);
             println!("drainwatch: {}", stop["loss"]);
-            let check = |f: &'static str, truth: usize| Check::eq(f, truth, loss(&stop, f));
+            let n = |v: &Vec<String>| v.len() as u64;
+            let (dups, unexec, maybe) = (
+                n(&run.duplicates),
+                n(&run.retried_unexecuted),
+                n(&run.maybe_read),
+            );
+            let f = |field| loss(&stop, field);
             vec![
-                check("retry_duplicates", run.duplicates.len()),
-                check("retried_unexecuted", run.retried_unexecuted.len()),
-                check("upstream_aborts", run.aborts.len()),
+                Check::count(
+                    "retry_duplicates",
+                    (dups, dups + maybe),
+                    f("retry_duplicates"),
+                ),
+                Check::count(
+                    "retried_unexecuted",
+                    (unexec - maybe, unexec),
+                    f("retried_unexecuted"),
+                ),
+                Check::eq(
+                    "retry_duplicates+retried_unexecuted",
+                    dups + unexec,
+                    f("retry_duplicates") + f("retried_unexecuted"),
+                ),
+                Check::eq("upstream_aborts", n(&run.aborts), f("upstream_aborts")),
             ]
         }
         Proxy::Haproxy(retry) => {

@@ -186,15 +186,6 @@ fn range_over(
     )
 }
 
-/// A count the truth knows exactly, or only within a range.
-fn count_check(field: &'static str, (lo, hi): (u64, u64), drainwatch: u64) -> Check {
-    if lo == hi {
-        Check::eq(field, lo, drainwatch)
-    } else {
-        Check::within(field, lo as f64, hi as f64, drainwatch as f64)
-    }
-}
-
 /// The outcome from what the process did (README: outcomes), as podman and `s1`'s own logs
 /// and the client's refusals tell it.
 fn outcome_truth(lab: &Lab, run: &ScenarioRun) -> &'static str {
@@ -297,12 +288,12 @@ pub fn checks(lab: &Lab, run: &ScenarioRun, stop: &Value) -> Vec<Check> {
                     .filter(|c| !c.check && c.opened > t && c.opened < end)
                     .count() as u64
             };
-            checks.push(count_check(
+            checks.push(Check::count(
                 "accepted_after_sigterm",
                 range_over(run, lo, hi, accepted_after),
                 loss(stop, "accepted_after_sigterm"),
             ));
-            checks.push(count_check(
+            checks.push(Check::count(
                 "connections_at_sigterm",
                 range_over(run, lo, hi, |t| open_at(run, t)),
                 stop["connections_at_sigterm"].as_u64().unwrap_or(u64::MAX),

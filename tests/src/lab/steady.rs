@@ -93,6 +93,10 @@ pub struct SteadyRun {
     pub cuts: Vec<String>,
     pub duplicates: Vec<String>,
     pub retried_unexecuted: Vec<String>,
+    /// Of `retried_unexecuted`, those that reached `s1` as it was stopped (sent from 10 ms
+    /// before the stop was issued on): it may have read them in its last instant without
+    /// logging their start, which no log tells apart. Each is a duplicate or not.
+    pub maybe_read: Vec<String>,
     pub aborts: Vec<String>,
     /// Requests the client saw fail (any reason).
     pub failed: Vec<String>,
@@ -104,12 +108,13 @@ pub struct SteadyRun {
 impl SteadyRun {
     pub fn report(&self) -> String {
         let mut s = format!(
-            "steady stream: {}\nexit code {}; cuts {:?}\nduplicates {:?}\nretried unexecuted {:?}\naborts {:?}\nfailed {:?}\n",
+            "steady stream: {}\nexit code {}; cuts {:?}\nduplicates {:?}\nretried unexecuted {:?} (maybe read as s1 died: {:?})\naborts {:?}\nfailed {:?}\n",
             self.summary,
             self.exit_code,
             self.cuts,
             self.duplicates,
             self.retried_unexecuted,
+            self.maybe_read,
             self.aborts,
             self.failed
         );
@@ -191,6 +196,9 @@ impl RetryLab {
         let cuts = ids_where(&|r| r.cut_on_s1);
         let duplicates = ids_where(&|r| r.cut_on_s1 && retried(r) && r.started_on_s1);
         let retried_unexecuted = ids_where(&|r| r.cut_on_s1 && retried(r) && !r.started_on_s1);
+        let late = stop.issued - Duration::from_millis(10);
+        let maybe_read =
+            ids_where(&|r| r.cut_on_s1 && retried(r) && !r.started_on_s1 && r.record.start >= late);
         let aborts = ids_where(&|r| r.cut_on_s1 && !retried(r));
         let failed = ids_where(&|r| r.record.outcome != Outcome::Ok);
         let recs: Vec<RequestRecord> = requests.iter().map(|r| r.record.clone()).collect();
@@ -202,6 +210,7 @@ impl RetryLab {
             cuts,
             duplicates,
             retried_unexecuted,
+            maybe_read,
             aborts,
             failed,
             unlogged,

@@ -127,6 +127,13 @@ impl<H: HostView> Enricher<H> {
             tracing::debug!(sock = io.skaddr, step = ?io.step, tid = io.meta.pid, "upstream io on an unknown socket");
             return; // not a connection to a container
         };
+        if io.meta.tgid != up.proxy.tgid {
+            // Another process's connection at the address the proxy's closed one had: the
+            // kernel follows every connection to a container, and its connect may not have
+            // reached the agent.
+            tracing::debug!(sock = io.skaddr, step = ?io.step, tgid = io.meta.tgid, proxy = up.proxy.tgid, "upstream io by another process");
+            return;
+        }
         tracing::debug!(sock = io.skaddr, step = ?io.step, tid = io.meta.pid, backend = %up.key, "upstream io");
         let step = match io.step {
             IoStep::Cut {
@@ -185,6 +192,10 @@ impl<H: HostView> Enricher<H> {
         let (old, new) = (s.old, s.new);
         match (old, new) {
             (Some(Close), Some(SynSent)) => {
+                // A socket address reused, by any process: the old connection's record is
+                // over (the kernel follows every connection to a container, a proxy's or
+                // not, and its I/O must not be read as the old proxy connection's).
+                self.upstreams.closed.remove(&s.skaddr);
                 // connect(): process context, the local port is not chosen yet.
                 let Some(key) = self.backend_of(conn.remote) else {
                     return false;
@@ -196,8 +207,6 @@ impl<H: HostView> Enricher<H> {
                 if !proxy.prober && now <= found_at.saturating_add(KERNEL_CATCH_UP) {
                     self.upstreams.follow.push(s.skaddr);
                 }
-                // A socket address reused: the old connection's record is over.
-                self.upstreams.closed.remove(&s.skaddr);
                 let up = Upstream {
                     sock: s.skaddr,
                     key: key.clone(),
