@@ -1,8 +1,8 @@
 //! `sock_length`: `sock_send_length` and `sock_recv_length` (tp_btf), which every socket's
 //! send and receive pass, and `tcp_destroy_sock`. Only proxies' upstream sockets
 //! (`UPSTREAM_SOCKS`, filled where a proxy connects) are followed; any other socket costs one
-//! hash miss, plus, only within a window after a cut, a look at the `CHAINS` slot of the
-//! current thread.
+//! hash miss and a look at the current thread's `CHAINS` slot (the clock is read only when
+//! that slot holds a chain).
 //!
 //! Per request: a send after a response byte (or on a fresh socket) starts a request; bytes
 //! sent add to it; the first response byte ends it. A recv of EOF or a connection error (or a
@@ -43,12 +43,6 @@ pub static PROXIES: HashMap<u32, u8> = HashMap::with_max_entries(sock_length::PR
 #[map]
 static CHAINS: Array<Chain> = Array::with_max_entries(sock_length::CHAINS, 0);
 
-/// The latest end of any chain's window (0: none), so that other traffic skips the chain
-/// lookup (and the clock) outside the windows. Written without atomics: a lost race ends a
-/// chain early (a missed retry, never a false one).
-#[map]
-static CHAIN_ARMED: Array<u64> = Array::with_max_entries(1, 0);
-
 #[inline(always)]
 fn window_ns() -> u64 {
     u64::from(cfg(&CONFIG.retry_window_us)) * 1000
@@ -64,35 +58,18 @@ fn now() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
+/// The current thread's chain slot, if the slot is its own, in a state, and fresh; `None`
+/// otherwise (ending an expired chain on the way). Only the owning thread writes its slot
+/// (a colliding thread takes it over, counted as `ChainLost`), so no global "any chain open"
+/// flag is kept: one, written from every CPU without atomics, lost windows under races.
 #[inline(always)]
-fn arm(until: u64) {
-    if let Some(a) = CHAIN_ARMED.get_ptr_mut(0) {
-        unsafe {
-            if *a < until {
-                *a = until;
-            }
-        }
-    }
-}
-
-/// The current thread's chain slot, if any window is open and the slot is its own, in a
-/// state, and fresh; `None` otherwise (closing an expired global window on the way).
-#[inline(always)]
-fn own_chain(tid: u32, now: u64) -> Option<*mut Chain> {
-    let armed = CHAIN_ARMED.get_ptr_mut(0)?;
-    let until = unsafe { *armed };
-    if until == 0 {
-        return None;
-    }
-    if now > until {
-        unsafe { *armed = 0 };
-        return None;
-    }
+fn own_chain(tid: u32) -> Option<(*mut Chain, u64)> {
     let c = CHAINS.get_ptr_mut(tid % sock_length::CHAINS)?;
     let (own, state) = unsafe { ((*c).tid == tid, (*c).state) };
     if !own || state == 0 {
         return None;
     }
+    let now = now();
     let fresh = unsafe {
         if state == CHAIN_OPEN {
             now <= (*c).closed_at + window_ns()
@@ -104,7 +81,7 @@ fn own_chain(tid: u32, now: u64) -> Option<*mut Chain> {
         unsafe { (*c).state = 0 };
         return None;
     }
-    Some(c)
+    Some((c, now))
 }
 
 /// Socket I/O by the current thread on `sk` that is not its retry. An open chain ends (I/O on
@@ -113,14 +90,7 @@ fn own_chain(tid: u32, now: u64) -> Option<*mut Chain> {
 /// read does not: an event loop reads new requests between a cut and its retry.
 #[inline(always)]
 fn break_chain(sk: u64, answer: bool) {
-    let armed = match CHAIN_ARMED.get(0) {
-        Some(a) => *a,
-        None => return,
-    };
-    if armed == 0 {
-        return;
-    }
-    let Some(c) = own_chain(tid(), now()) else {
+    let Some((c, _)) = own_chain(tid()) else {
         return;
     };
     unsafe {
@@ -136,11 +106,7 @@ fn break_chain(sk: u64, answer: bool) {
 /// closed): the cut socket and when it was cut. The thread stays clean for its other cuts.
 #[inline(always)]
 fn take_chain(sk: Option<u64>) -> Option<(u64, u64)> {
-    let armed = CHAIN_ARMED.get(0).copied().unwrap_or(0);
-    if armed == 0 {
-        return None;
-    }
-    let c = own_chain(tid(), now())?;
+    let (c, _) = own_chain(tid())?;
     let (state, cut_sk, at) = unsafe { ((*c).state, (*c).cut_sk, (*c).cut_at) };
     if state != CHAIN_OPEN || sk == Some(cut_sk) {
         return None;
@@ -165,15 +131,13 @@ fn cut_seen(tid: u32, now: u64) {
             (*c).seen_at = now;
         }
     }
-    arm(now + sock_length::CUT_CLOSE_NS);
 }
 
 /// The current thread closed the cut socket `sk` (cut at `cut_at`): if it is clean since its
 /// latest cut, its next upstream action is the retry candidate.
 #[inline(always)]
 fn open_chain(sk: u64, cut_at: u64) {
-    let now = now();
-    let Some(c) = own_chain(tid(), now) else {
+    let Some((c, now)) = own_chain(tid()) else {
         return;
     };
     unsafe {
@@ -182,7 +146,6 @@ fn open_chain(sk: u64, cut_at: u64) {
         (*c).cut_at = cut_at;
         (*c).closed_at = now;
     }
-    arm(now + window_ns());
 }
 
 #[inline(always)]

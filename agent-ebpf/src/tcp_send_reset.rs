@@ -11,14 +11,14 @@ use drainwatch_common::{
     ABSENT_U32, AF_INET, AF_INET6, EventKind, Tuple,
     faults::FaultKind,
     fields::NO_FIELD,
-    tcp_send_reset::{Event, Fields},
+    tcp_send_reset::{ANSWERED_READ, Event, Fields},
 };
 
 use crate::{
     fault::fault,
     util::{
-        CONFIG, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, cfg, fill_header, ld,
-        out_of_scope, reserve, skb_netns, sock_netns, sock_state, sock_tuple, submit, tp_tuple,
+        CONFIG, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, cfg, fill_header, kread,
+        ld, out_of_scope, reserve, skb_netns, sock_netns, sock_state, sock_tuple, submit, tp_tuple,
         zeroed,
     },
 };
@@ -52,6 +52,7 @@ pub fn tcp_send_reset_btf(ctx: BtfTracePointContext) -> i32 {
         (btf_sock_netns(sk), state)
     };
     let full = !sk.is_null() && (0..32).contains(&state) && f.not_full_states & (1 << state) == 0;
+    let mut answered = 0;
     if full {
         btf_sock_tuple(sk, &mut tuple);
         // An aborted connection may have given up `skc_num` already.
@@ -59,7 +60,14 @@ pub fn tcp_send_reset_btf(ctx: BtfTracePointContext) -> i32 {
             tuple.sport = btf_inet_sport(sk);
         }
     } else if !skb.is_null() {
-        packet_tuple(skb, &mut tuple);
+        let k = &CONFIG.kernel;
+        if let (Some(head), Some(data), Some(nh)) = (
+            ld::<u64>(skb, cfg(&k.skb_head)),
+            ld::<u64>(skb, cfg(&k.skb_data)),
+            ld::<u16>(skb, cfg(&k.skb_network_header)),
+        ) {
+            answered = packet(head, data, nh, &mut tuple);
+        }
     }
     if out_of_scope(EventKind::TcpSendReset, netns, &tuple) {
         return 0;
@@ -73,35 +81,31 @@ pub fn tcp_send_reset_btf(ctx: BtfTracePointContext) -> i32 {
     ev.tuple = tuple;
     ev.state = state;
     ev.reason = reason;
+    ev.answered = answered;
+    ev._pad = 0;
     submit(entry);
     0
 }
 
-/// The 4-tuple of the packet a RST answers, reversed (local = its destination): the IP header
-/// at `head + network_header`, the TCP ports at `data`. The packet bytes are behind plain
-/// `unsigned char *` members, which the verifier does not let a program load through.
+/// The 4-tuple of the packet a RST answers, reversed (local = its destination), from the IP
+/// header at `head + nh` and the TCP header at `data`; returns its flags or'ed with
+/// `ANSWERED_READ` (0 if unread). The packet bytes are behind plain `unsigned char *`
+/// members, which the verifier does not let a program load through.
 #[inline(always)]
-fn packet_tuple(skb: *const u8, t: &mut Tuple) {
-    let k = &CONFIG.kernel;
-    let (Some(head), Some(data), Some(nh)) = (
-        ld::<u64>(skb, cfg(&k.skb_head)),
-        ld::<u64>(skb, cfg(&k.skb_data)),
-        ld::<u16>(skb, cfg(&k.skb_network_header)),
-    ) else {
-        return;
-    };
-    let Ok(ports) = (unsafe { bpf_probe_read_kernel(data as *const [u8; 4]) }) else {
+fn packet(head: u64, data: u64, nh: u16, t: &mut Tuple) -> u32 {
+    // Ports, then the flags byte at offset 13.
+    let Ok(th) = (unsafe { bpf_probe_read_kernel(data as *const [u8; 14]) }) else {
         fault(EventKind::TcpSendReset, FaultKind::PacketRead);
-        return;
+        return 0;
     };
     // IPv4's 20 bytes or IPv6's 40, whichever the version nibble says.
     let Ok(ip) = (unsafe { bpf_probe_read_kernel((head + u64::from(nh)) as *const [u8; 40]) })
     else {
         fault(EventKind::TcpSendReset, FaultKind::PacketRead);
-        return;
+        return 0;
     };
-    t.dport = u16::from_be_bytes([ports[0], ports[1]]);
-    t.sport = u16::from_be_bytes([ports[2], ports[3]]);
+    t.dport = u16::from_be_bytes([th[0], th[1]]);
+    t.sport = u16::from_be_bytes([th[2], th[3]]);
     if ip[0] >> 4 == 6 {
         t.family = AF_INET6;
         t.daddr.copy_from_slice(&ip[8..24]);
@@ -110,6 +114,22 @@ fn packet_tuple(skb: *const u8, t: &mut Tuple) {
         t.family = AF_INET;
         t.daddr[..4].copy_from_slice(&ip[12..16]);
         t.saddr[..4].copy_from_slice(&ip[16..20]);
+    }
+    ANSWERED_READ | u32::from(th[13])
+}
+
+/// [`packet`] for an untyped `sk_buff` pointer (classic tracepoint, kprobes).
+#[inline(always)]
+fn packet_probe(skb: u64, t: &mut Tuple) -> u32 {
+    let k = &CONFIG.kernel;
+    let kind = EventKind::TcpSendReset;
+    match (
+        kread::<u64>(kind, skb, cfg(&k.skb_head)),
+        kread::<u64>(kind, skb, cfg(&k.skb_data)),
+        kread::<u16>(kind, skb, cfg(&k.skb_network_header)),
+    ) {
+        (Some(head), Some(data), Some(nh)) => packet(head, data, nh, t),
+        _ => 0,
     }
 }
 
@@ -158,6 +178,14 @@ fn try_tcp_send_reset(ctx: &TracePointContext) -> Option<()> {
     } else {
         tp_tuple(&rec, &f.addr, &mut tuple);
     }
+    // The record has the tuple; only the answered segment's flags come from the packet.
+    let mut answered = 0;
+    if skaddr == 0
+        && let Some(skb) = rec.get::<u64>(f.skbaddr)
+    {
+        let mut scratch = zeroed::<Tuple>();
+        answered = packet_probe(skb, &mut scratch);
+    }
     if out_of_scope(EventKind::TcpSendReset, netns, &tuple) {
         return None;
     }
@@ -165,6 +193,8 @@ fn try_tcp_send_reset(ctx: &TracePointContext) -> Option<()> {
     let ev = unsafe { entry.assume_init_mut() };
     fill_header(&mut ev.header, EventKind::TcpSendReset, netns);
     ev.skaddr = skaddr;
+    ev.answered = answered;
+    ev._pad = 0;
     ev.tuple = tuple;
     ev.state = if skaddr == 0 {
         -1
@@ -182,16 +212,22 @@ fn try_tcp_send_reset(ctx: &TracePointContext) -> Option<()> {
 #[inline(always)]
 fn probe_send_reset(ctx: &ProbeContext, has_skb: bool) -> Option<()> {
     let sk: u64 = ctx.arg::<*const u8>(0).map_or(0, |p| p as u64);
-    let netns = if sk != 0 {
-        sock_netns(EventKind::TcpSendReset, sk)
-    } else if has_skb {
-        ctx.arg::<*const u8>(1)
-            .map_or(0, |p| skb_netns(EventKind::TcpSendReset, p as u64))
+    let skb: u64 = if has_skb {
+        ctx.arg::<*const u8>(1).map_or(0, |p| p as u64)
     } else {
         0
     };
     let mut tuple = zeroed::<Tuple>();
-    sock_tuple(EventKind::TcpSendReset, sk, &mut tuple);
+    let mut answered = 0;
+    let netns = if sk != 0 {
+        sock_tuple(EventKind::TcpSendReset, sk, &mut tuple);
+        sock_netns(EventKind::TcpSendReset, sk)
+    } else if skb != 0 {
+        answered = packet_probe(skb, &mut tuple);
+        skb_netns(EventKind::TcpSendReset, skb)
+    } else {
+        0
+    };
     if out_of_scope(EventKind::TcpSendReset, netns, &tuple) {
         return None;
     }
@@ -206,6 +242,8 @@ fn probe_send_reset(ctx: &ProbeContext, has_skb: bool) -> Option<()> {
         sock_state(EventKind::TcpSendReset, sk)
     };
     ev.reason = ABSENT_U32;
+    ev.answered = answered;
+    ev._pad = 0;
     submit(entry);
     Some(())
 }

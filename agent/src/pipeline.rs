@@ -90,6 +90,9 @@ impl<H: HostView> Pipeline<H> {
             self.enricher.expire(now, self.retention);
             let obs = self.enricher.scan();
             self.correlate(now, obs, false);
+            self.telemetry
+                .starts
+                .set_unowned_resets(self.enricher.unowned_dropped());
             let emitted = self.with_correlator(|c| c.tick(now));
             self.record(&emitted);
         }

@@ -18,6 +18,21 @@ pub struct Event {
     pub state: i32,
     /// `enum sk_rst_reason`, `ABSENT_U32` on kernels before 6.10.
     pub reason: u32,
+    /// The TCP flags of the segment the RST answers, or'ed with `ANSWERED_READ`; 0 when
+    /// unknown (an active reset answers no segment, or the packet could not be read).
+    pub answered: u32,
+    pub _pad: u32,
+}
+
+/// `Event::answered`: the answered segment's flags were read.
+pub const ANSWERED_READ: u32 = 0x100;
+pub const TCP_SYN: u32 = 0x02;
+pub const TCP_ACK: u32 = 0x10;
+
+/// Whether the RST answered a connection attempt (a SYN without ACK: a refused connect);
+/// `None` when the answered segment is unknown.
+pub fn answers_syn(answered: u32) -> Option<bool> {
+    (answered & ANSWERED_READ != 0).then_some(answered & (TCP_SYN | TCP_ACK) == TCP_SYN)
 }
 
 /// Field offsets in the tracepoint record; `NO_FIELD` where this kernel has none.
@@ -54,4 +69,4 @@ impl Fields {
 pod!(Event, Fields);
 
 // The layout is a contract with the kernel side (see the crate root).
-const _: () = assert!(core::mem::size_of::<Event>() == 104);
+const _: () = assert!(core::mem::size_of::<Event>() == 112);

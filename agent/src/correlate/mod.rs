@@ -6,17 +6,21 @@
 pub mod deploys;
 pub mod probes;
 pub mod retries;
+pub mod starts;
 pub mod stops;
 pub mod storms;
 
 use crate::model::{
-    Emitted, Fact, HashSet, ListenSample, Mono, Observation, Workload, stop::Stop, storm::Storm,
+    Emitted, Fact, HashSet, ListenSample, Mono, Observation, Workload, start::Start, stop::Stop,
+    storm::Storm,
 };
 
-/// The stop tracker (with its retry matcher) and the storm detector behind one door.
+/// The stop tracker (with its retry matcher), the start records and the storm detector
+/// behind one door.
 #[derive(Debug, Default)]
 pub struct Correlator {
     tracker: stops::Tracker,
+    starts: starts::Starts,
     storms: storms::Storms,
 }
 
@@ -24,6 +28,7 @@ impl Correlator {
     pub fn new(tracker: stops::Config, storms: storms::Config) -> Self {
         Self {
             tracker: stops::Tracker::new(tracker),
+            starts: starts::Starts::default(),
             storms: storms::Storms::new(storms),
         }
     }
@@ -33,6 +38,7 @@ impl Correlator {
     pub fn observe(&mut self, at: Mono, obs: Vec<Observation>, event: bool) -> Vec<Emitted> {
         let mut out = Vec::new();
         for o in obs {
+            self.feed_starts(at, &o);
             match &o {
                 Observation::Container { identity, .. } => out.push(Emitted::ContainerSeen {
                     container: identity.clone(),
@@ -41,6 +47,7 @@ impl Correlator {
                     container,
                     direction,
                     reason,
+                    ..
                 } => out.push(Emitted::Reset {
                     container: container.clone(),
                     direction: *direction,
@@ -87,8 +94,41 @@ impl Correlator {
             .map(|s| Emitted::Storm(Box::new(s)))
             .collect();
         self.tracker.tick(now);
+        self.starts.tick(now);
         self.drain(&mut out);
         out
+    }
+
+    /// What start records need of an observation made at `at`.
+    fn feed_starts(&mut self, at: Mono, o: &Observation) {
+        match o {
+            Observation::Started {
+                identity,
+                at,
+                netns,
+                restart,
+            } => self.starts.started(identity, *at, *netns, *restart),
+            Observation::RefusedAt {
+                netns,
+                port,
+                at,
+                upstream,
+                ..
+            } => {
+                let probe = self.tracker.is_probe(*upstream);
+                self.starts.refused(*netns, *port, *at, probe);
+            }
+            Observation::ListenerOpened { key, addr } => self.starts.listened(key, addr.port(), at),
+            Observation::Listener {
+                container,
+                fact: Fact::AcceptWait(_),
+                ..
+            } => self.starts.accepted(&container.id, at),
+            Observation::Signal { key, .. } | Observation::Exit { key, .. } => {
+                self.starts.stopped(key)
+            }
+            _ => {}
+        }
     }
 
     /// A sample of the listen path: queue depths and namespace counters for storms.
@@ -118,6 +158,7 @@ impl Correlator {
             }
             out.push(e);
         }
+        out.extend(self.starts.take_emitted());
     }
 
     /// Workloads whose listen path is sampled fast (a recent stop, or a storm in progress).
@@ -131,6 +172,11 @@ impl Correlator {
 
     pub fn storms(&self) -> &[Storm] {
         self.storms.storms()
+    }
+
+    /// Start records, oldest first.
+    pub fn starts(&self) -> Vec<Start> {
+        self.starts.starts().cloned().collect()
     }
 
     /// The newest event time fed so far.

@@ -761,6 +761,18 @@ fn loss_events_keep_their_times_and_routing_lag_counts_refused_attempts() {
             container: std::sync::Arc::new(identity("c1", "web")),
             direction: ResetDirection::Sent,
             reason: "NOT_SPECIFIED".into(),
+            on_connection: true,
+        },
+    );
+    // The namespace's own RSTs (a refused connect elsewhere, a socket nobody follows) are
+    // counted in the metrics only, not as the stop's loss.
+    t.observe(
+        ms(3950),
+        O::Reset {
+            container: std::sync::Arc::new(identity("c1", "web")),
+            direction: ResetDirection::Sent,
+            reason: "NO_SOCKET".into(),
+            on_connection: false,
         },
     );
     let s = only_stop(&t);

@@ -279,31 +279,76 @@ fn a_syn_to_a_closed_listener_is_refused_only_in_that_namespace() {
         e.on_event(&closed).as_slice(),
         [O::ListenerClosed { .. }]
     ));
-    let rst = |netns: u32, port: u16| {
+    let rst = |netns: u32, port: u16, answers_syn: Option<bool>| {
         Event::ResetSent(ResetSent {
             meta: meta(0, netns, 0),
             skaddr: 0,
             conn: conn(&format!("10.88.0.5:{port}"), "10.88.0.1:50000"),
             state: None,
             reason: named("NO_SOCKET"),
+            answers_syn,
         })
     };
-    // Held for the attempt's own side (see `refusals`), then reported unjoined.
-    assert!(e.on_event(&rst(NS, 8080)).is_empty());
-    assert!(e.on_event(&rst(NS, 9999)).is_empty(), "never a listener");
+    let namespace_reset = |obs: &[O]| {
+        matches!(obs, [O::Reset { container, direction: ResetDirection::Sent, reason, on_connection: false }]
+            if container.id == ID && reason == "NO_SOCKET")
+    };
+    // Each is the namespace's RST (its container's, the only one there); a refusal is held
+    // for the attempt's own side (see `refusals`), then reported unjoined.
+    assert!(namespace_reset(&e.on_event(&rst(NS, 8080, Some(true)))));
+    assert!(namespace_reset(&e.on_event(&rst(NS, 9999, Some(true)))));
+    // Data to a closed port (no SYN) is a RST but no refused connect.
+    assert!(namespace_reset(&e.on_event(&rst(NS, 7777, Some(false)))));
+    // The answered segment unknown: only the former listening address tells a refusal.
+    assert!(namespace_reset(&e.on_event(&rst(NS, 6666, None))));
     assert!(
-        e.on_event(&rst(HOST_NS, 8080)).is_empty(),
-        "another namespace"
+        e.on_event(&rst(HOST_NS, 8080, Some(true))).is_empty(),
+        "the host's namespace is no container's"
     );
-    assert_eq!(
-        e.flush(2_000_000_000),
-        [O::Refused {
-            key: ID.into(),
-            at: 1,
-            upstream: None
-        }]
+    let flushed = e.flush(2_000_000_000);
+    assert!(
+        matches!(flushed.as_slice(), [
+            O::Refused { key, at: 1, upstream: None },
+            O::RefusedAt { container, netns: NS, port: 9999, at: 1, upstream: None },
+        ] if key == ID && container.id == ID),
+        "{flushed:#?}"
     );
     assert!(e.flush(3_000_000_000).is_empty());
+}
+
+#[test]
+fn a_pods_own_resets_go_to_the_port_holder_else_to_the_pod_as_a_whole() {
+    let mut e = enricher();
+    e.scan();
+    let rst = |port: u16| {
+        Event::ResetSent(ResetSent {
+            meta: meta(0, NS, 0),
+            skaddr: 0,
+            conn: conn(&format!("10.88.0.5:{port}"), "10.88.0.1:50000"),
+            state: None,
+            reason: named("NO_SOCKET"),
+            answers_syn: Some(false),
+        })
+    };
+    let owner = |obs: Vec<O>| match obs.as_slice() {
+        [O::Reset { container, .. }] => (container.id.clone(), container.name.clone()),
+        other => panic!("{other:#?}"),
+    };
+    assert_eq!(
+        owner(e.on_event(&rst(5555))),
+        (ID.to_string(), "web-2".into())
+    );
+    // A second container joins the namespace (a pod's sidecar).
+    e.add_test_container("sidecar", NS);
+    // The port of the first one's listener is still its own; any other is the pod's.
+    assert_eq!(
+        owner(e.on_event(&rst(8080))),
+        (ID.to_string(), "web-2".into())
+    );
+    assert_eq!(
+        owner(e.on_event(&rst(5555))),
+        (String::new(), String::new())
+    );
 }
 
 #[test]
@@ -342,8 +387,18 @@ fn a_refusal_seen_from_the_attempts_side_names_a_proxys_socket_only() {
             conn: conn("10.88.0.5:8080", &client),
             state: None,
             reason: named("NO_SOCKET"),
+            answers_syn: Some(true),
         });
-        assert!(e.on_event(&sent).is_empty(), "held");
+        assert!(
+            matches!(
+                e.on_event(&sent).as_slice(),
+                [O::Reset {
+                    on_connection: false,
+                    ..
+                }]
+            ),
+            "the refusal held"
+        );
         let received = Event::ResetReceived(crate::capture::event::ResetReceived {
             meta: meta(0, HOST_NS, 0),
             skaddr: 0xd1,
@@ -462,9 +517,10 @@ fn inbound_connections_close_by_container_or_by_peer() {
         conn: None,
         state: None,
         reason: named("TCP_ABORT_ON_CLOSE"),
+        answers_syn: None,
     });
     assert!(
-        matches!(e.on_event(&rst).as_slice(), [O::Reset { reason, direction: ResetDirection::Sent, .. }] if reason == "TCP_ABORT_ON_CLOSE")
+        matches!(e.on_event(&rst).as_slice(), [O::Reset { reason, direction: ResetDirection::Sent, on_connection: true, .. }] if reason == "TCP_ABORT_ON_CLOSE")
     );
 }
 

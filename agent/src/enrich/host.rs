@@ -59,6 +59,10 @@ pub trait HostView {
     fn local_ips(&self, pid: u32) -> Vec<IpAddr>;
     /// The cgroup v2 id (the directory's inode) of a container cgroup path.
     fn cgroup_v2_id(&self, path: &str) -> Option<u64>;
+    /// When `pid` started, in kernel monotonic ns (to the clock tick); `None` if unknown.
+    fn start_ns(&self, _pid: u32) -> Option<u64> {
+        None
+    }
     fn metadata(&self, owner: &CgroupOwner) -> ContainerMeta;
     /// The text of `pid`'s network namespace's `net/netstat`.
     fn netstat(&self, pid: u32) -> Option<String>;
@@ -270,6 +274,16 @@ impl HostView for Procfs {
             drop(p);
         }
         ips
+    }
+
+    /// `/proc/<pid>/stat`'s start time, in clock ticks since boot (boot time equals kernel
+    /// monotonic time on a node that never suspends).
+    fn start_ns(&self, pid: u32) -> Option<u64> {
+        let p =
+            procfs::process::Process::new_with_root(self.proc_root.join(pid.to_string())).ok()?;
+        let ticks = p.stat().ok()?.starttime;
+        let hz = procfs::ticks_per_second().max(1);
+        Some(ticks.saturating_mul(1_000_000_000 / hz))
     }
 
     fn cgroup_v2_id(&self, path: &str) -> Option<u64> {

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use super::{
-    ContainerIdentity, Fact, ListenSample, LossKind, Mono, ResetDirection, stop::Stop, storm::Storm,
+    ContainerIdentity, Fact, ListenSample, LossKind, Mono, ResetDirection, start::Start,
+    stop::Stop, storm::Storm,
 };
 
 /// What became of a request a backend cut (`correlate::retries`).
@@ -47,6 +48,8 @@ pub enum Emitted {
     },
     /// A stop will not change any more.
     Settled { stop: Box<Stop> },
+    /// A start will not change any more.
+    StartSettled { start: Box<Start> },
     /// What a proxy did about a request the container cut, stop or not.
     Retry {
         container: ContainerIdentity,

@@ -7,6 +7,7 @@ pub mod emitted;
 pub mod identity;
 pub mod loss;
 pub mod observation;
+pub mod start;
 pub mod stop;
 pub mod storm;
 pub mod tcp;

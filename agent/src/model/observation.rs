@@ -63,6 +63,14 @@ pub enum Observation {
         listeners: Vec<SocketAddr>,
         inbound: Vec<u64>,
     },
+    /// It started while the agent ran: a new container, or one restarted in place
+    /// (`restart`). `at`: when its PID 1 started; `netns`: its network namespace.
+    Started {
+        identity: Arc<ContainerIdentity>,
+        at: Mono,
+        netns: Option<u32>,
+        restart: bool,
+    },
     /// A stop signal from outside the container.
     Signal {
         key: String,
@@ -100,18 +108,32 @@ pub enum Observation {
         upstream: Option<u64>,
         request_bytes: u64,
     },
-    /// A RST on one of its connections, sent by its stack (with the kernel's reason) or
-    /// received (reason "none": the kernel gives none).
+    /// A RST its network namespace sent (with the kernel's reason) or one of its sockets
+    /// received (reason "none": the kernel gives none). `on_connection`: on a connection the
+    /// agent follows (what a stop counts); else the namespace's own, attributed by port (see
+    /// `enrich::attribute::resets`), and `container` may be the pod as a whole (name "").
     Reset {
         container: Arc<ContainerIdentity>,
         direction: ResetDirection,
         reason: String,
+        on_connection: bool,
     },
     /// A SYN to a listening address it had closed was answered with RST, at `at`. `upstream`:
     /// the connecting socket, when the attempt was seen from its side too (a process on this
     /// node).
     Refused {
         key: String,
+        at: Mono,
+        upstream: Option<u64>,
+    },
+    /// A SYN to `port` of namespace `netns`, where it never listened (or listens, at another
+    /// address, or listened in an earlier run), answered with RST at `at`: a refused connect,
+    /// counted, no stop's loss, and a start's when it listens there next. `container` may be
+    /// the pod as a whole (name ""). `upstream` as for `Refused`.
+    RefusedAt {
+        container: Arc<ContainerIdentity>,
+        netns: u32,
+        port: u16,
         at: Mono,
         upstream: Option<u64>,
     },
@@ -171,9 +193,13 @@ impl Observation {
             Observation::Container { identity, .. } | Observation::Identity { identity } => {
                 &identity.id
             }
-            Observation::Reset { container, .. } | Observation::Listener { container, .. } => {
-                &container.id
-            }
+            Observation::Reset { container, .. }
+            | Observation::Listener { container, .. }
+            | Observation::RefusedAt { container, .. }
+            | Observation::Started {
+                identity: container,
+                ..
+            } => &container.id,
             Observation::Signal { key, .. }
             | Observation::Exit { key, .. }
             | Observation::ListenerOpened { key, .. }

@@ -1,7 +1,7 @@
 //! The agent's metrics (prometheus-client 0.26), on the ground floor so every stage may count:
 //! [`Telemetry`] owns the registry and one part per subsystem, each registering its own
 //! families (`register(&mut Registry) -> Self`, as linkerd2-proxy does): the agent's own
-//! health (`agent`), per-container stop families (`stops`), the accept path and storms
+//! health (`agent`), per-container stop and start families (`stops`, `starts`), the accept path and storms
 //! (`listeners`), behind one cardinality cap (`cap`). The pipeline reaches it only through
 //! [`Telemetry::record`]; the agent's internal events count and log through `internal`.
 //! prometheus-client appends `_total` to counters and `_info` to info metrics itself.
@@ -11,6 +11,7 @@ pub mod cap;
 pub mod internal;
 pub mod labels;
 pub mod listeners;
+pub mod starts;
 pub mod stops;
 
 use std::sync::Arc;
@@ -25,12 +26,14 @@ pub use agent::{AgentMetrics, Attach};
 pub use cap::MAX_CONTAINERS;
 pub use labels::{LossStage, ProcfsFile};
 pub use listeners::ListenerMetrics;
+pub use starts::StartMetrics;
 pub use stops::StopMetrics;
 
 pub struct Telemetry {
     registry: Registry,
     pub agent: AgentMetrics,
     pub stops: StopMetrics,
+    pub starts: StartMetrics,
     pub listeners: ListenerMetrics,
     limits: internal::Limits,
 }
@@ -42,11 +45,13 @@ impl Telemetry {
         let agent = AgentMetrics::register(&mut registry, kernel);
         let cap = Arc::new(cap::Cap::register(&mut registry));
         let stops = StopMetrics::register(&mut registry, cap.clone());
+        let starts = StartMetrics::register(&mut registry, cap.clone());
         let listeners = ListenerMetrics::register(&mut registry, cap);
         Self {
             registry,
             agent,
             stops,
+            starts,
             listeners,
             limits: internal::Limits::default(),
         }
@@ -60,13 +65,17 @@ impl Telemetry {
     /// What the correlator reported: the one way the pipeline reaches the metrics.
     pub fn record(&self, e: &Emitted) {
         match e {
-            Emitted::ContainerSeen { container } => self.stops.container_seen(container),
+            Emitted::ContainerSeen { container } => {
+                self.stops.container_seen(container);
+                self.starts.container_seen(container);
+            }
             Emitted::Loss {
                 container,
                 kind,
                 reason,
             } => self.stops.stop_loss(container, *kind, reason.as_deref()),
             Emitted::Settled { stop } => self.stops.stop_settled(stop),
+            Emitted::StartSettled { start } => self.starts.start_settled(start),
             Emitted::StopBegan { .. } => {}
             Emitted::Retry {
                 container,

@@ -122,12 +122,12 @@ impl StopMetrics {
         );
         registry.register(
             "drainwatch_connection_resets",
-            "RSTs on containers' connections, stop or not, by direction and kernel reason",
+            "RSTs a container's network namespace sent (summed over reasons: the namespace's TcpOutRsts) or its sockets received, stop or not; container=\"\" for a pod's own that no container's port accounts for",
             m.connection_resets.clone(),
         );
         registry.register(
             "drainwatch_refused_connections",
-            "Connection attempts refused at a container's former listening address, stop or not",
+            "Connects a container's network namespace refused (a SYN answered with RST), at a former listening address or any other port, stop or not; health checks apart",
             m.refused_connections.clone(),
         );
         registry.register(
@@ -276,7 +276,7 @@ impl StopMetrics {
             .inc();
     }
 
-    /// A connection refused at a container's former listening address, in or out of a stop.
+    /// A connect a container's namespace refused, in or out of a stop.
     pub fn refused_connection(&self, c: &ContainerIdentity) {
         let l = ContainerLabels::from(c);
         if self.cap.admit(&l, "drainwatch_refused_connections") {

@@ -3,7 +3,7 @@
 
 use drainwatch_common::{
     ABSENT_U32,
-    tcp_send_reset::{Event, Fields},
+    tcp_send_reset::{Event, Fields, answers_syn},
 };
 
 use crate::capture::{
@@ -20,6 +20,9 @@ pub struct ResetSent {
     pub state: Option<TcpState>,
     /// `None` on kernels before 6.10 (no reason in the tracepoint).
     pub reason: Option<Named>,
+    /// Whether it answered a connection attempt (a SYN): a refused connect. `None` when the
+    /// answered segment is unknown (an active reset answers none).
+    pub answers_syn: Option<bool>,
 }
 
 /// Since 6.10 the addresses are 28-byte sockaddr blobs and `reason` exists; before, separate
@@ -52,6 +55,7 @@ pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<ResetSent, DecodeErro
         conn: Endpoints::from_tuple(&e.tuple),
         state: names.tcp_state(e.state),
         reason: (e.reason != ABSENT_U32).then(|| names.rst_reason(e.reason)),
+        answers_syn: answers_syn(e.answered),
     })
 }
 
@@ -115,9 +119,13 @@ mod tests {
             tuple: v4_tuple([127, 0, 0, 1], 9, [127, 0, 0, 1], 51000),
             state: -1,
             reason: 1,
+            // It answered a SYN.
+            answered: drainwatch_common::tcp_send_reset::ANSWERED_READ | 0x02,
+            _pad: 0,
         };
         let d = decode(&bytes_of(&e), &names).unwrap();
         assert_eq!(d.skaddr, 0);
+        assert_eq!(d.answers_syn, Some(true));
         assert_eq!(d.reason.unwrap().name.as_deref(), Some("NO_SOCKET"));
         assert_eq!(d.state, None);
         let conn = d.conn.unwrap();
@@ -137,9 +145,12 @@ mod tests {
             tuple: v4_tuple([10, 0, 0, 1], 80, [10, 0, 0, 2], 40000),
             state: 1,
             reason: ABSENT_U32,
+            answered: 0,
+            _pad: 0,
         };
         let d = decode(&bytes_of(&e), &KernelNames::default()).unwrap();
         assert_eq!(d.reason, None);
+        assert_eq!(d.answers_syn, None);
         assert_eq!(d.state, Some(crate::model::TcpState::Other(1)));
     }
 }

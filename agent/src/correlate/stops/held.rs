@@ -1,4 +1,4 @@
-//! Observations that cannot be judged yet. A refused attempt on a tick of a learned check
+//! Refusals, and observations that cannot be judged yet. A refused attempt on a tick of a learned check
 //! schedule carries no size: the check is the attempt of that tick closest to its due time,
 //! and an attempt's refusal is known microseconds after its connect, before a later attempt of
 //! the same tick has even connected. Such a refusal waits, in event time, until the tick's
@@ -7,8 +7,8 @@
 
 use super::Tracker;
 use crate::{
-    correlate::probes::Attempt,
-    model::{Mono, Observation},
+    correlate::probes::{Attempt, ProbeSource},
+    model::{ContainerIdentity, Emitted, LossKind, Mono, Observation},
 };
 
 /// Held at most; past it the oldest is judged at once (never dropped).
@@ -95,5 +95,31 @@ impl Tracker {
     fn judge(&mut self, r: Refusal) {
         let probe = self.probes.classify_attempt(r.attempt, None);
         self.refusal(&r.key, r.at, probe);
+    }
+}
+
+impl Tracker {
+    /// A refused attempt at `at`, a probe or a request.
+    pub(super) fn refusal(&mut self, key: &str, at: Mono, probe: Option<ProbeSource>) {
+        if probe.is_none()
+            && let Some(c) = self.containers.get(key)
+        {
+            // Stop or not: the refused requests of a known container.
+            self.emitted.push(Emitted::Refused {
+                container: c.identity.clone(),
+            });
+        }
+        let kind = self.probe_or(key, probe, LossKind::Refused, LossKind::ProbeRefused);
+        self.count(key, kind, None, at, None);
+    }
+
+    /// A connect refused where no listener of the container had been: counted (a health
+    /// check apart), no stop's loss.
+    pub(super) fn refused_elsewhere(&mut self, c: &ContainerIdentity, upstream: Option<u64>) {
+        if self.probes.classify(upstream, None).is_none() {
+            self.emitted.push(Emitted::Refused {
+                container: c.clone(),
+            });
+        }
     }
 }

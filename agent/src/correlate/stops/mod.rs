@@ -112,6 +112,11 @@ impl Tracker {
         &self.stops
     }
 
+    /// Whether the attempt on `upstream` (a failed one) was a health check.
+    pub fn is_probe(&mut self, upstream: Option<u64>) -> bool {
+        self.probes.classify(upstream, None).is_some()
+    }
+
     /// Takes what happened since the last call, for metrics.
     pub fn take_emitted(&mut self) -> Vec<Emitted> {
         std::mem::take(&mut self.emitted)
@@ -255,7 +260,7 @@ impl Tracker {
             return;
         }
         match obs {
-            Observation::Container { .. } => {}
+            Observation::Container { .. } | Observation::Started { .. } => {}
             Observation::Identity { identity } => {
                 if let Some(s) = self.stop_mut(&key).filter(|s| !s.settled) {
                     s.grace_configured_seconds = identity.stop_policy.grace_configured_seconds;
@@ -406,6 +411,7 @@ impl Tracker {
             Observation::Reset {
                 direction: ResetDirection::Sent,
                 reason,
+                on_connection: true,
                 ..
             } => self.count(&key, LossKind::ResetsSent, Some(reason), now, None),
             Observation::Reset { .. } | Observation::Listener { .. } => {}
@@ -413,6 +419,11 @@ impl Tracker {
                 let probe = self.probes.classify(upstream, None);
                 self.refusal(&key, at, probe);
             }
+            Observation::RefusedAt {
+                container,
+                upstream,
+                ..
+            } => self.refused_elsewhere(&container, upstream),
             Observation::Unreachable { upstream, .. } => {
                 let gone = self
                     .containers
@@ -440,20 +451,6 @@ impl Tracker {
                 }
             }
         }
-    }
-
-    /// A refused attempt at `at`, a probe or a request.
-    fn refusal(&mut self, key: &str, at: Mono, probe: Option<ProbeSource>) {
-        if probe.is_none()
-            && let Some(c) = self.containers.get(key)
-        {
-            // Stop or not: the refused requests of a known container.
-            self.emitted.push(Emitted::Refused {
-                container: c.identity.clone(),
-            });
-        }
-        let kind = self.probe_or(key, probe, LossKind::Refused, LossKind::ProbeRefused);
-        self.count(key, kind, None, at, None);
     }
 
     /// `probe` when the attempt was a probe (and, told apart by a schedule, counted as such

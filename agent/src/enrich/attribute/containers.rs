@@ -128,6 +128,9 @@ impl<H: HostView> Enricher<H> {
             }
         }
         out.extend(self.refresh_identities());
+        self.scanned = true;
+        let now = self.refusals.event_time();
+        self.replay_unowned(now, &mut out);
         out
     }
 
@@ -191,6 +194,21 @@ impl<H: HostView> Enricher<H> {
         let runtime_identity = identity.clone();
         let identity = self.kube_identity(&identity, owner.pod_uid.as_deref());
         let main = main_process(procs);
+        let restart = self.containers.contains_key(key);
+        if restart {
+            // Its listeners of the run before: refusals there are this run's start's now.
+            let closed: Vec<(u32, u16)> = self
+                .listeners
+                .closed
+                .iter()
+                .filter(|(_, k)| k.as_str() == key)
+                .map(|(at, _)| *at)
+                .collect();
+            for at in closed {
+                self.listeners.closed.remove(&at);
+                self.listeners.reserved.insert(at, key.to_string());
+            }
+        }
         tracing::debug!(
             container = %identity.name,
             main = ?main.map(|p| (p.pid, &p.comm)),
@@ -243,12 +261,25 @@ impl<H: HostView> Enricher<H> {
                 inbound.push(id);
             }
         }
+        let shared_identity = Arc::new(identity.clone());
+        let init_pid = procs.iter().find(|p| p.ns_pid == Some(1)).map(|p| p.pid);
+        // Started while the agent ran (not found by its first scan): a start record.
+        let started = init_pid
+            .or(main_pid)
+            .filter(|_| self.scanned)
+            .and_then(|p| self.host.start_ns(p))
+            .map(|at| Observation::Started {
+                identity: Arc::clone(&shared_identity),
+                at,
+                netns,
+                restart,
+            });
         self.containers.insert(
             key.to_string(),
             Container {
-                identity: Arc::new(identity.clone()),
+                identity: shared_identity,
                 main_pid,
-                init_pid: procs.iter().find(|p| p.ns_pid == Some(1)).map(|p| p.pid),
+                init_pid,
                 shim_as_main: main.is_some_and(|m| m.ns_pid == Some(1) && is_shim(m)),
                 netns,
                 listener_inodes: HashSet::default(),
@@ -258,11 +289,13 @@ impl<H: HostView> Enricher<H> {
                 pod_uid: owner.pod_uid.clone(),
             },
         );
-        vec![Observation::Container {
+        let mut out = vec![Observation::Container {
             identity,
             listeners,
             inbound,
-        }]
+        }];
+        out.extend(started);
+        out
     }
 
     /// The container a process belongs to, looking it up (and adopting its container) when

@@ -23,6 +23,9 @@ pub(super) struct Listeners {
     pub(super) open: HashMap<(u32, u16), (Key, SocketAddr)>,
     /// Listeners that were closed: former owner.
     pub(super) closed: HashMap<(u32, u16), String>,
+    /// Listeners a container closed in an earlier run (it restarted in place since): a
+    /// refusal there is its start's, not its stop's.
+    pub(super) reserved: HashMap<(u32, u16), String>,
     /// Accept-queue limits of listeners opened while the agent ran.
     pub(super) backlog_limits: HashMap<(u32, u16), u32>,
 }
@@ -45,6 +48,7 @@ impl<H: HostView> Enricher<H> {
                 .open
                 .insert((ns, conn.local.port()), (Arc::new(key.clone()), conn.local));
             self.listeners.closed.remove(&(ns, conn.local.port()));
+            self.listeners.reserved.remove(&(ns, conn.local.port()));
             out.push(Observation::ListenerOpened {
                 key,
                 addr: conn.local,

@@ -4,18 +4,21 @@
 //! handshake completing) by network namespace, address and port, never by the current task.
 //!
 //! One [`Enricher`], its jobs in files of their own: `containers` (finding and naming them),
-//! `sockets` (their inbound connections), `upstreams` (proxies' connections to them),
+//! `sockets` (their inbound connections), `resets` (every RST and refused connect of their
+//! namespaces), `upstreams` (proxies' connections to them),
 //! `listeners` (the accept path) and `watch` (what the kernel filter must keep).
 
 mod containers;
 mod listeners;
 mod refusals;
+mod resets;
 mod sockets;
 mod upstreams;
 mod watch;
 
 use listeners::Listeners;
 use refusals::Refusals;
+use resets::Unowned;
 use sockets::{Sockets, Tracked};
 use upstreams::Upstreams;
 
@@ -24,10 +27,7 @@ use std::{net::IpAddr, sync::Arc};
 use super::{cgroup_path::parse_cgroup_path, host::HostView, kube::SharedStore};
 use crate::{
     capture::event::{Event, ExitStatus},
-    model::{
-        ContainerIdentity, ExitInfo, HashMap, HashSet, Observation, ResetDirection, Sender,
-        TcpState,
-    },
+    model::{ContainerIdentity, ExitInfo, HashMap, HashSet, Observation, Sender},
 };
 
 #[derive(Debug, Default)]
@@ -68,6 +68,7 @@ pub struct Enricher<H> {
     sockets: Sockets,
     upstreams: Upstreams,
     refusals: Refusals,
+    unowned_rsts: Unowned,
     /// Pids known not to be in any container (until they exit).
     not_containers: HashSet<u32>,
     /// Pod metadata from the Kubernetes API, when it is used.
@@ -78,6 +79,8 @@ pub struct Enricher<H> {
     host_netns: Option<u32>,
     /// Bumped whenever addresses or listeners behind `watch_set` may have changed.
     watch_generation: u64,
+    /// The first scan is done: containers adopted from now on started while the agent ran.
+    scanned: bool,
 }
 
 impl<H: HostView> Enricher<H> {
@@ -92,11 +95,13 @@ impl<H: HostView> Enricher<H> {
             sockets: Sockets::default(),
             upstreams: Upstreams::default(),
             refusals: Refusals::default(),
+            unowned_rsts: Unowned::default(),
             not_containers: HashSet::default(),
             kube: None,
             kube_generation: None,
             host_netns: None,
             watch_generation: 0,
+            scanned: false,
         }
     }
 
@@ -124,6 +129,7 @@ impl<H: HostView> Enricher<H> {
             .open
             .retain(|_, (k, _)| !expired.contains(k.as_str()));
         self.listeners.closed.retain(|_, k| !expired.contains(k));
+        self.listeners.reserved.retain(|_, k| !expired.contains(k));
         self.by_ip.retain(|_, k| !expired.contains(k));
         self.sockets
             .recent
@@ -144,6 +150,24 @@ impl<H: HostView> Enricher<H> {
     #[cfg(test)]
     pub fn host_mut(&mut self) -> &mut H {
         &mut self.host
+    }
+
+    /// A container in namespace `ns` with nothing else known (a pod's sidecar).
+    #[cfg(test)]
+    pub fn add_test_container(&mut self, id: &str, ns: u32) {
+        let identity = ContainerIdentity {
+            id: id.into(),
+            name: id.into(),
+            ..Default::default()
+        };
+        self.containers.insert(
+            id.into(),
+            Container {
+                identity: Arc::new(identity),
+                netns: Some(ns),
+                ..Default::default()
+            },
+        );
     }
 
     /// Whether a running container's listen path was never sampled (found since the last
@@ -209,34 +233,8 @@ impl<H: HostView> Enricher<H> {
                 }
             }
             Event::StateChange(s) => self.on_state(s, &mut out),
-            Event::ResetSent(r) => {
-                if r.skaddr != 0 {
-                    let reason = r
-                        .reason
-                        .as_ref()
-                        .map_or_else(|| "unknown".into(), ToString::to_string);
-                    self.reset(r.skaddr, ResetDirection::Sent, reason, &mut out);
-                } else if let Some(conn) = r.conn {
-                    // No socket answered: a SYN to a port nobody listens on (any more).
-                    let ns = r.meta.netns;
-                    let port = conn.local.port();
-                    let open = self.listeners.open.contains_key(&(ns, port));
-                    if !open && let Some(key) = self.listeners.closed.get(&(ns, port)) {
-                        let (at, key) = (r.meta.ts_ns, key.clone());
-                        self.refusals.refused(at, conn.remote, key, &mut out);
-                    }
-                }
-            }
-            Event::ResetReceived(r) => {
-                if r.state == Some(TcpState::SynSent) {
-                    self.sockets.refused_attempts.insert(r.skaddr);
-                } else if let Some(conn) = r.conn
-                    && let Some(t) = self.tracked(r.skaddr, r.meta.netns, conn)
-                {
-                    t.peer_done = true;
-                }
-                self.reset(r.skaddr, ResetDirection::Received, "none".into(), &mut out);
-            }
+            Event::ResetSent(r) => self.reset_sent(r, &mut out),
+            Event::ResetReceived(r) => self.reset_received(r, &mut out),
             Event::CgroupRemoved(c) => {
                 if let Some(owner) = parse_cgroup_path(&c.path)
                     && let Some(container) = self.containers.get_mut(&owner.id)

@@ -2,11 +2,13 @@
 //! its namespace that names no process. When the attempt came from a process on this node,
 //! that process's socket sees the RST next: the refusal waits a moment for it, so that the
 //! observation names the attempt (a proxy's request or a kubelet probe: `correlate::probes`).
-//! Attempts from elsewhere are reported unjoined once the wait is over.
+//! Attempts from elsewhere are reported unjoined once the wait is over. Refusals at ports that
+//! were never a listening address (`Target::Port`) wait alike: a kubelet probe among them is
+//! no refused request.
 
-use std::{collections::VecDeque, net::SocketAddr};
+use std::{collections::VecDeque, net::SocketAddr, sync::Arc};
 
-use crate::model::{Mono, Observation};
+use crate::model::{ContainerIdentity, Mono, Observation};
 
 /// How long a refusal waits for the attempt's own RST, in event time.
 const HOLD: Mono = 50_000_000;
@@ -15,12 +17,21 @@ const HOLD_IDLE: Mono = 1_000_000_000;
 /// Refusals waiting at most; past it the oldest is reported unjoined at once (never dropped).
 const MAX_PENDING: usize = 4096;
 
+/// Where a connect was refused.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Target {
+    /// At a listening address the container (this key) had closed.
+    Former(String),
+    /// At (namespace, port) of this container (or pod as a whole) that was no such address.
+    Port(Arc<ContainerIdentity>, u32, u16),
+}
+
 #[derive(Debug)]
 struct Pending {
     at: Mono,
     /// The attempt's address: the SYN's source.
     client: SocketAddr,
-    key: String,
+    target: Target,
 }
 
 #[derive(Debug, Default)]
@@ -36,20 +47,25 @@ impl Refusals {
         self.event_time = self.event_time.max(ts);
     }
 
+    /// The newest event time seen.
+    pub(super) fn event_time(&self) -> Mono {
+        self.event_time
+    }
+
     /// The container's side: a SYN from `client` refused at `at`.
     pub(super) fn refused(
         &mut self,
         at: Mono,
         client: SocketAddr,
-        key: String,
+        target: Target,
         out: &mut Vec<Observation>,
     ) {
         if self.pending.len() >= MAX_PENDING
             && let Some(p) = self.pending.pop_front()
         {
-            out.push(unjoined(p));
+            out.push(observation(p, None));
         }
-        self.pending.push_back(Pending { at, client, key });
+        self.pending.push_back(Pending { at, client, target });
     }
 
     /// The attempt's side: the socket bound to `client` was answered with RST; `upstream`
@@ -63,11 +79,7 @@ impl Refusals {
         if let Some(i) = self.pending.iter().position(|p| p.client == client)
             && let Some(p) = self.pending.remove(i)
         {
-            out.push(Observation::Refused {
-                key: p.key,
-                at: p.at,
-                upstream,
-            });
+            out.push(observation(p, upstream));
         }
     }
 
@@ -79,17 +91,26 @@ impl Refusals {
                 break;
             }
             if let Some(p) = self.pending.pop_front() {
-                out.push(unjoined(p));
+                out.push(observation(p, None));
             }
         }
     }
 }
 
-fn unjoined(p: Pending) -> Observation {
-    Observation::Refused {
-        key: p.key,
-        at: p.at,
-        upstream: None,
+fn observation(p: Pending, upstream: Option<u64>) -> Observation {
+    match p.target {
+        Target::Former(key) => Observation::Refused {
+            key,
+            at: p.at,
+            upstream,
+        },
+        Target::Port(container, netns, port) => Observation::RefusedAt {
+            container,
+            netns,
+            port,
+            at: p.at,
+            upstream,
+        },
     }
 }
 
@@ -108,8 +129,18 @@ mod tests {
         let mut r = Refusals::default();
         let mut out = Vec::new();
         r.event_at(100 * MS);
-        r.refused(100 * MS, addr(40_001), "c1".into(), &mut out);
-        r.refused(101 * MS, addr(40_002), "c1".into(), &mut out);
+        r.refused(
+            100 * MS,
+            addr(40_001),
+            Target::Former("c1".into()),
+            &mut out,
+        );
+        r.refused(
+            101 * MS,
+            addr(40_002),
+            Target::Former("c1".into()),
+            &mut out,
+        );
         assert!(out.is_empty());
         // The second attempt's socket saw its RST: joined, with the refusal's own time.
         r.attempt_refused(addr(40_002), Some(0xa), &mut out);
@@ -145,14 +176,14 @@ mod tests {
     fn with_no_events_a_refusal_waits_a_second_and_past_the_cap_none_is_lost() {
         let mut r = Refusals::default();
         let mut out = Vec::new();
-        r.refused(0, addr(1), "c1".into(), &mut out);
+        r.refused(0, addr(1), Target::Former("c1".into()), &mut out);
         r.flush(999 * MS, &mut out);
         assert!(out.is_empty());
         r.flush(1000 * MS, &mut out);
         assert_eq!(out.len(), 1);
         out.clear();
         for p in 0..MAX_PENDING as u16 + 3 {
-            r.refused(2000 * MS, addr(p), "c1".into(), &mut out);
+            r.refused(2000 * MS, addr(p), Target::Former("c1".into()), &mut out);
         }
         assert_eq!(out.len(), 3, "the oldest three reported at once");
     }

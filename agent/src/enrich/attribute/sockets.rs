@@ -1,6 +1,6 @@
 //! Sockets: a container's inbound connections, followed by kernel socket address from the
 //! handshake (or adopted by 4-tuple from a scan) to the close that says whether the container
-//! cut a request; failed connects to a container's address; resets on its connections.
+//! cut a request; failed connects to a container's address.
 
 use std::{collections::VecDeque, net::SocketAddr, sync::Arc};
 
@@ -8,7 +8,7 @@ use super::{Enricher, Key};
 use crate::{
     capture::event::{Endpoints, StateChange},
     enrich::host::HostView,
-    model::{Fact, HashMap, HashSet, Mono, Observation, ResetDirection, TcpState},
+    model::{ContainerIdentity, Fact, HashMap, HashSet, Mono, Observation, TcpState},
 };
 
 use TcpState::{Close, CloseWait, Established, Listen, SynRecv, SynSent};
@@ -172,24 +172,11 @@ impl<H: HostView> Enricher<H> {
         }
     }
 
-    /// A RST on a followed (or just closed) connection of a container.
-    pub(super) fn reset(
-        &self,
-        skaddr: u64,
-        direction: ResetDirection,
-        reason: String,
-        out: &mut Vec<Observation>,
-    ) {
-        if let Some(c) = self
-            .socket_owner(skaddr)
+    /// The container of a followed (or just closed) connection, as its observations name it.
+    pub(super) fn connection_owner(&self, skaddr: u64) -> Option<Arc<ContainerIdentity>> {
+        self.socket_owner(skaddr)
             .and_then(|k| self.containers.get(k.as_str()))
-        {
-            out.push(Observation::Reset {
-                container: Arc::clone(&c.identity),
-                direction,
-                reason,
-            });
-        }
+            .map(|c| Arc::clone(&c.identity))
     }
 
     fn remember_closed(&mut self, skaddr: u64, key: &Key) {

@@ -20,6 +20,11 @@ pub fn backend_script() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/lab/backend.py"))
 }
 
+/// The host python as the containers see it (at the same path): for `podman exec`.
+pub fn lab_python() -> String {
+    python().0
+}
+
 /// The host python run inside the containers, and the bind mounts it needs.
 fn python() -> (String, Vec<String>) {
     let mut mounts: Vec<String> = ["/usr", "/lib", "/lib64"]

@@ -21,7 +21,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use backend::backend_script;
+pub use backend::{backend_script, lab_python};
 pub use names::{cleanup_leftovers, dead_run, setup_once, unique_name};
 pub use podman::{ensure_image, podman};
 pub use probe::{greeting, http_get, on_local_link};

@@ -1,0 +1,313 @@
+//! Start records (`model::start`). A start opens when the enricher reports a container that
+//! started while the agent ran (`Observation::Started`: new, or restarted in place). Every
+//! connect refused in its network namespace after that waits, by port, until the container
+//! first listens on that port: those before the listen are `refused_before_listen` (health
+//! checks apart, in `probes.refused`); refusals at ports it never listens on are no start's.
+//! A start settles `SETTLE_AFTER_LISTEN` after its first listen, when the container stops, or
+//! `GIVE_UP` after it started without listening.
+
+use std::collections::VecDeque;
+
+use crate::model::{
+    ContainerIdentity, Emitted, HashMap, Mono, SECOND,
+    start::{MAX_REFUSALS_DRAWN, Start, StartLoss},
+};
+
+/// After its first listen, how long a start still takes the first listen of other ports.
+pub const SETTLE_AFTER_LISTEN: Mono = 10 * SECOND;
+/// A start that never listens settles this long after it started.
+pub const GIVE_UP: Mono = 300 * SECOND;
+/// Start records kept (the oldest settled go first).
+pub const MAX_STARTS: usize = 1000;
+/// Refusals waiting for a listen, in all; past it the oldest is dropped and counted on the
+/// starts of its namespace (`refusals_lost`).
+const MAX_WAITING: usize = 65_536;
+
+/// A refused connect waiting for the listen that tells whose start it was.
+#[derive(Debug, Clone, Copy)]
+struct Waiting {
+    netns: u32,
+    port: u16,
+    at: Mono,
+    probe: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct Starts {
+    records: VecDeque<Start>,
+    waiting: VecDeque<Waiting>,
+    /// Starts seen per container, for their ids.
+    seen: HashMap<String, u64>,
+    /// Records dropped at the cap, for `stats`.
+    pub dropped: u64,
+    emitted: Vec<Emitted>,
+}
+
+impl Starts {
+    pub fn starts(&self) -> impl Iterator<Item = &Start> {
+        self.records.iter()
+    }
+
+    pub fn take_emitted(&mut self) -> Vec<Emitted> {
+        std::mem::take(&mut self.emitted)
+    }
+
+    fn open_mut(&mut self, key: &str) -> Option<&mut Start> {
+        self.records
+            .iter_mut()
+            .rev()
+            .find(|s| !s.settled && s.container.id == key)
+    }
+
+    pub fn started(
+        &mut self,
+        container: &ContainerIdentity,
+        at: Mono,
+        netns: Option<u32>,
+        restart: bool,
+    ) {
+        if let Some(old) = self.open_mut(&container.id) {
+            old.settled = true;
+            let done = old.clone();
+            self.settled(done);
+        }
+        let n = self.seen.entry(container.id.clone()).or_default();
+        *n += 1;
+        let short: String = container.id.chars().take(12).collect();
+        let id = format!("{short}-start-{n}");
+        if self.records.len() >= MAX_STARTS
+            && let Some(i) = self.records.iter().position(|s| s.settled)
+        {
+            self.records.remove(i);
+            self.dropped += 1;
+        }
+        self.records.push_back(Start {
+            id,
+            container: container.clone(),
+            restart,
+            netns,
+            started_at: at,
+            first_listen_at: None,
+            first_accept_at: None,
+            ports: Vec::new(),
+            loss: StartLoss::default(),
+            refused_at: Vec::new(),
+            refusals_lost: 0,
+            settled: false,
+        });
+    }
+
+    /// A connect refused at `port` of namespace `netns`; `probe`: a health check.
+    pub fn refused(&mut self, netns: u32, port: u16, at: Mono, probe: bool) {
+        let wanted = self.records.iter().any(|s| {
+            !s.settled && s.netns == Some(netns) && at >= s.started_at && !s.ports.contains(&port)
+        });
+        if !wanted {
+            return;
+        }
+        if self.waiting.len() >= MAX_WAITING
+            && let Some(old) = self.waiting.pop_front()
+        {
+            for s in self.records.iter_mut() {
+                if !s.settled && s.netns == Some(old.netns) {
+                    s.refusals_lost += 1;
+                }
+            }
+        }
+        self.waiting.push_back(Waiting {
+            netns,
+            port,
+            at,
+            probe,
+        });
+    }
+
+    /// The container `key` listened on `port` at `at`.
+    pub fn listened(&mut self, key: &str, port: u16, at: Mono) {
+        let Some(s) = self.open_mut(key) else {
+            return;
+        };
+        if s.ports.contains(&port) {
+            return;
+        }
+        s.ports.push(port);
+        s.first_listen_at.get_or_insert(at);
+        let (netns, from) = (s.netns, s.started_at);
+        let mut mine = Vec::new();
+        self.waiting.retain(|w| {
+            let taken = Some(w.netns) == netns && w.port == port && w.at >= from && w.at <= at;
+            if taken {
+                mine.push(*w);
+            }
+            !taken
+        });
+        let Some(s) = self.open_mut(key) else {
+            return;
+        };
+        for w in mine {
+            if w.probe {
+                s.loss.probes.refused += 1;
+            } else {
+                s.loss.refused_before_listen += 1;
+                if s.refused_at.len() < MAX_REFUSALS_DRAWN {
+                    s.refused_at.push(w.at);
+                }
+            }
+        }
+    }
+
+    /// accept() took a connection of the container `key` at `at`.
+    pub fn accepted(&mut self, key: &str, at: Mono) {
+        if let Some(s) = self.open_mut(key)
+            && s.first_listen_at.is_some()
+        {
+            s.first_accept_at.get_or_insert(at);
+        }
+    }
+
+    /// The container began stopping: its start is over.
+    pub fn stopped(&mut self, key: &str) {
+        if let Some(s) = self.open_mut(key) {
+            s.settled = true;
+            let done = s.clone();
+            self.settled(done);
+        }
+    }
+
+    pub fn tick(&mut self, now: Mono) {
+        let due: Vec<usize> = (0..self.records.len())
+            .filter(|&i| {
+                let s = &self.records[i];
+                !s.settled
+                    && match s.first_listen_at {
+                        Some(l) => now >= l.saturating_add(SETTLE_AFTER_LISTEN),
+                        None => now >= s.started_at.saturating_add(GIVE_UP),
+                    }
+            })
+            .collect();
+        for i in due {
+            self.records[i].settled = true;
+            let done = self.records[i].clone();
+            self.settled(done);
+        }
+    }
+
+    fn settled(&mut self, s: Start) {
+        // Refusals only an open start of the namespace could still take.
+        let open: Vec<(u32, Mono)> = self
+            .records
+            .iter()
+            .filter(|r| !r.settled)
+            .filter_map(|r| Some((r.netns?, r.started_at)))
+            .collect();
+        self.waiting.retain(|w| {
+            open.iter()
+                .any(|(ns, from)| *ns == w.netns && w.at >= *from)
+        });
+        self.emitted
+            .push(Emitted::StartSettled { start: Box::new(s) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Mono = 1_000_000;
+    const NS: u32 = 4026532177;
+
+    fn web() -> ContainerIdentity {
+        ContainerIdentity {
+            id: "c0ffee".repeat(8),
+            name: "web".into(),
+            workload: "web".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn refusals_before_the_listen_on_their_port_are_the_starts_loss() {
+        let mut s = Starts::default();
+        let c = web();
+        // Before the start: another run's, not this one's.
+        s.started(&c, 1000 * MS, Some(NS), false);
+        s.refused(NS, 8080, 900 * MS, false);
+        s.refused(NS, 8080, 1200 * MS, false);
+        s.refused(NS, 8080, 1300 * MS, true);
+        s.refused(NS, 9999, 1400 * MS, false);
+        s.refused(NS + 1, 8080, 1500 * MS, false);
+        s.refused(NS, 8080, 2900 * MS, false);
+        s.listened(&c.id, 8080, 3000 * MS);
+        // After the listen (a backlog full, a listener bound elsewhere): no start's loss.
+        s.refused(NS, 8080, 3100 * MS, false);
+        s.accepted(&c.id, 3050 * MS);
+        let r = s.starts().next().unwrap().clone();
+        assert_eq!(r.loss.refused_before_listen, 2);
+        assert_eq!(r.loss.probes.refused, 1);
+        assert_eq!(r.refused_at, vec![1200 * MS, 2900 * MS]);
+        assert_eq!(r.first_listen_at, Some(3000 * MS));
+        assert_eq!(r.first_accept_at, Some(3050 * MS));
+        assert_eq!(r.listen_after_seconds(), Some(2.0));
+        assert!(s.take_emitted().is_empty());
+        s.tick(12_999 * MS);
+        assert!(s.take_emitted().is_empty(), "settles 10 s after the listen");
+        s.tick(13_000 * MS);
+        let e = s.take_emitted();
+        assert!(
+            matches!(e.as_slice(), [Emitted::StartSettled { start }] if start.loss.refused_before_listen == 2),
+            "{e:?}"
+        );
+        assert!(s.waiting.is_empty(), "nothing waits for a settled start");
+    }
+
+    #[test]
+    fn a_restart_in_place_is_a_new_start_and_a_stop_ends_one() {
+        let mut s = Starts::default();
+        let c = web();
+        s.started(&c, 0, Some(NS), false);
+        s.listened(&c.id, 8080, 10 * MS);
+        s.started(&c, 5000 * MS, Some(NS), true);
+        let e = s.take_emitted();
+        assert!(
+            matches!(e.as_slice(), [Emitted::StartSettled { .. }]),
+            "the old one settles"
+        );
+        s.refused(NS, 8080, 5100 * MS, false);
+        s.stopped(&c.id);
+        let ids: Vec<(String, bool, bool)> = s
+            .starts()
+            .map(|r| (r.id.clone(), r.restart, r.settled))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                (format!("{}-start-1", &c.id[..12]), false, true),
+                (format!("{}-start-2", &c.id[..12]), true, true),
+            ]
+        );
+        // It never listened again: the refusal was no start's.
+        assert_eq!(s.starts().nth(1).unwrap().loss.refused_before_listen, 0);
+    }
+
+    #[test]
+    fn a_start_that_never_listens_settles_and_the_cap_keeps_open_ones() {
+        let mut s = Starts::default();
+        let c = web();
+        s.started(&c, 0, Some(NS), false);
+        s.tick(GIVE_UP - 1);
+        assert!(s.take_emitted().is_empty());
+        s.tick(GIVE_UP);
+        assert_eq!(s.take_emitted().len(), 1);
+        for i in 0..MAX_STARTS as u64 + 5 {
+            let mut other = web();
+            other.id = format!("{i:064}");
+            s.started(&other, i, Some(NS), false);
+        }
+        assert_eq!(
+            s.starts().count(),
+            MAX_STARTS + 5,
+            "open starts are never dropped"
+        );
+        assert_eq!(s.dropped, 1, "the one settled start went");
+    }
+}

@@ -1,0 +1,242 @@
+//! Resets and refused connects, each counted once for the network namespace that sent or
+//! received it, so that a pod's series sum to its own `TcpOutRsts`. A RST on a connection the
+//! agent follows is that container's (and its stop's loss). Any other RST of a container's
+//! namespace (a SYN to a closed port answered by no socket, data after close, an abort of a
+//! socket nobody follows, a time-wait RST) goes to the container that holds the local port
+//! (its listener, open or closed), else to the namespace's only container, else, in a pod of
+//! several, to the pod as a whole: an identity with the pod's names and container "". The
+//! host's namespace is no pod's: there only followed connections and listeners count.
+//!
+//! A RST in a namespace no known container has yet (a container that started since the last
+//! scan, which runs every second) waits in `Unowned` for the next scan, up to `UNOWNED_WAIT` of
+//! event time; what is still unowned then, or past the cap, is counted as dropped.
+//!
+//! A RST answering a SYN (no ACK) is a refused connect: at a listening address the container
+//! had closed it is its stop's loss (`Observation::Refused`, held in `refusals` for the
+//! attempt's own side); elsewhere a counted refusal (`Observation::RefusedAt`). Where the
+//! kernel side could not read the answered segment, only the first kind is told.
+
+use std::{collections::VecDeque, sync::Arc};
+
+use super::{Enricher, refusals::Target};
+use crate::{
+    capture::event::{ResetReceived, ResetSent},
+    enrich::host::HostView,
+    model::{ContainerIdentity, Mono, Observation, ResetDirection, TcpState},
+};
+
+/// How long a RST of an unknown namespace waits for a scan to find its container.
+const UNOWNED_WAIT: Mono = 3_000_000_000;
+/// RSTs waiting at most; past it the oldest is dropped (counted).
+const UNOWNED_MAX: usize = 4096;
+
+#[derive(Debug, Clone)]
+enum Rst {
+    Sent(ResetSent),
+    Received(ResetReceived),
+}
+
+impl Rst {
+    fn at(&self) -> Mono {
+        match self {
+            Rst::Sent(r) => r.meta.ts_ns,
+            Rst::Received(r) => r.meta.ts_ns,
+        }
+    }
+}
+
+/// RSTs of namespaces no container was known in yet.
+#[derive(Debug, Default)]
+pub(super) struct Unowned {
+    waiting: VecDeque<Rst>,
+    /// Given up on: their namespace's container was never found in time.
+    pub(super) dropped: u64,
+}
+
+impl<H: HostView> Enricher<H> {
+    pub(super) fn reset_sent(&mut self, r: &ResetSent, out: &mut Vec<Observation>) {
+        let ns = r.meta.netns;
+        let port = r.conn.map(|c| c.local.port());
+        if self.unowned(r.skaddr, ns, port) {
+            self.wait_for_owner(Rst::Sent(r.clone()));
+            return;
+        }
+        let reason = r
+            .reason
+            .as_ref()
+            .map_or_else(|| "unknown".into(), ToString::to_string);
+        self.reset(r.skaddr, ns, port, ResetDirection::Sent, reason, out);
+        let Some(conn) = r.conn.filter(|_| r.skaddr == 0) else {
+            return;
+        };
+        let port = conn.local.port();
+        let open = self.listeners.open.contains_key(&(ns, port));
+        let former = self
+            .listeners
+            .closed
+            .get(&(ns, port))
+            .filter(|_| !open)
+            .cloned();
+        let target = match (former, r.answers_syn) {
+            (_, Some(false)) => return,
+            (Some(key), _) => Target::Former(key),
+            (None, Some(true)) => match self.port_owner(ns, Some(port)) {
+                Some(c) => Target::Port(c, ns, port),
+                None => return,
+            },
+            // The answered segment is unknown: only a former listening address tells.
+            (None, None) => return,
+        };
+        self.refusals
+            .refused(r.meta.ts_ns, conn.remote, target, out);
+    }
+
+    pub(super) fn reset_received(&mut self, r: &ResetReceived, out: &mut Vec<Observation>) {
+        if r.state == Some(TcpState::SynSent) {
+            self.sockets.refused_attempts.insert(r.skaddr);
+        } else if let Some(conn) = r.conn
+            && let Some(t) = self.tracked(r.skaddr, r.meta.netns, conn)
+        {
+            t.peer_done = true;
+        }
+        self.count_received(r, out);
+    }
+
+    fn count_received(&mut self, r: &ResetReceived, out: &mut Vec<Observation>) {
+        if self.unowned(r.skaddr, r.meta.netns, r.conn.map(|c| c.local.port())) {
+            self.wait_for_owner(Rst::Received(r.clone()));
+            return;
+        }
+        let port = r.conn.map(|c| c.local.port());
+        let dir = ResetDirection::Received;
+        self.reset(r.skaddr, r.meta.netns, port, dir, "none".into(), out);
+    }
+
+    /// Whether no container is known to answer for this RST yet, in a namespace that is not
+    /// the host's.
+    fn unowned(&self, skaddr: u64, ns: u32, port: Option<u16>) -> bool {
+        ns != 0
+            && self.host_netns != Some(ns)
+            && self.connection_owner(skaddr).is_none()
+            && self.port_owner(ns, port).is_none()
+    }
+
+    fn wait_for_owner(&mut self, r: Rst) {
+        if self.unowned_rsts.waiting.len() >= UNOWNED_MAX {
+            self.unowned_rsts.waiting.pop_front();
+            self.unowned_rsts.dropped += 1;
+        }
+        self.unowned_rsts.waiting.push_back(r);
+    }
+
+    /// After a scan: the waiting RSTs whose container is known now, as if they came now;
+    /// those that waited too long (in event time, `now`) are dropped.
+    pub(super) fn replay_unowned(&mut self, now: Mono, out: &mut Vec<Observation>) {
+        if self.unowned_rsts.waiting.is_empty() {
+            return;
+        }
+        let waiting = std::mem::take(&mut self.unowned_rsts.waiting);
+        for r in waiting {
+            match &r {
+                Rst::Sent(s) if !self.unowned(s.skaddr, s.meta.netns, local_port(&s.conn)) => {
+                    self.reset_sent(s, out)
+                }
+                Rst::Received(s) if !self.unowned(s.skaddr, s.meta.netns, local_port(&s.conn)) => {
+                    self.count_received(s, out)
+                }
+                _ if now > r.at().saturating_add(UNOWNED_WAIT) => self.unowned_rsts.dropped += 1,
+                _ => self.unowned_rsts.waiting.push_back(r),
+            }
+        }
+    }
+
+    /// RSTs given up on since the agent started: no container was found for their namespace.
+    pub fn unowned_dropped(&self) -> u64 {
+        self.unowned_rsts.dropped
+    }
+
+    fn reset(
+        &self,
+        skaddr: u64,
+        ns: u32,
+        port: Option<u16>,
+        direction: ResetDirection,
+        reason: String,
+        out: &mut Vec<Observation>,
+    ) {
+        let (container, on_connection) = match self.connection_owner(skaddr) {
+            Some(c) => (c, true),
+            None => match self.port_owner(ns, port) {
+                Some(c) => (c, false),
+                None => return,
+            },
+        };
+        out.push(Observation::Reset {
+            container,
+            direction,
+            reason,
+            on_connection,
+        });
+    }
+
+    /// Who answers for a packet of namespace `ns` at local `port` that no followed
+    /// connection claims (see the module's rule).
+    pub(super) fn port_owner(&self, ns: u32, port: Option<u16>) -> Option<Arc<ContainerIdentity>> {
+        let identity = |key: &str| self.containers.get(key).map(|c| Arc::clone(&c.identity));
+        if let Some(port) = port {
+            if let Some((key, _)) = self.listeners.open.get(&(ns, port)) {
+                return identity(key.as_str());
+            }
+            if let Some(key) = self.listeners.closed.get(&(ns, port)) {
+                return identity(key);
+            }
+            if let Some(key) = self.listeners.reserved.get(&(ns, port)) {
+                return identity(key);
+            }
+        }
+        if self.host_netns == Some(ns) {
+            return None;
+        }
+        // Running members first: a gone container's namespace may be reused.
+        let mut members: Vec<&super::Container> = self
+            .containers
+            .values()
+            .filter(|c| c.netns == Some(ns) && c.gone_at.is_none())
+            .collect();
+        if members.is_empty() {
+            members = self
+                .containers
+                .values()
+                .filter(|c| c.netns == Some(ns))
+                .collect();
+        }
+        match members.as_slice() {
+            [] => None,
+            [only] => Some(Arc::clone(&only.identity)),
+            many => many
+                .iter()
+                .min_by(|a, b| a.identity.id.cmp(&b.identity.id))
+                .map(|c| Arc::new(pod_as_a_whole(&c.identity))),
+        }
+    }
+}
+
+fn local_port(conn: &Option<crate::capture::event::Endpoints>) -> Option<u16> {
+    conn.map(|c| c.local.port())
+}
+
+/// The identity a pod's own RSTs are counted under: its names, no container.
+fn pod_as_a_whole(member: &ContainerIdentity) -> ContainerIdentity {
+    ContainerIdentity {
+        id: String::new(),
+        name: String::new(),
+        runtime: member.runtime.clone(),
+        namespace: member.namespace.clone(),
+        pod: member.pod.clone(),
+        workload: member.workload.clone(),
+        workload_kind: member.workload_kind.clone(),
+        revision: member.revision.clone(),
+        node: member.node.clone(),
+        stop_policy: Default::default(),
+    }
+}

@@ -1,0 +1,58 @@
+//! The start record: one per container start the agent saw (a new container, or one restarted
+//! in place), from its PID 1's start to its first `listen()` and `accept()`, with the connects
+//! refused at its address before it listened: it was routed to before it was ready. Built by
+//! `correlate::starts`; the API, page, report and metrics read it.
+
+use serde::{Deserialize, Serialize};
+
+use super::{ContainerIdentity, Mono};
+
+/// Most refusal times a start keeps for its timeline; the counts stay exact beyond it.
+pub const MAX_REFUSALS_DRAWN: usize = 500;
+
+/// What a start cost.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StartLoss {
+    pub probes: StartProbes,
+    /// Connects refused at a port between the start and its first `listen()` there.
+    pub refused_before_listen: u64,
+}
+
+/// Health checks refused during start-up: normal (a kubelet probe before the server listens),
+/// not loss.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StartProbes {
+    pub refused: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Start {
+    pub id: String,
+    pub container: ContainerIdentity,
+    /// Restarted in place (same container, new PID 1).
+    pub restart: bool,
+    pub netns: Option<u32>,
+    pub started_at: Mono,
+    pub first_listen_at: Option<Mono>,
+    pub first_accept_at: Option<Mono>,
+    /// Ports it listened on, in order.
+    pub ports: Vec<u16>,
+    pub loss: StartLoss,
+    /// When the refused requests happened (capped: [`MAX_REFUSALS_DRAWN`]).
+    pub refused_at: Vec<Mono>,
+    /// Refusals of its namespace dropped at the waiting cap before a listen could take them:
+    /// the counts may be short by this many.
+    pub refusals_lost: u64,
+    /// It will not change any more.
+    pub settled: bool,
+}
+
+impl Start {
+    /// Start → first listen, seconds.
+    pub fn listen_after_seconds(&self) -> Option<f64> {
+        self.first_listen_at
+            .map(|l| l.saturating_sub(self.started_at) as f64 / 1e9)
+    }
+}

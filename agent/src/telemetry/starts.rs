@@ -1,0 +1,73 @@
+//! Per-container start families: connects refused before a starting container listened, and
+//! RSTs of namespaces whose container was never found.
+
+use std::sync::Arc;
+
+use prometheus_client::{metrics::counter::Counter, metrics::family::Family, registry::Registry};
+
+use super::{cap::Cap, labels::ContainerLabels};
+use crate::model::{ContainerIdentity, start::Start};
+
+pub struct StartMetrics {
+    cap: Arc<Cap>,
+    refused_before_listen: Family<ContainerLabels, Counter>,
+    probes_refused: Family<ContainerLabels, Counter>,
+    unowned_resets: Counter,
+}
+
+impl StartMetrics {
+    pub fn register(registry: &mut Registry, cap: Arc<Cap>) -> Self {
+        let m = Self {
+            cap,
+            refused_before_listen: Family::default(),
+            probes_refused: Family::default(),
+            unowned_resets: Counter::default(),
+        };
+        registry.register(
+            "drainwatch_start_refused_before_listen",
+            "Connects refused at a starting container's port before it first listened there: it was routed to before it was ready (counted when its start settles)",
+            m.refused_before_listen.clone(),
+        );
+        registry.register(
+            "drainwatch_start_probe_refusals",
+            "Health checks refused before a starting container listened: normal during start-up, apart from the request count",
+            m.probes_refused.clone(),
+        );
+        registry.register(
+            "drainwatch_resets_unattributed",
+            "RSTs and refused connects of network namespaces in which no container was found within 3 s: missing from every container's series",
+            m.unowned_resets.clone(),
+        );
+        m
+    }
+
+    /// Zeroed series for a container found, as for its stop families.
+    pub fn container_seen(&self, c: &ContainerIdentity) {
+        let l = ContainerLabels::from(c);
+        if self.cap.admit(&l, "drainwatch_start_refused_before_listen") {
+            let _ = self.refused_before_listen.get_or_create(&l);
+            let _ = self.probes_refused.get_or_create(&l);
+        }
+    }
+
+    pub fn start_settled(&self, s: &Start) {
+        let l = ContainerLabels::from(&s.container);
+        if !self.cap.admit(&l, "drainwatch_start_refused_before_listen") {
+            return;
+        }
+        self.refused_before_listen
+            .get_or_create(&l)
+            .inc_by(s.loss.refused_before_listen);
+        self.probes_refused
+            .get_or_create(&l)
+            .inc_by(s.loss.probes.refused);
+    }
+
+    /// The enricher's running count of RSTs it gave up on.
+    pub fn set_unowned_resets(&self, total: u64) {
+        let now = self.unowned_resets.get();
+        if total > now {
+            self.unowned_resets.inc_by(total - now);
+        }
+    }
+}
