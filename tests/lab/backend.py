@@ -330,12 +330,16 @@ def main():
     ap.add_argument("--auth-ms", type=float, default=20.0, help="gate: work per connect")
     ap.add_argument("--hold-port", type=int, default=None)
     ap.add_argument("--hold-backlog", type=int, default=2)
+    ap.add_argument("--listen-delay", type=float, default=0.0, help="seconds before listen()")
     args = ap.parse_args()
     if args.mode == "crash" and args.crash_after is None and args.crash_at_file is None:
         ap.error("crash needs --crash-after or --crash-at-file")
     if args.drain_delay is None:
         args.drain_delay = 5.0 if args.mode == "drain" else 0.0
 
+    if args.listen_delay > 0:
+        # A slow start: connects before the listen are refused.
+        time.sleep(args.listen_delay)
     srv = Server(args)
     handled = args.mode in ("close-listener", "exit-zero", "drain", "slow")
     if handled:

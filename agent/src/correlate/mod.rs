@@ -175,8 +175,8 @@ impl Correlator {
     }
 
     /// Start records, oldest first.
-    pub fn starts(&self) -> Vec<Start> {
-        self.starts.starts().cloned().collect()
+    pub fn starts(&self) -> &[Start] {
+        self.starts.starts()
     }
 
     /// The newest event time fed so far.

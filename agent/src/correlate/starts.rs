@@ -1,8 +1,11 @@
 //! Start records (`model::start`). A start opens when the enricher reports a container that
-//! started while the agent ran (`Observation::Started`: new, or restarted in place). Every
-//! connect refused in its network namespace after that waits, by port, until the container
-//! first listens on that port: those before the listen are `refused_before_listen` (health
-//! checks apart, in `probes.refused`); refusals at ports it never listens on are no start's.
+//! started while the agent ran (`Observation::Started`: new, or restarted in place), which may
+//! be a scan (a second) after its PID 1 started. Every connect refused in a namespace waits,
+//! by port, for `LOOKBACK` (longer while a start of that namespace is open) until a container
+//! started before it first listens on that port: those are its `refused_before_listen`
+//! (health checks apart, in `probes.refused`); refusals at ports it never listens on are no
+//! start's. A refusal reported after the listen it preceded (the enricher holds refusals a
+//! moment) still counts.
 //! A start settles `SETTLE_AFTER_LISTEN` after its first listen, when the container stops, or
 //! `GIVE_UP` after it started without listening.
 
@@ -19,6 +22,8 @@ pub const SETTLE_AFTER_LISTEN: Mono = 10 * SECOND;
 pub const GIVE_UP: Mono = 300 * SECOND;
 /// Start records kept (the oldest settled go first).
 pub const MAX_STARTS: usize = 1000;
+/// How long a refusal waits for a start that opens later (its container found by a scan).
+const LOOKBACK: Mono = 5 * SECOND;
 /// Refusals waiting for a listen, in all; past it the oldest is dropped and counted on the
 /// starts of its namespace (`refusals_lost`).
 const MAX_WAITING: usize = 65_536;
@@ -34,7 +39,7 @@ struct Waiting {
 
 #[derive(Debug, Default)]
 pub struct Starts {
-    records: VecDeque<Start>,
+    records: Vec<Start>,
     waiting: VecDeque<Waiting>,
     /// Starts seen per container, for their ids.
     seen: HashMap<String, u64>,
@@ -44,8 +49,8 @@ pub struct Starts {
 }
 
 impl Starts {
-    pub fn starts(&self) -> impl Iterator<Item = &Start> {
-        self.records.iter()
+    pub fn starts(&self) -> &[Start] {
+        &self.records
     }
 
     pub fn take_emitted(&mut self) -> Vec<Emitted> {
@@ -81,7 +86,7 @@ impl Starts {
             self.records.remove(i);
             self.dropped += 1;
         }
-        self.records.push_back(Start {
+        self.records.push(Start {
             id,
             container: container.clone(),
             restart,
@@ -99,10 +104,22 @@ impl Starts {
 
     /// A connect refused at `port` of namespace `netns`; `probe`: a health check.
     pub fn refused(&mut self, netns: u32, port: u16, at: Mono, probe: bool) {
-        let wanted = self.records.iter().any(|s| {
-            !s.settled && s.netns == Some(netns) && at >= s.started_at && !s.ports.contains(&port)
-        });
-        if !wanted {
+        // Reported after the listen it preceded: that start's at once.
+        if let Some(s) = self.records.iter_mut().find(|s| {
+            !s.settled
+                && s.netns == Some(netns)
+                && at >= s.started_at
+                && s.ports.iter().any(|(p, l)| *p == port && at <= *l)
+        }) {
+            count(
+                s,
+                Waiting {
+                    netns,
+                    port,
+                    at,
+                    probe,
+                },
+            );
             return;
         }
         if self.waiting.len() >= MAX_WAITING
@@ -127,10 +144,10 @@ impl Starts {
         let Some(s) = self.open_mut(key) else {
             return;
         };
-        if s.ports.contains(&port) {
+        if s.ports.iter().any(|(p, _)| *p == port) {
             return;
         }
-        s.ports.push(port);
+        s.ports.push((port, at));
         s.first_listen_at.get_or_insert(at);
         let (netns, from) = (s.netns, s.started_at);
         let mut mine = Vec::new();
@@ -141,17 +158,9 @@ impl Starts {
             }
             !taken
         });
-        let Some(s) = self.open_mut(key) else {
-            return;
-        };
-        for w in mine {
-            if w.probe {
-                s.loss.probes.refused += 1;
-            } else {
-                s.loss.refused_before_listen += 1;
-                if s.refused_at.len() < MAX_REFUSALS_DRAWN {
-                    s.refused_at.push(w.at);
-                }
+        if let Some(s) = self.open_mut(key) {
+            for w in mine {
+                count(s, w);
             }
         }
     }
@@ -175,6 +184,19 @@ impl Starts {
     }
 
     pub fn tick(&mut self, now: Mono) {
+        // What no open start could take, once a later one could not either.
+        let open: Vec<(u32, Mono)> = self
+            .records
+            .iter()
+            .filter(|r| !r.settled)
+            .filter_map(|r| Some((r.netns?, r.started_at)))
+            .collect();
+        self.waiting.retain(|w| {
+            now <= w.at.saturating_add(LOOKBACK)
+                || open
+                    .iter()
+                    .any(|(ns, from)| *ns == w.netns && w.at >= *from)
+        });
         let due: Vec<usize> = (0..self.records.len())
             .filter(|&i| {
                 let s = &self.records[i];
@@ -193,19 +215,20 @@ impl Starts {
     }
 
     fn settled(&mut self, s: Start) {
-        // Refusals only an open start of the namespace could still take.
-        let open: Vec<(u32, Mono)> = self
-            .records
-            .iter()
-            .filter(|r| !r.settled)
-            .filter_map(|r| Some((r.netns?, r.started_at)))
-            .collect();
-        self.waiting.retain(|w| {
-            open.iter()
-                .any(|(ns, from)| *ns == w.netns && w.at >= *from)
-        });
         self.emitted
             .push(Emitted::StartSettled { start: Box::new(s) });
+    }
+}
+
+/// A refusal taken by start `s`.
+fn count(s: &mut Start, w: Waiting) {
+    if w.probe {
+        s.loss.probes.refused += 1;
+    } else {
+        s.loss.refused_before_listen += 1;
+        if s.refused_at.len() < MAX_REFUSALS_DRAWN {
+            s.refused_at.push(w.at);
+        }
     }
 }
 
@@ -230,21 +253,28 @@ mod tests {
         let mut s = Starts::default();
         let c = web();
         // Before the start: another run's, not this one's.
-        s.started(&c, 1000 * MS, Some(NS), false);
         s.refused(NS, 8080, 900 * MS, false);
+        // Found by a scan after its first refusals: they are its own.
+        s.refused(NS, 8080, 1100 * MS, false);
+        s.started(&c, 1000 * MS, Some(NS), false);
         s.refused(NS, 8080, 1200 * MS, false);
         s.refused(NS, 8080, 1300 * MS, true);
         s.refused(NS, 9999, 1400 * MS, false);
         s.refused(NS + 1, 8080, 1500 * MS, false);
         s.refused(NS, 8080, 2900 * MS, false);
         s.listened(&c.id, 8080, 3000 * MS);
+        // Held by the enricher past the listen: still before it.
+        s.refused(NS, 8080, 2950 * MS, false);
         // After the listen (a backlog full, a listener bound elsewhere): no start's loss.
         s.refused(NS, 8080, 3100 * MS, false);
         s.accepted(&c.id, 3050 * MS);
-        let r = s.starts().next().unwrap().clone();
-        assert_eq!(r.loss.refused_before_listen, 2);
+        let r = s.starts()[0].clone();
+        assert_eq!(r.loss.refused_before_listen, 4);
         assert_eq!(r.loss.probes.refused, 1);
-        assert_eq!(r.refused_at, vec![1200 * MS, 2900 * MS]);
+        assert_eq!(
+            r.refused_at,
+            vec![1100 * MS, 1200 * MS, 2900 * MS, 2950 * MS]
+        );
         assert_eq!(r.first_listen_at, Some(3000 * MS));
         assert_eq!(r.first_accept_at, Some(3050 * MS));
         assert_eq!(r.listen_after_seconds(), Some(2.0));
@@ -254,10 +284,11 @@ mod tests {
         s.tick(13_000 * MS);
         let e = s.take_emitted();
         assert!(
-            matches!(e.as_slice(), [Emitted::StartSettled { start }] if start.loss.refused_before_listen == 2),
+            matches!(e.as_slice(), [Emitted::StartSettled { start }] if start.loss.refused_before_listen == 4),
             "{e:?}"
         );
-        assert!(s.waiting.is_empty(), "nothing waits for a settled start");
+        s.tick(13_000 * MS + LOOKBACK);
+        assert!(s.waiting.is_empty(), "nothing waits past the lookback");
     }
 
     #[test]
@@ -276,6 +307,7 @@ mod tests {
         s.stopped(&c.id);
         let ids: Vec<(String, bool, bool)> = s
             .starts()
+            .iter()
             .map(|r| (r.id.clone(), r.restart, r.settled))
             .collect();
         assert_eq!(
@@ -286,7 +318,7 @@ mod tests {
             ]
         );
         // It never listened again: the refusal was no start's.
-        assert_eq!(s.starts().nth(1).unwrap().loss.refused_before_listen, 0);
+        assert_eq!(s.starts()[1].loss.refused_before_listen, 0);
     }
 
     #[test]
@@ -304,7 +336,7 @@ mod tests {
             s.started(&other, i, Some(NS), false);
         }
         assert_eq!(
-            s.starts().count(),
+            s.starts().len(),
             MAX_STARTS + 5,
             "open starts are never dropped"
         );

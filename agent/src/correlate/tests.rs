@@ -697,7 +697,7 @@ fn stops_of_one_workload_within_ten_minutes_are_one_deploy() {
             sender: runc(),
         },
     );
-    let d = deploys::group(t.stops(), 600 * SECOND);
+    let d = deploys::group(t.stops(), &[], 600 * SECOND);
     let summary: Vec<_> = d
         .iter()
         .map(|d| (d.workload.as_str(), d.stops.len(), d.in_progress))

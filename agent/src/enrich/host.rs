@@ -63,6 +63,15 @@ pub trait HostView {
     fn start_ns(&self, _pid: u32) -> Option<u64> {
         None
     }
+    /// The processes of one container cgroup path (as `container_pids` names it): cheaper
+    /// than walking every process when only that container is asked about.
+    fn cgroup_pids(&self, path: &str) -> Vec<u32> {
+        self.container_pids()
+            .into_iter()
+            .filter(|(_, p)| p == path)
+            .map(|(pid, _)| pid)
+            .collect()
+    }
     fn metadata(&self, owner: &CgroupOwner) -> ContainerMeta;
     /// The text of `pid`'s network namespace's `net/netstat`.
     fn netstat(&self, pid: u32) -> Option<String>;
@@ -284,6 +293,18 @@ impl HostView for Procfs {
         let ticks = p.stat().ok()?.starttime;
         let hz = procfs::ticks_per_second().max(1);
         Some(ticks.saturating_mul(1_000_000_000 / hz))
+    }
+
+    fn cgroup_pids(&self, path: &str) -> Vec<u32> {
+        let rel = path.trim_start_matches('/');
+        [
+            self.cgroup_root.join("unified").join(rel),
+            self.cgroup_root.join(rel),
+        ]
+        .into_iter()
+        .find_map(|p| std::fs::read_to_string(p.join("cgroup.procs")).ok())
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
     }
 
     fn cgroup_v2_id(&self, path: &str) -> Option<u64> {

@@ -2,10 +2,16 @@
 //! `/api/v1/*` serve (`view.rs`), times as RFC 3339 with milliseconds (null when the moment did
 //! not happen) and seconds rounded to the millisecond.
 
-use crate::model::{Mono, deploy::Deploy, monotonic_now, stop::Stop, storm::Storm};
+use crate::model::{
+    ContainerIdentity, Mono, deploy::Deploy, monotonic_now, start::Start, stop::Stop, storm::Storm,
+};
 
-use super::view::{
-    ContainerView, DeployView, ListenerView, LossEventView, SenderView, StopView, StormView,
+use super::{
+    verdict,
+    view::{
+        ContainerView, DeployView, ListenerView, LossEventView, SenderView, StartView, StopView,
+        StormView,
+    },
 };
 
 /// Converts kernel monotonic time to wall-clock time.
@@ -41,23 +47,52 @@ fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
+fn container_view(c: &ContainerIdentity) -> ContainerView {
+    ContainerView {
+        id: c.id.clone(),
+        name: c.name.clone(),
+        namespace: c.namespace.clone(),
+        node: c.node.clone(),
+        pod: c.pod.clone(),
+        revision: c.revision.clone(),
+        runtime: c.runtime.clone(),
+        workload: c.workload.clone(),
+        workload_kind: c.workload_kind.clone(),
+    }
+}
+
+pub fn start_view(s: &Start, clock: &Clock) -> StartView {
+    let mut v = StartView {
+        container: container_view(&s.container),
+        first_accept_at: clock.opt(s.first_accept_at),
+        first_listen_at: clock.opt(s.first_listen_at),
+        id: s.id.clone(),
+        listen_after_seconds: s.listen_after_seconds().map(round3),
+        loss: s.loss.clone(),
+        ports: s.ports.iter().map(|(p, _)| *p).collect(),
+        ready_at: None,
+        refusals_lost: s.refusals_lost,
+        refused_at: s.refused_at.iter().map(|t| clock.rfc3339(*t)).collect(),
+        restart: s.restart,
+        settled: s.settled,
+        started_at: clock.rfc3339(s.started_at),
+        verdict: String::new(),
+    };
+    v.verdict = verdict::start(&v).text;
+    v
+}
+
+/// Newest first.
+pub fn start_views(starts: &[Start], clock: &Clock) -> Vec<StartView> {
+    starts.iter().rev().map(|s| start_view(s, clock)).collect()
+}
+
 pub fn stop_view(s: &Stop, clock: &Clock) -> StopView {
-    let c = &s.container;
     StopView {
         cgroup_removed_at: clock.opt(s.cgroup_removed_at),
         connections_at_exit: s.connections_at_exit,
         connections_at_sigterm: s.connections_at_sigterm,
-        container: ContainerView {
-            id: c.id.clone(),
-            name: c.name.clone(),
-            namespace: c.namespace.clone(),
-            node: c.node.clone(),
-            pod: c.pod.clone(),
-            revision: c.revision.clone(),
-            runtime: c.runtime.clone(),
-            workload: c.workload.clone(),
-            workload_kind: c.workload_kind.clone(),
-        },
+        container: container_view(&s.container),
         drain_seconds: s.drain_seconds().map(round3),
         exit_at: clock.opt(s.exit_at),
         exit_code: s.exit.and_then(|e| e.code),
@@ -105,8 +140,10 @@ pub fn deploy_view(d: &Deploy, clock: &Clock) -> DeployView {
         loss: d.loss.clone(),
         namespace: d.namespace.clone(),
         outcomes: d.outcomes.clone(),
+        refused_before_listen: d.refused_before_listen,
         revisions: d.revisions.clone(),
         started_at: clock.rfc3339(d.started_at),
+        starts: d.starts.clone(),
         stops: d.stops.clone(),
         workload: d.workload.clone(),
         workload_kind: d.workload_kind.clone(),
@@ -300,6 +337,8 @@ mod tests {
             started_at: 0,
             last_stop_at: 0,
             stops: vec![stop.into()],
+            starts: Vec::new(),
+            refused_before_listen: 0,
             outcomes: Default::default(),
             in_progress: 0,
             loss: Loss::default(),
@@ -343,7 +382,7 @@ mod tests {
         }
         let mut stop = sample_stop();
         stop.loss.count(LossKind::ResetsSent, Some("NOT_SPECIFIED"));
-        let deploys = crate::correlate::deploys::group(std::slice::from_ref(&stop), SECOND);
+        let deploys = crate::correlate::deploys::group(std::slice::from_ref(&stop), &[], SECOND);
         let storm = Storm {
             stop_id: stop.id.clone(),
             accept_waits: vec![0.1, 0.2],
@@ -353,6 +392,21 @@ mod tests {
         };
         sorted(&stop_views(std::slice::from_ref(&stop), &clock()));
         sorted(&deploy_views(&deploys, &clock()));
+        let start = Start {
+            id: "abc-start-1".into(),
+            container: stop.container.clone(),
+            restart: true,
+            netns: Some(1),
+            started_at: 0,
+            first_listen_at: Some(SECOND),
+            first_accept_at: None,
+            ports: vec![(8080, SECOND)],
+            loss: Default::default(),
+            refused_at: vec![SECOND / 2],
+            refusals_lost: 0,
+            settled: false,
+        };
+        sorted(&start_views(&[start], &clock()));
         sorted(&storm_views(&[storm], &deploys, &clock()));
         // Read back, they are what was served.
         let view = stop_view(&stop, &clock());

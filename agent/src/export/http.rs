@@ -65,9 +65,10 @@ impl State {
                 "state unavailable\n",
             );
         };
-        let grouped = deploys::group(t.stops(), self.deploy_window);
+        let grouped = deploys::group(t.stops(), t.starts(), self.deploy_window);
         let deploys = api::deploy_views(&grouped, &self.clock);
         let stops = api::stop_views(t.stops(), &self.clock);
+        let starts = api::start_views(t.starts(), &self.clock);
         let storms = api::storm_views(t.storms(), &grouped, &self.clock);
         drop(t);
         let info = page::PageInfo {
@@ -75,7 +76,7 @@ impl State {
             version: env!("CARGO_PKG_VERSION").into(),
             rendered_at: self.clock.rfc3339(monotonic_now()),
         };
-        let html = page::render(&deploys, &stops, &storms, &info);
+        let html = page::render(&deploys, &stops, &starts, &storms, &info);
         let mut r = respond(StatusCode::OK, "text/html; charset=utf-8", html);
         secure(&mut r, PAGE_CSP);
         r
@@ -193,14 +194,15 @@ pub fn route(
             }
         }
         "/api/v1/stops" => state.json(|t| api::stop_views(t.stops(), &state.clock)),
+        "/api/v1/starts" => state.json(|t| api::start_views(t.starts(), &state.clock)),
         "/api/v1/deploys" => state.json(|t| {
             api::deploy_views(
-                &deploys::group(t.stops(), state.deploy_window),
+                &deploys::group(t.stops(), t.starts(), state.deploy_window),
                 &state.clock,
             )
         }),
         "/api/v1/storms" => state.json(|t| {
-            let deploys = deploys::group(t.stops(), state.deploy_window);
+            let deploys = deploys::group(t.stops(), t.starts(), state.deploy_window);
             api::storm_views(t.storms(), &deploys, &state.clock)
         }),
         "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
@@ -215,7 +217,7 @@ pub fn route(
         _ => respond(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "not found: try /, /metrics, /api/v1/stops, /api/v1/deploys, /api/v1/storms, /healthz, /readyz\n",
+            "not found: try /, /metrics, /api/v1/stops, /api/v1/starts, /api/v1/deploys, /api/v1/storms, /healthz, /readyz\n",
         ),
     }
 }
@@ -290,7 +292,12 @@ mod tests {
     #[test]
     fn the_report_api_serves_json_arrays() {
         let s = state(true);
-        for path in ["/api/v1/stops", "/api/v1/deploys", "/api/v1/storms"] {
+        for path in [
+            "/api/v1/stops",
+            "/api/v1/starts",
+            "/api/v1/deploys",
+            "/api/v1/storms",
+        ] {
             let r = route(&s, &hyper::Method::GET, path, None);
             assert_eq!(r.status(), StatusCode::OK);
             assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");

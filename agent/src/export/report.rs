@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 use super::{
     format::{hms, or_null},
     verdict,
-    view::{DeployView, LossView, StopView, StormView},
+    view::{DeployView, LossView, StartView, StopView, StormView},
 };
 use crate::model::{LossKind, stop::Outcome};
 
@@ -46,7 +46,33 @@ pub fn run(agent: &str, json: bool) -> Result<String, ReportError> {
     let stops: Vec<StopView> = fetch(agent, "/api/v1/stops")?;
     let deploys: Vec<DeployView> = fetch(agent, "/api/v1/deploys")?;
     let storms: Vec<StormView> = fetch(agent, "/api/v1/storms")?;
-    Ok(render(&deploys, &stops) + &render_storms(&storms))
+    // An agent that predates start records answers 404: none then.
+    let starts: Vec<StartView> = match fetch(agent, "/api/v1/starts") {
+        Err(ReportError::Status { status, .. }) if status.contains(" 404 ") => Vec::new(),
+        other => other?,
+    };
+    Ok(render(&deploys, &stops) + &render_starts(&starts) + &render_storms(&storms))
+}
+
+/// Renders container starts (newest first).
+pub fn render_starts(starts: &[StartView]) -> String {
+    let mut out = String::new();
+    for s in starts {
+        let c = &s.container;
+        out.push_str(&format!(
+            "{} {} ({} {}) at {}: listened after {} s, {} refused before listen, {} health checks refused\n  verdict: {}\n\n",
+            if s.restart { "RESTART" } else { "START" },
+            c.name,
+            c.runtime,
+            c.id.chars().take(12).collect::<String>(),
+            s.started_at,
+            f3(s.listen_after_seconds),
+            s.loss.refused_before_listen,
+            s.loss.probes.refused,
+            verdict::start(s).text,
+        ));
+    }
+    out
 }
 
 /// GET over plain HTTP/1.1 from an agent address (`127.0.0.1:9464` or `http://host:port`),

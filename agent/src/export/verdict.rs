@@ -1,11 +1,11 @@
-//! The plain-language verdict on a container stop and on a reconnect storm, with the concrete
+//! The plain-language verdict on a container stop, a start and a reconnect storm, with the concrete
 //! fix its evidence supports. One pure function each, shared by `drainwatch report` and the
 //! deploy page, over the report API's views (what the report fetches and the page renders), so
 //! both always say the same thing.
 
 use super::{
     format::{ceil_tenth, count, or_null, rate, secs},
-    view::{StopView, StormView},
+    view::{StartView, StopView, StormView},
 };
 use crate::model::{LossKind, stop::Outcome};
 
@@ -289,6 +289,53 @@ pub fn stop(stop: &StopView) -> Verdict {
     Verdict {
         level,
         text: parts.join("; "),
+    }
+}
+
+/// The verdict on one container start (`/api/v1/starts` element).
+pub fn start(start: &StartView) -> Verdict {
+    let refused = start.loss.refused_before_listen;
+    let probes = start.loss.probes.refused;
+    let checks = if probes > 0 {
+        format!(
+            " ({} refused while it started: normal)",
+            count(probes, "health check", "health checks")
+        )
+    } else {
+        String::new()
+    };
+    let lost = if start.refusals_lost > 0 {
+        format!(
+            " (may be short by {}: dropped before its listen)",
+            count(start.refusals_lost, "refusal", "refusals")
+        )
+    } else {
+        String::new()
+    };
+    match start.listen_after_seconds {
+        None if !start.settled => Verdict {
+            level: Level::Pending,
+            text: "starting: not listening yet".into(),
+        },
+        None => Verdict {
+            level: Level::Good,
+            text: format!("never listened: nothing routed to it was refused{checks}"),
+        },
+        Some(after) if refused > 0 => Verdict {
+            level: Level::Bad,
+            text: format!(
+                "{} refused in the {} s before the server listened{lost}: it was routed to before it was ready: make readiness check the listener{checks}",
+                count(refused, "connection", "connections"),
+                secs(after)
+            ),
+        },
+        Some(after) => Verdict {
+            level: Level::Good,
+            text: format!(
+                "listened {} s after it started, nothing refused{lost}: no change needed{checks}",
+                secs(after)
+            ),
+        },
     }
 }
 

@@ -1,4 +1,5 @@
-//! The report API's typed model: what `/api/v1/stops`, `/api/v1/deploys` and `/api/v1/storms`
+//! The report API's typed model: what `/api/v1/stops`, `/api/v1/starts`, `/api/v1/deploys` and
+//! `/api/v1/storms`
 //! serve, and all that `drainwatch report` (which deserializes them from HTTP), the verdicts and
 //! the deploy page read. `api.rs` builds them from the records in `crate::model`.
 //!
@@ -117,14 +118,49 @@ pub struct DeployView {
     pub namespace: String,
     /// Finished stops by outcome (in the outcomes' alphabetical order).
     pub outcomes: BTreeMap<Outcome, u64>,
+    /// Connects refused before its starts listened (health checks apart).
+    pub refused_before_listen: u64,
     /// The revisions the rollout replaced, in order of their stops.
     pub revisions: Vec<String>,
     pub started_at: String,
+    /// Ids of its starts, oldest first.
+    pub starts: Vec<String>,
     /// Ids of its stops, oldest first.
     pub stops: Vec<String>,
     pub workload: String,
     pub workload_kind: String,
 }
+
+/// One container start (`/api/v1/starts` element).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StartView {
+    pub container: ContainerView,
+    pub first_accept_at: Option<String>,
+    pub first_listen_at: Option<String>,
+    pub id: String,
+    /// Start → first listen.
+    pub listen_after_seconds: Option<f64>,
+    pub loss: StartLossView,
+    /// Ports it listened on, in order.
+    pub ports: Vec<u16>,
+    /// The pod's Ready condition (Kubernetes API); null when unknown.
+    pub ready_at: Option<String>,
+    /// Refusals dropped before a listen could take them: the counts may be short by this.
+    pub refusals_lost: u64,
+    /// When the refused requests happened, oldest first (capped; the count stays exact).
+    pub refused_at: Vec<String>,
+    /// Restarted in place (same container, new PID 1).
+    pub restart: bool,
+    /// It will not change any more (settled 10 s after its first listen).
+    pub settled: bool,
+    pub started_at: String,
+    /// The verdict with its fix (as the page and the report say it).
+    pub verdict: String,
+}
+
+/// What a start cost: the record's own type.
+pub type StartLossView = crate::model::start::StartLoss;
 
 /// A reconnect storm after a stop (`/api/v1/storms` element).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -1,4 +1,4 @@
-//! A deploy: the stops of one workload within a window of each other
+//! A deploy: the stops and starts of one workload within a window of each other
 //! (`correlate::deploys` groups them).
 
 use std::collections::BTreeMap;
@@ -16,9 +16,12 @@ pub struct Deploy {
     /// stops: the rollout replaced these.
     pub revisions: Vec<String>,
     pub started_at: Mono,
-    /// Start of the last stop in the deploy.
+    /// Start of the last stop in the deploy (of its last start when it has no stop).
     pub last_stop_at: Mono,
     pub stops: Vec<String>,
+    pub starts: Vec<String>,
+    /// Connects refused before its starts listened.
+    pub refused_before_listen: u64,
     pub outcomes: BTreeMap<Outcome, u64>,
     /// Stops whose main process has not exited yet.
     pub in_progress: u64,

@@ -37,8 +37,8 @@ pub struct Start {
     pub started_at: Mono,
     pub first_listen_at: Option<Mono>,
     pub first_accept_at: Option<Mono>,
-    /// Ports it listened on, in order.
-    pub ports: Vec<u16>,
+    /// Ports it listened on, in order, with when it first did.
+    pub ports: Vec<(u16, Mono)>,
     pub loss: StartLoss,
     /// When the refused requests happened (capped: [`MAX_REFUSALS_DRAWN`]).
     pub refused_at: Vec<Mono>,

@@ -8,8 +8,37 @@
 use super::Tracker;
 use crate::{
     correlate::probes::{Attempt, ProbeSource},
-    model::{ContainerIdentity, Emitted, LossKind, Mono, Observation},
+    model::{
+        ContainerIdentity, Emitted, LossKind, Mono, Observation,
+        stop::{LossEvent, MAX_LOSS_EVENTS, Stop},
+    },
 };
+
+/// Counts one loss on `stop`; what telemetry is told.
+pub(super) fn record(
+    stop: &mut Stop,
+    kind: LossKind,
+    reason: Option<String>,
+    at: Mono,
+    open_for: Option<Mono>,
+) -> Emitted {
+    if kind.is_routed() {
+        stop.last_routed_at = stop.last_routed_at.max(Some(at));
+    }
+    if kind.on_timeline() {
+        if stop.events.len() < MAX_LOSS_EVENTS {
+            stop.events.push(LossEvent { at, kind, open_for });
+        } else {
+            stop.events_dropped += 1;
+        }
+    }
+    stop.loss.count(kind, reason.as_deref());
+    Emitted::Loss {
+        container: stop.container.clone(),
+        kind,
+        reason,
+    }
+}
 
 /// Held at most; past it the oldest is judged at once (never dropped).
 const MAX_HELD: usize = 1024;
@@ -110,6 +139,23 @@ impl Tracker {
             });
         }
         let kind = self.probe_or(key, probe, LossKind::Refused, LossKind::ProbeRefused);
+        // Reported after the container restarted in place (the enricher decided it was the
+        // old run's): the old run's stop's, settled or not.
+        let (late, current) = self
+            .containers
+            .get(key)
+            .map_or((None, None), |c| (c.previous_stop, c.stop));
+        let newer = current.filter(|c| Some(*c) != late.map(|l| l.0));
+        if let Some((i, _)) = late.filter(|(_, restarted)| at <= *restarted)
+            && newer.is_none_or(|_| self.stop_mut(key).is_none_or(|s| s.started_at() > at))
+            && let Some(stop) = i
+                .checked_sub(self.dropped)
+                .and_then(|i| self.stops.get_mut(i))
+        {
+            let e = record(stop, kind, None, at, None);
+            self.emitted.push(e);
+            return;
+        }
         self.count(key, kind, None, at, None);
     }
 

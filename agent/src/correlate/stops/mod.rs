@@ -13,7 +13,7 @@ use super::{
 use crate::model::{
     ContainerIdentity, Emitted, HashMap, HashSet, Loss, LossKind, Mono, Observation,
     ResetDirection, SECOND, UpstreamStep,
-    stop::{ListenerTimeline, LossEvent, MAX_LOSS_EVENTS, Stop},
+    stop::{ListenerTimeline, Stop},
 };
 
 #[derive(Debug, Clone)]
@@ -66,6 +66,8 @@ struct ContainerState {
     last_accept_at: Option<Mono>,
     /// Index into `Tracker::stops` of the stop in progress.
     stop: Option<usize>,
+    /// The stop of its run before a restart in place, and when the restart was seen.
+    previous_stop: Option<(usize, Mono)>,
     gone_at: Option<Mono>,
     stops_seen: u32,
 }
@@ -185,29 +187,11 @@ impl Tracker {
         at: Mono,
         open_for: Option<Mono>,
     ) {
-        let Some(stop) = self.stop_mut(key) else {
+        let Some(stop) = self.stop_mut(key).filter(|s| !s.settled) else {
             return;
         };
-        if stop.settled {
-            return;
-        }
-        if kind.is_routed() {
-            stop.last_routed_at = stop.last_routed_at.max(Some(at));
-        }
-        if kind.on_timeline() {
-            if stop.events.len() < MAX_LOSS_EVENTS {
-                stop.events.push(LossEvent { at, kind, open_for });
-            } else {
-                stop.events_dropped += 1;
-            }
-        }
-        stop.loss.count(kind, reason.as_deref());
-        let container = stop.container.clone();
-        self.emitted.push(Emitted::Loss {
-            container,
-            kind,
-            reason,
-        });
+        let e = held::record(stop, kind, reason, at, open_for);
+        self.emitted.push(e);
     }
 
     /// Applies one observation made at `now` (see `observe`).
@@ -230,6 +214,7 @@ impl Tracker {
                 self.emitted.push(Emitted::Settled { stop });
             }
             let c = self.containers.entry(key).or_default();
+            c.previous_stop = c.stop.map(|i| (i, now)).or(c.previous_stop);
             if c.gone_at.is_some() {
                 c.gone_at = None;
                 c.stop = None;

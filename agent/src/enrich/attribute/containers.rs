@@ -11,8 +11,11 @@ use crate::{
         host::{HostView, ProcInfo},
         kube::{self, SharedStore},
     },
-    model::{ContainerIdentity, HashMap, HashSet, Observation},
+    model::{ContainerIdentity, HashMap, HashSet, Mono, Observation},
 };
+
+/// How often a refusal may make the enricher look whether an ended container restarted.
+const RECHECK: Mono = 10_000_000;
 
 /// Init shims that forward signals to the real main process (`--init`, tini, dumb-init).
 const INIT_SHIMS: &[&str] = &[
@@ -90,48 +93,93 @@ impl<H: HostView> Enricher<H> {
         }
         let mut out = Vec::new();
         for (key, (owner, path, pids)) in groups {
-            // Known, and still the same run: a container restarted in place (same id) has a
-            // new PID 1 and is adopted again. A run is its PID 1, not its main process: while
-            // the main process exits, a scan may find the init shim alone, which is no restart.
-            let known = self.containers.get(&key).is_some_and(|c| {
-                let alive = |pid: Option<u32>| pid.is_some_and(|m| pids.contains(&m));
-                c.gone_at.is_none() && (alive(c.init_pid) || alive(c.main_pid))
-            });
-            // Only a container to adopt needs its processes' details.
-            let procs: Vec<ProcInfo> = if known {
-                Vec::new()
-            } else {
-                pids.iter().filter_map(|p| self.host.process(*p)).collect()
-            };
-            // Caught while the runtime creates it, its only processes are about to exit: a
-            // later scan or event adopts it once its PID 1 exists.
-            let created =
-                procs.iter().any(|p| p.ns_pid == Some(1)) || !procs.iter().any(bootstrapping);
-            if !known && (main_process(&procs).is_none() || !created) {
-                continue;
-            }
-            for pid in &pids {
-                self.by_pid.insert(*pid, key.clone());
-                self.not_containers.remove(pid);
-            }
-            if !known {
-                out.extend(self.adopt(&key, &owner, &path, &procs));
-            } else if self.containers.get(&key).is_some_and(|c| c.shim_as_main) {
-                // Adopted while its init shim had not started the entrypoint yet: the shim
-                // stood in as the main process until now.
-                let procs: Vec<ProcInfo> =
-                    pids.iter().filter_map(|p| self.host.process(*p)).collect();
-                if let Some(main) = main_process(&procs).filter(|m| is_shim(m).not()) {
-                    let main = (main.pid, main.netns);
-                    self.replace_main(&key, main);
-                }
-            }
+            self.scan_group(key, &owner, &path, &pids, &mut out);
         }
         out.extend(self.refresh_identities());
         self.scanned = true;
         let now = self.refusals.event_time();
         self.replay_unowned(now, &mut out);
         out
+    }
+
+    /// One container's processes, as a scan found them: adopted when new or restarted.
+    fn scan_group(
+        &mut self,
+        key: String,
+        owner: &CgroupOwner,
+        path: &str,
+        pids: &[u32],
+        out: &mut Vec<Observation>,
+    ) {
+        // Known, and still the same run: a container restarted in place (same id) has a
+        // new PID 1 and is adopted again. A run is its PID 1, not its main process: while
+        // the main process exits, a scan may find the init shim alone, which is no restart.
+        let known = self.containers.get(&key).is_some_and(|c| {
+            let alive = |pid: Option<u32>| pid.is_some_and(|m| pids.contains(&m));
+            c.gone_at.is_none() && (alive(c.init_pid) || alive(c.main_pid))
+        });
+        // Only a container to adopt needs its processes' details.
+        let procs: Vec<ProcInfo> = if known {
+            Vec::new()
+        } else {
+            pids.iter().filter_map(|p| self.host.process(*p)).collect()
+        };
+        // Caught while the runtime creates it, its only processes are about to exit: a
+        // later scan or event adopts it once its PID 1 exists.
+        let created = procs.iter().any(|p| p.ns_pid == Some(1)) || !procs.iter().any(bootstrapping);
+        if !known && (main_process(&procs).is_none() || !created) {
+            return;
+        }
+        for pid in pids {
+            self.by_pid.insert(*pid, key.clone());
+            self.not_containers.remove(pid);
+        }
+        if !known {
+            out.extend(self.adopt(&key, owner, path, &procs));
+        } else if self.containers.get(&key).is_some_and(|c| c.shim_as_main) {
+            // Adopted while its init shim had not started the entrypoint yet: the shim
+            // stood in as the main process until now.
+            let procs: Vec<ProcInfo> = pids.iter().filter_map(|p| self.host.process(*p)).collect();
+            if let Some(main) = main_process(&procs).filter(|m| is_shim(m).not()) {
+                let main = (main.pid, main.netns);
+                self.replace_main(&key, main);
+            }
+        }
+    }
+
+    /// Whether a container whose run ended (its main process exited) has been restarted in
+    /// place since: its cgroup alone is read, at most every `RECHECK` of event time, so that
+    /// a refusal in the gap goes to the new run's start and not the old one's stop.
+    pub(super) fn recheck_ended(&mut self, key: &str, now: Mono, out: &mut Vec<Observation>) {
+        let Some(c) = self.containers.get_mut(key) else {
+            return;
+        };
+        if !c.run_ended || now < c.rechecked_at.saturating_add(RECHECK) {
+            return;
+        }
+        c.rechecked_at = now;
+        let path = c.cgroup_path.clone();
+        let Some(owner) = parse_cgroup_path(&path) else {
+            return;
+        };
+        let pids = self.host.cgroup_pids(&path);
+        if pids.is_empty() {
+            return;
+        }
+        self.scan_group(key.to_string(), &owner, &path, &pids, out);
+        // Not adopted yet (its PID 1 is still the runtime's, before its exec): the new run
+        // has started all the same, when that PID 1 did.
+        let old_init = match self.containers.get(key) {
+            Some(c) if c.run_ended && c.next_run_at.is_none() => c.init_pid,
+            _ => return,
+        };
+        let pid1 = pids.iter().copied().find(|p| {
+            Some(*p) != old_init && self.host.process(*p).is_some_and(|i| i.ns_pid == Some(1))
+        });
+        let at = pid1.and_then(|p| self.host.start_ns(p));
+        if let Some(c) = self.containers.get_mut(key) {
+            c.next_run_at = at;
+        }
     }
 
     /// When a container's main process exits while its init shim lives on with another child
@@ -195,8 +243,13 @@ impl<H: HostView> Enricher<H> {
         let identity = self.kube_identity(&identity, owner.pod_uid.as_deref());
         let main = main_process(procs);
         let restart = self.containers.contains_key(key);
+        let init_pid = procs.iter().find(|p| p.ns_pid == Some(1)).map(|p| p.pid);
+        let run_started = init_pid
+            .or(main.map(|m| m.pid))
+            .and_then(|p| self.host.start_ns(p));
         if restart {
-            // Its listeners of the run before: refusals there are this run's start's now.
+            // Its listeners of the run before: refusals there from this run's start on are
+            // its start's (those before, seen late, still the old run's stop's).
             let closed: Vec<(u32, u16)> = self
                 .listeners
                 .closed
@@ -206,7 +259,9 @@ impl<H: HostView> Enricher<H> {
                 .collect();
             for at in closed {
                 self.listeners.closed.remove(&at);
-                self.listeners.reserved.insert(at, key.to_string());
+                self.listeners
+                    .reserved
+                    .insert(at, (key.to_string(), run_started.unwrap_or(0)));
             }
         }
         tracing::debug!(
@@ -262,12 +317,9 @@ impl<H: HostView> Enricher<H> {
             }
         }
         let shared_identity = Arc::new(identity.clone());
-        let init_pid = procs.iter().find(|p| p.ns_pid == Some(1)).map(|p| p.pid);
         // Started while the agent ran (not found by its first scan): a start record.
-        let started = init_pid
-            .or(main_pid)
+        let started = run_started
             .filter(|_| self.scanned)
-            .and_then(|p| self.host.start_ns(p))
             .map(|at| Observation::Started {
                 identity: Arc::clone(&shared_identity),
                 at,
@@ -287,6 +339,10 @@ impl<H: HostView> Enricher<H> {
                 gone_at: None,
                 runtime_identity,
                 pod_uid: owner.pod_uid.clone(),
+                cgroup_path: path.to_string(),
+                run_ended: false,
+                rechecked_at: 0,
+                next_run_at: None,
             },
         );
         let mut out = vec![Observation::Container {

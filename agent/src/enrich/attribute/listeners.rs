@@ -12,7 +12,8 @@ use crate::{
         netstat::{NetstatError, parse_listen_counters},
     },
     model::{
-        ContainerIdentity, Fact, HashMap, HashSet, Observation, Workload, observation::ListenSample,
+        ContainerIdentity, Fact, HashMap, HashSet, Mono, Observation, Workload,
+        observation::ListenSample,
     },
 };
 
@@ -23,9 +24,9 @@ pub(super) struct Listeners {
     pub(super) open: HashMap<(u32, u16), (Key, SocketAddr)>,
     /// Listeners that were closed: former owner.
     pub(super) closed: HashMap<(u32, u16), String>,
-    /// Listeners a container closed in an earlier run (it restarted in place since): a
-    /// refusal there is its start's, not its stop's.
-    pub(super) reserved: HashMap<(u32, u16), String>,
+    /// Listeners a container closed in an earlier run, and when its new run started (it
+    /// restarted in place): a refusal there from then on is its start's, not its stop's.
+    pub(super) reserved: HashMap<(u32, u16), (String, Mono)>,
     /// Accept-queue limits of listeners opened while the agent ran.
     pub(super) backlog_limits: HashMap<(u32, u16), u32>,
 }

@@ -51,6 +51,12 @@ struct Container {
     runtime_identity: ContainerIdentity,
     /// The pod uid its cgroup path names, for the sandbox (whose id no pod status lists).
     pod_uid: Option<String>,
+    cgroup_path: String,
+    /// Its main process exited (a restart in place adopts it again: see `recheck_ended`).
+    run_ended: bool,
+    rechecked_at: crate::model::Mono,
+    /// When a new run's PID 1 started, found before the run could be adopted.
+    next_run_at: Option<crate::model::Mono>,
 }
 
 /// A container id shared by what points at the container many times over (its connections):
@@ -129,7 +135,9 @@ impl<H: HostView> Enricher<H> {
             .open
             .retain(|_, (k, _)| !expired.contains(k.as_str()));
         self.listeners.closed.retain(|_, k| !expired.contains(k));
-        self.listeners.reserved.retain(|_, k| !expired.contains(k));
+        self.listeners
+            .reserved
+            .retain(|_, (k, _)| !expired.contains(k));
         self.by_ip.retain(|_, k| !expired.contains(k));
         self.sockets
             .recent
@@ -229,6 +237,9 @@ impl<H: HostView> Enricher<H> {
                             signal: None,
                         },
                     };
+                    if let Some(c) = self.containers.get_mut(&key) {
+                        c.run_ended = true;
+                    }
                     out.push(Observation::Exit { key, exit });
                 }
             }

@@ -70,13 +70,29 @@ impl<H: HostView> Enricher<H> {
             return;
         };
         let port = conn.local.port();
+        // A refusal at an ended container's former address: restarted since?
+        if let Some(key) = self.listeners.closed.get(&(ns, port)).cloned() {
+            self.recheck_ended(&key, r.meta.ts_ns, out);
+        }
         let open = self.listeners.open.contains_key(&(ns, port));
+        let at = r.meta.ts_ns;
+        let restarted = |key: &String| {
+            self.containers
+                .get(key)
+                .and_then(|c| c.next_run_at)
+                .is_some_and(|t| t <= at)
+        };
         let former = self
             .listeners
             .closed
             .get(&(ns, port))
-            .filter(|_| !open)
-            .cloned();
+            .filter(|k| !open && !restarted(k))
+            .cloned()
+            .or_else(|| {
+                // Before its new run started, though seen after: the old run's stop's.
+                let (key, since) = self.listeners.reserved.get(&(ns, port))?;
+                (at < *since).then(|| key.clone())
+            });
         let target = match (former, r.answers_syn) {
             (_, Some(false)) => return,
             (Some(key), _) => Target::Former(key),
@@ -190,7 +206,7 @@ impl<H: HostView> Enricher<H> {
             if let Some(key) = self.listeners.closed.get(&(ns, port)) {
                 return identity(key);
             }
-            if let Some(key) = self.listeners.reserved.get(&(ns, port)) {
+            if let Some((key, _)) = self.listeners.reserved.get(&(ns, port)) {
                 return identity(key);
             }
         }

@@ -5,7 +5,7 @@
 use maud::{Markup, html};
 
 use super::{
-    OPEN_DEPLOYS, glyphs,
+    OPEN_DEPLOYS, glyphs, start,
     stop::{self, outcome_label, outcome_level},
     storm,
     text::Text,
@@ -14,7 +14,7 @@ use crate::{
     export::{
         format::{count, date_time, thousands},
         verdict::Level,
-        view::{DeployView, LossView, StopView, StormView},
+        view::{DeployView, LossView, StartView, StopView, StormView},
     },
     model::{LossKind, stop::Outcome},
 };
@@ -92,7 +92,10 @@ fn badge(d: &DeployView) -> (Level, String) {
             return (outcome_level(Some(o)), label);
         }
     }
-    (Level::Pending, "no stops".into())
+    if d.refused_before_listen > 0 {
+        return (Level::Bad, "refused while starting".into());
+    }
+    (Level::Good, "started".into())
 }
 
 /// Each storm goes under the first deploy it belongs to: the one the API names, or else the
@@ -128,8 +131,13 @@ fn storms_by_deploy<'a>(
     (by_deploy, orphans)
 }
 
-/// One deploy's section: summary line, then its stops and storms.
-fn deploy(i: usize, d: &DeployView, stops: &[StopView], storms: &[&StormView]) -> Markup {
+/// One deploy's section: summary line, then its stops, starts and storms.
+fn deploy(
+    i: usize,
+    d: &DeployView,
+    (stops, starts): (&[StopView], &[StartView]),
+    storms: &[&StormView],
+) -> Markup {
     let (level, badge) = badge(d);
     let open = i < OPEN_DEPLOYS || d.in_progress > 0;
     html! {
@@ -145,15 +153,28 @@ fn deploy(i: usize, d: &DeployView, stops: &[StopView], storms: &[&StormView]) -
                 span class="when" {
                     (date_time(&d.started_at)) " UTC · "
                     (count(d.stops.len() as u64, "stop", "stops"))
+                    @if !d.starts.is_empty() {
+                        " · " (count(d.starts.len() as u64, "start", "starts"))
+                    }
                     @if !d.revisions.is_empty() {
                         " · replaced revision " (Text(&d.revisions.join(", ")))
                     }
                 }
-                span class="chips" { (chips(&d.loss)) }
+                span class="chips" {
+                    (chips(&d.loss))
+                    @if d.refused_before_listen > 0 {
+                        span class="chip refused" data-loss="refused_before_listen" {
+                            b { (thousands(d.refused_before_listen)) } " refused before listen"
+                        }
+                    }
+                }
             }
             "\n"
             @for id in &d.stops {
                 @if let Some(s) = stops.iter().find(|s| s.id == *id) { (stop::article(s)) }
+            }
+            @for id in &d.starts {
+                @if let Some(s) = starts.iter().find(|s| s.id == *id) { (start::article(s)) }
             }
             @for st in storms { (storm::article(st)) }
         }
@@ -162,7 +183,12 @@ fn deploy(i: usize, d: &DeployView, stops: &[StopView], storms: &[&StormView]) -
 }
 
 /// `<main>`, which the page's script swaps in place when the data changes.
-pub(super) fn main(deploys: &[DeployView], stops: &[StopView], storms: &[StormView]) -> Markup {
+pub(super) fn main(
+    deploys: &[DeployView],
+    stops: &[StopView],
+    starts: &[StartView],
+    storms: &[StormView],
+) -> Markup {
     if deploys.is_empty() {
         return html! {
             main id="main" {
@@ -196,7 +222,7 @@ pub(super) fn main(deploys: &[DeployView], stops: &[StopView], storms: &[StormVi
                 (glyphs::legend())
             }
             @for (i, (d, storms)) in deploys.iter().zip(&by_deploy).enumerate() {
-                (deploy(i, d, stops, storms))
+                (deploy(i, d, (stops, starts), storms))
             }
             @if !orphans.is_empty() {
                 details class="deploy good" data-key="storms" open {

@@ -12,11 +12,12 @@
 //! re-renders it in place when the data changes.
 //!
 //! This file is the entry point and the layout; `deploys.rs` writes the deploy sections,
-//! `stop.rs` a stop's heading and facts, `timeline.rs` its timeline, `storm.rs` a storm's
+//! `stop.rs` a stop's heading and facts, `start.rs` a start's, `timeline.rs` its timeline, `storm.rs` a storm's
 //! chart, `glyphs.rs` the loss glyphs and their legend.
 
 mod deploys;
 mod glyphs;
+mod start;
 mod stop;
 mod storm;
 mod text;
@@ -27,7 +28,7 @@ pub use text::esc;
 
 use super::{
     format::hms,
-    view::{DeployView, StopView, StormView},
+    view::{DeployView, StartView, StopView, StormView},
 };
 use text::Text;
 
@@ -66,15 +67,16 @@ fn fnv(text: &str) -> String {
     format!("{h:016x}")
 }
 
-/// Renders the whole page from the views `/api/v1/deploys`, `/api/v1/stops` and
-/// `/api/v1/storms` serve.
+/// Renders the whole page from the views `/api/v1/deploys`, `/api/v1/stops`,
+/// `/api/v1/starts` and `/api/v1/storms` serve.
 pub fn render(
     deploys: &[DeployView],
     stops: &[StopView],
+    starts: &[StartView],
     storms: &[StormView],
     info: &PageInfo,
 ) -> String {
-    let main = deploys::main(deploys, stops, storms).into_string();
+    let main = deploys::main(deploys, stops, starts, storms).into_string();
     // Every 2 s while a container is stopping, every 10 s otherwise.
     let refresh = if deploys.iter().any(|d| d.in_progress > 0) {
         2000
@@ -117,6 +119,7 @@ pub fn render(
                         span id="updated" { "updated " (Text(updated)) " UTC" }
                         " · " a href="api/v1/deploys" { "deploys" }
                         " · " a href="api/v1/stops" { "stops" }
+                        " · " a href="api/v1/starts" { "starts" }
                         " · " a href="api/v1/storms" { "storms" }
                         " · " a href="metrics" { "metrics" }
                         " · v" (Text(&info.version))

@@ -81,6 +81,7 @@ fn a_stop_shows_its_timeline_loss_and_the_shared_verdict() {
         &deploy_of(&stop, 0),
         std::slice::from_ref(&stop),
         &[],
+        &[],
         &info(),
     );
     assert!(html.starts_with("<!doctype html>"));
@@ -140,7 +141,7 @@ fn kubernetes_facts_show_when_known() {
     let mut deploys = deploy_of(&stop, 0);
     deploys[0].workload_kind = "Deployment".into();
     deploys[0].revisions = vec!["7d9f8c".into()];
-    let html = render(&deploys, &[stop], &[], &info());
+    let html = render(&deploys, &[stop], &[], &[], &info());
     for needle in [
         r#"<span class="ns">Deployment</span>"#,
         "replaced revision 7d9f8c",
@@ -169,6 +170,7 @@ fn container_names_cannot_inject_markup() {
     let html = render(
         &deploy_of(&stop, 0),
         std::slice::from_ref(&stop),
+        &[],
         &[storm],
         &PageInfo {
             host: evil.into(),
@@ -195,6 +197,7 @@ fn a_deploy_under_way_refreshes_fast_and_says_so() {
         &deploy_of(&stop, 1),
         std::slice::from_ref(&stop),
         &[],
+        &[],
         &info(),
     );
     assert!(html.contains(r#"data-refresh="2000""#));
@@ -216,6 +219,7 @@ fn a_storm_is_drawn_under_the_deploy_that_caused_it() {
     let html = render(
         &deploy_of(&stop, 0),
         std::slice::from_ref(&stop),
+        &[],
         std::slice::from_ref(&storm),
         &info(),
     );
@@ -236,7 +240,7 @@ fn a_storm_is_drawn_under_the_deploy_that_caused_it() {
 
 #[test]
 fn nothing_seen_says_how_to_see_something() {
-    let html = render(&[], &[], &[], &info());
+    let html = render(&[], &[], &[], &[], &info());
     assert!(html.contains("No container stops seen yet"));
     assert!(html.contains("cargo xtask demo"));
 }
@@ -248,6 +252,7 @@ fn the_state_changes_with_the_data_only() {
         &deploy_of(&stop, 0),
         std::slice::from_ref(&stop),
         &[],
+        &[],
         &info(),
     );
     let later = PageInfo {
@@ -258,13 +263,14 @@ fn the_state_changes_with_the_data_only() {
         &deploy_of(&stop, 0),
         std::slice::from_ref(&stop),
         &[],
+        &[],
         &later,
     );
     let state = |h: &str| h.split("data-state=\"").nth(1).unwrap()[..16].to_string();
     assert_eq!(state(&a), state(&b));
     let mut more = stop.clone();
     more.loss.refused = 4;
-    let c = render(&deploy_of(&more, 0), &[more], &[], &info());
+    let c = render(&deploy_of(&more, 0), &[more], &[], &[], &info());
     assert_ne!(state(&a), state(&c));
 }
 
@@ -281,6 +287,7 @@ fn failed_health_checks_are_drawn_apart_from_the_loss() {
     let html = render(
         &deploy_of(&stop, 0),
         std::slice::from_ref(&stop),
+        &[],
         &[],
         &info(),
     );
@@ -299,4 +306,52 @@ fn failed_health_checks_are_drawn_apart_from_the_loss() {
     );
     // Requests' counts are unchanged by them.
     assert!(html.contains(r#"data-loss="refused"><b>3</b> refused"#));
+}
+
+#[test]
+fn a_start_that_refused_requests_is_drawn_in_its_deploy_with_the_fix() {
+    let start: crate::export::view::StartView = view(json!({
+        "id": "c67f6ba70c4b-start-1",
+        "container": {"id": "c67f6ba70c4b".repeat(5), "name": "web-2", "runtime": "podman", "workload": "web"},
+        "started_at": "2026-11-29T22:47:30.000Z",
+        "first_listen_at": "2026-11-29T22:47:33.000Z",
+        "first_accept_at": "2026-11-29T22:47:33.200Z",
+        "listen_after_seconds": 3.0,
+        "loss": {"refused_before_listen": 2, "probes": {"refused": 1}},
+        "ports": [8080],
+        "refused_at": ["2026-11-29T22:47:31.000Z", "2026-11-29T22:47:32.000Z"],
+        "settled": true
+    }));
+    let deploys = vec![DeployView {
+        id: "web-c67f6ba70c4b-start-1".into(),
+        workload: "web".into(),
+        started_at: start.started_at.clone(),
+        last_stop_at: start.started_at.clone(),
+        starts: vec![start.id.clone()],
+        refused_before_listen: 2,
+        ..Default::default()
+    }];
+    let html = render(&deploys, &[], std::slice::from_ref(&start), &[], &info());
+    let v = verdict::start(&start);
+    assert_eq!(v.level, Level::Bad);
+    assert!(
+        v.text
+            .starts_with("2 connections refused in the 3 s before the server listened")
+            && v.text.contains("make readiness check the listener"),
+        "{}",
+        v.text
+    );
+    assert!(html.contains(&esc(&v.text)), "verdict missing:\n{html}");
+    assert!(html.contains(r#"data-start-id="c67f6ba70c4b-start-1""#));
+    let article = &html[html.find(r#"<article class="start""#).unwrap()..];
+    assert_eq!(
+        article.matches(r#"class="g-refused""#).count(),
+        2,
+        "{article}"
+    );
+    assert!(html.contains("<b>1</b> health check refused (normal while starting)"));
+    assert!(
+        html.contains("refused while starting"),
+        "the deploy's badge"
+    );
 }

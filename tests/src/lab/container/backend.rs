@@ -53,6 +53,15 @@ impl Backend {
     /// until the server listens and answers `GET /health` with 200. Panics with podman's and the
     /// server's output if it does not come up.
     pub fn start(name: &str, mode: Mode, opts: BackendOpts) -> Backend {
+        let timeout = opts.ready_timeout;
+        let mut b = Self::launch(name, mode, opts);
+        b.await_ready(Instant::now() + timeout);
+        b
+    }
+
+    /// Starts it without waiting: once `podman run` returned, with its address known (from
+    /// the network holder, or the container itself) and `pid` not yet (see `await_ready`).
+    pub fn launch(name: &str, mode: Mode, opts: BackendOpts) -> Backend {
         setup_once();
         let container = match &opts.name_prefix {
             Some(p) => unique_name(&format!("{p}-{name}")),
@@ -103,6 +112,7 @@ impl Backend {
         let workers = opts.gate_workers.map(|w| w.to_string());
         let auth = opts.gate_auth.map(|d| (d.as_secs_f64() * 1e3).to_string());
         let hold = opts.hold.map(|(p, b)| (p.to_string(), b.to_string()));
+        let listen_delay = opts.listen_delay.map(|d| d.as_secs_f64().to_string());
         let mut args: Vec<&str> = vec!["run", "-d", "--name", &container, "--label", &label];
         for l in &labels {
             args.extend(["--label", l]);
@@ -135,6 +145,9 @@ impl Backend {
         if let Some((port, backlog)) = &hold {
             args.extend(["--hold-port", port, "--hold-backlog", backlog]);
         }
+        if let Some(d) = &listen_delay {
+            args.extend(["--listen-delay", d]);
+        }
         if mode == Mode::Crash {
             args.extend(["--crash-at-file", "/lab/log/crash-at"]);
             if let Some(c) = &crash_after {
@@ -148,10 +161,6 @@ impl Backend {
             "podman run printed {id:?}, not a container id"
         );
 
-        // Listening (from its own log: polling /health earlier would cause refused connects
-        // that a test counting resets would see), then one /health that must answer 200.
-        let deadline = Instant::now() + opts.ready_timeout;
-        b.await_listening(0, deadline);
         b.ip = if opts.host_network {
             Ipv4Addr::LOCALHOST
         } else {
@@ -161,11 +170,20 @@ impl Backend {
             ip.parse()
                 .unwrap_or_else(|_| panic!("container address {ip:?} is not IPv4"))
         };
-        if mode == Mode::Gate {
+        b
+    }
+
+    /// Waits (until `deadline`) for a launched server to listen (from its own log: polling
+    /// /health earlier would cause refused connects that a test counting resets would see),
+    /// then for one /health that must answer 200 (a greeting for `Gate`).
+    pub fn await_ready(&mut self, deadline: Instant) {
+        self.await_listening(0, deadline);
+        let name = &self.name;
+        if self.mode == Mode::Gate {
             // Not HTTP: one connection that must be greeted.
             loop {
-                match greeting(b.addr(), Duration::from_secs(2)) {
-                    Ok(_) => return b,
+                match greeting(self.addr(), Duration::from_secs(2)) {
+                    Ok(_) => return,
                     r if Instant::now() > deadline => {
                         panic!("backend {name} sent no greeting in time: {r:?}")
                     }
@@ -174,7 +192,7 @@ impl Backend {
             }
         }
         loop {
-            match http_get(b.addr(), "/health", Duration::from_secs(2)) {
+            match http_get(self.addr(), "/health", Duration::from_secs(2)) {
                 Ok((200, _)) => break,
                 r if Instant::now() > deadline => {
                     panic!("backend {name} /health did not answer 200 in time: {r:?}")
@@ -182,7 +200,6 @@ impl Backend {
                 _ => std::thread::sleep(Duration::from_millis(50)),
             }
         }
-        b
     }
 
     /// Waits (until `deadline`) for the server's `skip + 1`-th `listening` line, then takes the

@@ -109,6 +109,8 @@ pub struct BackendOpts {
     /// Put in the container's name before the logical name (`dwlab-<pid>-<n>-<prefix>-s1`),
     /// so a demo's workloads say what they are.
     pub name_prefix: Option<String>,
+    /// `--listen-delay`: a slow start, every run sleeps this long before `listen()`.
+    pub listen_delay: Option<Duration>,
 }
 
 impl Default for BackendOpts {
@@ -127,6 +129,7 @@ impl Default for BackendOpts {
             gate_auth: None,
             hold: None,
             name_prefix: None,
+            listen_delay: None,
         }
     }
 }

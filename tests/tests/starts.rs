@@ -1,0 +1,310 @@
+//! Start records end to end: real podman containers, the real agent. Ground truth is what the
+//! clients saw (their own ECONNREFUSED), HAProxy's own log (503 with termination state `SC`:
+//! the server refused the connection) and the kernel's start time of the container's PID 1
+//! (`/proc/<pid>/stat`); never drainwatch's own arithmetic.
+//!
+//! - a slow start (the server listens 3 s after it started) hit directly: every connect
+//!   refused before the listen is the start's, and refusals at a port it never listens on
+//!   count as refused connects but no start's loss;
+//! - a server that listens at once, reached only once ready: a start with nothing refused;
+//! - a restart in place behind HAProxy (its checks off, so every refused connect is a
+//!   request): the refusals of the gap are split between the old run's stop and the new
+//!   run's start at the new PID 1's start, and together equal HAProxy's count.
+
+use std::{
+    io::ErrorKind,
+    net::{SocketAddr, SocketAddrV4, TcpStream},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use drainwatch_tests::{
+    agent::{Agent, api, sync, wait_for},
+    lab::{
+        client::{Outcome, request},
+        clock,
+        container::{Backend, BackendOpts, Mode},
+        haproxy::{Haproxy, HaproxyOpts},
+    },
+    require_root,
+};
+use serde_json::Value;
+
+/// What a client that connects every 20 ms saw, until `stop` (and past a first success).
+#[derive(Debug, Default)]
+struct Attempts {
+    refused: Vec<Instant>,
+    connected: u64,
+    other: Vec<String>,
+}
+
+fn hammer(addr: SocketAddrV4, stop: Arc<AtomicBool>) -> thread::JoinHandle<Attempts> {
+    thread::spawn(move || {
+        let mut a = Attempts::default();
+        while !stop.load(Ordering::Relaxed) {
+            let at = Instant::now();
+            match TcpStream::connect_timeout(&SocketAddr::V4(addr), Duration::from_secs(1)) {
+                Ok(_) => a.connected += 1,
+                Err(e) if e.kind() == ErrorKind::ConnectionRefused => a.refused.push(at),
+                Err(e) => a.other.push(e.to_string()),
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        a
+    })
+}
+
+/// The container's start record(s), oldest first.
+fn starts_of(agent: &Agent, id: &str) -> Vec<Value> {
+    let (_, all) = api(agent, "/api/v1/starts");
+    let mut mine: Vec<Value> = all
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["container"]["id"] == id)
+        .cloned()
+        .collect();
+    mine.reverse();
+    mine
+}
+
+fn metric_for(agent: &Agent, family: &str, container: &str) -> f64 {
+    let text = agent.metrics_text();
+    let want = format!("container=\"{container}\"");
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{family}{{")) && l.contains(&want))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until the record has settled (10 s after its first listen) and the agent has
+/// processed everything before; returns it.
+fn settled_start(agent: &Agent, id: &str, n: usize) -> Value {
+    wait_for("the start record settles", Duration::from_secs(30), || {
+        starts_of(agent, id)
+            .get(n)
+            .is_some_and(|s| s["settled"] == true)
+    });
+    sync(agent);
+    let s = starts_of(agent, id).swap_remove(n);
+    println!("drainwatch: {s:#}");
+    s
+}
+
+/// The kernel's start time of a process, as kernel monotonic ns (to the clock tick).
+fn started_ns(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let after_comm = &stat[stat.rfind(')').expect("comm") + 2..];
+    let ticks: u64 = after_comm
+        .split_whitespace()
+        .nth(19)
+        .expect("starttime")
+        .parse()
+        .expect("a number");
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    ticks * (1_000_000_000 / hz)
+}
+
+#[test]
+fn a_slow_start_is_charged_every_connect_refused_before_it_listened() {
+    require_root();
+    let agent = Agent::start(&[]);
+    sync(&agent);
+    // Its own network namespace: its first refusals come before any scan knows it.
+    let opts = BackendOpts {
+        netns_holder: false,
+        listen_delay: Some(Duration::from_secs(3)),
+        ready_timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let mut b = Backend::launch("slow", Mode::CloseListener, opts);
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = hammer(b.addr(), stop.clone());
+    // A port nothing ever listens on: refused, counted, no start's loss.
+    let elsewhere = hammer(SocketAddrV4::new(*b.addr().ip(), 9999), stop.clone());
+    b.await_ready(Instant::now() + Duration::from_secs(20));
+    thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let (served, elsewhere) = (served.join().unwrap(), elsewhere.join().unwrap());
+    println!(
+        "client: {} refused then {} connected ({:?}); port 9999: {} refused",
+        served.refused.len(),
+        served.connected,
+        served.other,
+        elsewhere.refused.len()
+    );
+    assert!(
+        served.refused.len() >= 20,
+        "the 3 s before the listen were hit"
+    );
+    assert!(served.connected > 0 && elsewhere.connected == 0);
+
+    let s = settled_start(&agent, &b.id, 0);
+    assert_eq!(
+        s["loss"]["refused_before_listen"],
+        served.refused.len() as u64,
+        "every connect the client saw refused before the listen"
+    );
+    assert_eq!(s["loss"]["probes"]["refused"], 0);
+    assert_eq!(s["restart"], false);
+    assert_eq!(s["ports"], serde_json::json!([8080]));
+    let after = s["listen_after_seconds"].as_f64().expect("listened");
+    assert!(
+        (2.9..4.0).contains(&after),
+        "listened {after} s after the start"
+    );
+    let verdict = s["verdict"].as_str().unwrap_or_default();
+    assert!(
+        verdict.contains("refused in the") && verdict.contains("make readiness check the listener"),
+        "{verdict}"
+    );
+    assert_eq!(
+        metric_for(
+            &agent,
+            "drainwatch_start_refused_before_listen_total",
+            &b.container
+        ),
+        served.refused.len() as f64
+    );
+    assert_eq!(
+        metric_for(&agent, "drainwatch_refused_connections_total", &b.container),
+        (served.refused.len() + elsewhere.refused.len()) as f64,
+        "every refused connect, at any port"
+    );
+    let (_, deploys) = api(&agent, "/api/v1/deploys");
+    assert!(
+        deploys
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|d| d["starts"].as_array().is_some_and(|x| x.contains(&s["id"]))),
+        "the start is in a deploy: {deploys:#}"
+    );
+}
+
+#[test]
+fn a_server_that_listens_at_once_has_a_start_with_nothing_refused() {
+    require_root();
+    let agent = Agent::start(&[]);
+    sync(&agent);
+    let b = Backend::start("quick", Mode::CloseListener, BackendOpts::default());
+    let started = started_ns(b.init_pid);
+    let s = settled_start(&agent, &b.id, 0);
+    assert_eq!(s["loss"]["refused_before_listen"], 0);
+    assert!(
+        !s["first_accept_at"].is_null(),
+        "the readiness GET was accepted"
+    );
+    let after = s["listen_after_seconds"].as_f64().expect("listened");
+    assert!(after < 2.0, "listened {after} s after the start");
+    let verdict = s["verdict"].as_str().unwrap_or_default();
+    assert!(verdict.ends_with("no change needed"), "{verdict}");
+    // Its start is the kernel's start of PID 1, to the clock tick.
+    let at = drainwatch_tests::agent::instant(&s["started_at"]).expect("started_at");
+    let kernel = clock::instant_of_mono_ns(started);
+    assert!(clock::secs_since(kernel, at).abs() < 0.02, "started_at");
+}
+
+#[test]
+fn a_restart_in_place_behind_haproxy_charges_its_gap_to_the_stop_and_the_start() {
+    require_root();
+    let agent = Agent::start(&[]);
+    let opts = BackendOpts {
+        listen_delay: Some(Duration::from_secs(2)),
+        ready_timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let mut b = Backend::start("s1", Mode::CloseListener, opts);
+    let lb = Haproxy::start(&[("s1", b.addr())], HaproxyOpts::default());
+    // No health checks from here on: every connect HAProxy makes is a request.
+    lb.admin("disable health be/s1").expect("disable health");
+    sync(&agent);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (stop, frontend) = (stop.clone(), lb.frontend);
+        thread::spawn(move || {
+            let mut records = Vec::new();
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                records.push(request(
+                    frontend,
+                    &format!("r{i}"),
+                    1,
+                    Duration::from_secs(5),
+                ));
+                i += 1;
+                thread::sleep(Duration::from_millis(20));
+            }
+            records
+        })
+    };
+    thread::sleep(Duration::from_millis(500));
+    b.restart(2, Duration::from_secs(20));
+    let new_start = started_ns(b.init_pid);
+    thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let records = load.join().unwrap();
+    let refused: Vec<_> = records.iter().filter(|r| r.status == Some(503)).collect();
+    let logged_sc = lb
+        .http_logs()
+        .iter()
+        .filter(|l| l.status == 503 && l.flags.starts_with("SC"))
+        .count();
+    println!(
+        "client: {} requests, {} 503; HAProxy: {logged_sc} refused by the server",
+        records.len(),
+        refused.len()
+    );
+    assert_eq!(refused.len(), logged_sc, "every 503 was a refused connect");
+    assert!(
+        records
+            .iter()
+            .all(|r| r.status == Some(503) || r.outcome == Outcome::from_status(200)),
+        "nothing else failed"
+    );
+    // The kernel's start of the new PID 1 splits them, to its clock tick (10 ms).
+    let boundary = clock::instant_of_mono_ns(new_start);
+    let tick = Duration::from_millis(10);
+    let after_start = refused
+        .iter()
+        .filter(|r| r.start >= boundary + tick)
+        .count();
+    let around = refused
+        .iter()
+        .filter(|r| r.start + tick > boundary && r.start < boundary + tick)
+        .count();
+    assert!(after_start >= 20, "the 2 s before the new listen were hit");
+
+    // Its first start (nothing was sent to it before it was ready), then the restart's.
+    let first = settled_start(&agent, &b.id, 0);
+    assert_eq!(
+        (&first["restart"], &first["loss"]["refused_before_listen"]),
+        (&Value::Bool(false), &Value::from(0))
+    );
+    let s = settled_start(&agent, &b.id, 1);
+    assert_eq!(s["restart"], true);
+    let stop_record = drainwatch_tests::agent::stop_record(&agent, &b.id);
+    let (start_n, stop_n) = (
+        s["loss"]["refused_before_listen"].as_u64().unwrap(),
+        stop_record["loss"]["refused"].as_u64().unwrap(),
+    );
+    println!(
+        "drainwatch: stop refused {stop_n}, start refused before listen {start_n}; truth: \
+         {after_start} after the new PID 1 started, {around} within a tick of it"
+    );
+    assert_eq!(
+        start_n + stop_n,
+        logged_sc as u64,
+        "each refused connect counted once"
+    );
+    assert!(
+        (after_start..=after_start + around).contains(&(start_n as usize)),
+        "the start's are those after its PID 1 started ({after_start}, {around} within a tick)"
+    );
+}
