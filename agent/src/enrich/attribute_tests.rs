@@ -27,6 +27,8 @@ fn path() -> String {
 
 struct FakeHost {
     procs: Vec<ProcInfo>,
+    /// (pid, start in kernel monotonic ns) of the processes whose start is known.
+    start_times: Vec<(u32, u64)>,
 }
 
 impl HostView for FakeHost {
@@ -38,6 +40,12 @@ impl HostView for FakeHost {
     }
     fn process(&self, pid: u32) -> Option<ProcInfo> {
         self.procs.iter().find(|p| p.pid == pid).cloned()
+    }
+    fn start_ns(&self, pid: u32) -> Option<u64> {
+        self.start_times
+            .iter()
+            .find(|(p, _)| *p == pid)
+            .map(|(_, at)| *at)
     }
     fn sockets(&self, _pid: u32) -> Vec<SocketEntry> {
         let entry = |inode, local: &str, remote: &str, listening| SocketEntry {
@@ -102,6 +110,7 @@ fn enricher() -> Enricher<FakeHost> {
             proc(100, 90, "catatonit", 1, true),
             proc(101, 100, "python3", 2, true),
         ],
+        start_times: Vec::new(),
     };
     Enricher::new(host)
 }
@@ -961,6 +970,7 @@ fn a_container_caught_while_runc_creates_it_is_adopted_once_its_pid_1_exists() {
     // container's cgroup but not yet in its pid namespace, about to exit 0.
     let mut e = Enricher::new(FakeHost {
         procs: vec![proc(90, 80, "runc:[0:PARENT]", 90, true)],
+        start_times: Vec::new(),
     });
     assert!(e.scan().is_empty(), "nothing adopted while runc bootstraps");
     let exit = Event::Exit(Exit {
@@ -1026,6 +1036,7 @@ fn a_host_network_containers_listeners_are_watched_until_it_is_forgotten() {
             host_proc(100, 90, "catatonit", 1),
             host_proc(101, 100, "python3", 2),
         ],
+        start_times: Vec::new(),
     })
     .with_host_netns(HOST_NS);
     e.scan();
@@ -1067,6 +1078,7 @@ fn a_shim_adopted_before_its_entrypoint_started_gets_its_main_process_at_the_nex
     // Seen with `podman run --init`: a scan between podman-init's start and its first fork.
     let mut e = Enricher::new(FakeHost {
         procs: vec![proc(100, 80, "podman-init", 1, true)],
+        start_times: Vec::new(),
     });
     assert!(matches!(e.scan().as_slice(), [O::Container { .. }]));
     e.host_mut().procs = vec![
@@ -1095,6 +1107,7 @@ fn an_entrypoint_that_forks_the_server_and_exits_is_not_the_container_exiting() 
             proc(100, 80, "podman-init", 1, true),
             proc(102, 100, "bash", 2, true),
         ],
+        start_times: Vec::new(),
     });
     assert!(matches!(e.scan().as_slice(), [O::Container { .. }]));
     e.host_mut().procs = vec![
@@ -1162,5 +1175,100 @@ fn a_proxy_connection_to_a_pods_shared_address_belongs_to_the_container_listenin
     assert!(
         matches!(obs.as_slice(), [O::UpstreamRequest { key, .. }] if key == ID),
         "{obs:#?}"
+    );
+}
+
+#[test]
+fn a_restart_in_place_is_found_at_its_first_refusal_and_the_gap_is_split_at_its_pid_1() {
+    let mut e = enricher();
+    e.scan();
+    let closed = state(
+        0xf1,
+        NS,
+        "TCP_LISTEN",
+        "TCP_CLOSE",
+        conn("0.0.0.0:8080", "0.0.0.0:0"),
+        TcpCounters::default(),
+    );
+    e.on_event(&closed);
+    // The run ends: its processes are gone, its main process's exit is the container's.
+    e.host_mut().procs.retain(|p| p.pid == 50);
+    let exit = Event::Exit(Exit {
+        meta: meta(101, NS, 777),
+        status: ExitStatus::Exited(0),
+    });
+    assert!(matches!(e.on_event(&exit).as_slice(), [O::Exit { .. }]));
+    let syn = |ts: u64, port: u16| {
+        let mut m = meta(0, NS, 0);
+        m.ts_ns = ts;
+        Event::ResetSent(ResetSent {
+            meta: m,
+            skaddr: 0,
+            conn: conn("10.88.0.5:8080", &format!("10.88.0.1:{port}")),
+            state: None,
+            reason: named("NO_SOCKET"),
+            answers_syn: Some(true),
+        })
+    };
+    // No new run yet: the old run's stop's.
+    e.on_event(&syn(1_000, 40_001));
+    // The runtime starts the new run's PID 1 at 2 µs, still its own process (no main
+    // process to adopt yet).
+    e.host_mut()
+        .procs
+        .push(proc(200, 80, "runc:[1:CHILD]", 1, true));
+    e.host_mut().start_times.push((200, 2_000));
+    // Within the recheck interval of the last look: taken as the stop's for now, until the
+    // next look (the refusal still waits in the enricher) finds the new run.
+    e.on_event(&syn(3_000, 40_002));
+    let later = 20_000_000;
+    let at_later = e.on_event(&syn(later, 40_003));
+    assert!(
+        matches!(at_later.as_slice(), [O::Reset { .. }]),
+        "{at_later:#?}"
+    );
+    // The entrypoint runs: the next refusal adopts the new run, with its start.
+    e.host_mut().procs[1] = proc(200, 80, "catatonit", 1, true);
+    e.host_mut().procs.push(proc(201, 200, "python3", 2, true));
+    let obs = e.on_event(&syn(2 * later, 40_004));
+    assert!(
+        matches!(
+            obs.as_slice(),
+            [
+                O::Reset { .. },
+                O::Container { .. },
+                O::Started {
+                    at: 2_000,
+                    restart: true,
+                    ..
+                }
+            ]
+        ),
+        "{obs:#?}"
+    );
+    // A refusal of before the new run, seen late, is still the old run's.
+    e.on_event(&syn(1_500, 40_005));
+    let mut flushed = e.flush(u64::MAX / 2);
+    flushed.sort_by_key(|o| match o {
+        O::Refused { at, .. } | O::RefusedAt { at, .. } => *at,
+        _ => 0,
+    });
+    let kinds: Vec<(u64, &str)> = flushed
+        .iter()
+        .map(|o| match o {
+            O::Refused { at, .. } => (*at, "stop"),
+            O::RefusedAt { at, port: 8080, .. } => (*at, "start"),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (1_000, "stop"),
+            (1_500, "stop"),
+            (3_000, "start"),
+            (later, "start"),
+            (2 * later, "start")
+        ]
     );
 }

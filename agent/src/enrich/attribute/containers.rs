@@ -179,6 +179,10 @@ impl<H: HostView> Enricher<H> {
         let at = pid1.and_then(|p| self.host.start_ns(p));
         if let Some(c) = self.containers.get_mut(key) {
             c.next_run_at = at;
+            if let Some(at) = at {
+                let identity = Arc::clone(&c.identity);
+                self.refusals.reassign(key, at, &identity);
+            }
         }
     }
 
@@ -257,6 +261,10 @@ impl<H: HostView> Enricher<H> {
                 .filter(|(_, k)| k.as_str() == key)
                 .map(|(at, _)| *at)
                 .collect();
+            if let (Some(since), Some(c)) = (run_started, self.containers.get(key)) {
+                let identity = Arc::clone(&c.identity);
+                self.refusals.reassign(key, since, &identity);
+            }
             for at in closed {
                 self.listeners.closed.remove(&at);
                 self.listeners

@@ -20,8 +20,8 @@ const MAX_PENDING: usize = 4096;
 /// Where a connect was refused.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Target {
-    /// At a listening address the container (this key) had closed.
-    Former(String),
+    /// At a listening address (namespace, port) the container (this key) had closed.
+    Former(String, u32, u16),
     /// At (namespace, port) of this container (or pod as a whole) that was no such address.
     Port(Arc<ContainerIdentity>, u32, u16),
 }
@@ -83,6 +83,19 @@ impl Refusals {
         }
     }
 
+    /// The container `key` restarted in place, its new run at `since`: its refusals still
+    /// waiting from then on are the new run's (`identity`), not the old run's stop's.
+    pub(super) fn reassign(&mut self, key: &str, since: Mono, identity: &Arc<ContainerIdentity>) {
+        for p in &mut self.pending {
+            if let Target::Former(k, ns, port) = &p.target
+                && k == key
+                && p.at >= since
+            {
+                p.target = Target::Port(Arc::clone(identity), *ns, *port);
+            }
+        }
+    }
+
     /// Refusals no attempt on this node claimed in time: from elsewhere.
     pub(super) fn flush(&mut self, now: Mono, out: &mut Vec<Observation>) {
         while let Some(p) = self.pending.front() {
@@ -99,7 +112,7 @@ impl Refusals {
 
 fn observation(p: Pending, upstream: Option<u64>) -> Observation {
     match p.target {
-        Target::Former(key) => Observation::Refused {
+        Target::Former(key, ..) => Observation::Refused {
             key,
             at: p.at,
             upstream,
@@ -132,13 +145,13 @@ mod tests {
         r.refused(
             100 * MS,
             addr(40_001),
-            Target::Former("c1".into()),
+            Target::Former("c1".into(), 1, 8080),
             &mut out,
         );
         r.refused(
             101 * MS,
             addr(40_002),
-            Target::Former("c1".into()),
+            Target::Former("c1".into(), 1, 8080),
             &mut out,
         );
         assert!(out.is_empty());
@@ -176,14 +189,19 @@ mod tests {
     fn with_no_events_a_refusal_waits_a_second_and_past_the_cap_none_is_lost() {
         let mut r = Refusals::default();
         let mut out = Vec::new();
-        r.refused(0, addr(1), Target::Former("c1".into()), &mut out);
+        r.refused(0, addr(1), Target::Former("c1".into(), 1, 8080), &mut out);
         r.flush(999 * MS, &mut out);
         assert!(out.is_empty());
         r.flush(1000 * MS, &mut out);
         assert_eq!(out.len(), 1);
         out.clear();
         for p in 0..MAX_PENDING as u16 + 3 {
-            r.refused(2000 * MS, addr(p), Target::Former("c1".into()), &mut out);
+            r.refused(
+                2000 * MS,
+                addr(p),
+                Target::Former("c1".into(), 1, 8080),
+                &mut out,
+            );
         }
         assert_eq!(out.len(), 3, "the oldest three reported at once");
     }

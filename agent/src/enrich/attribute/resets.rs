@@ -95,7 +95,7 @@ impl<H: HostView> Enricher<H> {
             });
         let target = match (former, r.answers_syn) {
             (_, Some(false)) => return,
-            (Some(key), _) => Target::Former(key),
+            (Some(key), _) => Target::Former(key, ns, port),
             (None, Some(true)) => match self.port_owner(ns, Some(port)) {
                 Some(c) => Target::Port(c, ns, port),
                 None => return,
