@@ -127,6 +127,7 @@ impl Correlator {
             Observation::Signal { key, .. } | Observation::Exit { key, .. } => {
                 self.starts.stopped(key)
             }
+            Observation::Identity { identity } => self.starts.identity(identity),
             _ => {}
         }
     }

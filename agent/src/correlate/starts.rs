@@ -165,6 +165,19 @@ impl Starts {
         }
     }
 
+    /// The container's names (and its pod's Ready time) as the Kubernetes API gives them
+    /// now: its latest start has them.
+    pub fn identity(&mut self, identity: &ContainerIdentity) {
+        if let Some(s) = self
+            .records
+            .iter_mut()
+            .rev()
+            .find(|s| s.container.id == identity.id)
+        {
+            s.container = identity.clone();
+        }
+    }
+
     /// accept() took a connection of the container `key` at `at`.
     pub fn accepted(&mut self, key: &str, at: Mono) {
         if let Some(s) = self.open_mut(key)

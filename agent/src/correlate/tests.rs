@@ -548,6 +548,17 @@ fn a_container_restarted_in_place_gets_a_new_record_for_its_next_stop() {
             .iter()
             .any(|e| matches!(e, Emitted::Settled { .. }))
     );
+    // A refusal of the gap before the new run started, which the enricher reported late:
+    // still the first stop's, once.
+    t.observe(
+        ms(2010),
+        O::Refused {
+            key: key(),
+            at: ms(1500),
+            upstream: None,
+        },
+    );
+    assert_eq!(t.stops()[0].loss.refused, 1);
     t.observe(
         ms(9000),
         O::Signal {
@@ -572,6 +583,11 @@ fn a_container_restarted_in_place_gets_a_new_record_for_its_next_stop() {
     assert_eq!(
         (second.id.as_str(), second.sigterm_at, second.outcome()),
         ("c1-2", Some(ms(9000)), Some(Outcome::Drained))
+    );
+    assert_eq!(
+        (t.stops()[0].loss.refused, second.loss.refused),
+        (1, 0),
+        "the second stop takes none of the first run's refusals"
     );
 }
 

@@ -190,6 +190,18 @@ fn pod_records_map_container_ids_to_names_grace_and_prestop() {
     assert_eq!(dep.containers.len(), 1);
     assert_eq!(dep.containers[0].ids, [NGINX_ID, NGINX_OLD_ID]);
     assert_eq!(dep.containers[0].prestop, Some(true));
+    // Ready since 2024-06-25T15:19:24Z; a pod whose Ready condition is false (or absent) has
+    // no ready time.
+    assert_eq!(dep.ready_at, Some(1_719_328_764));
+    assert_eq!(record(BARE).ready_at, None);
+    let mut v: Value = serde_json::from_str(DEPLOY).unwrap();
+    v["status"]["conditions"][2]["status"] = "False".into();
+    assert_eq!(
+        pod_record(&serde_json::from_value(v).unwrap())
+            .unwrap()
+            .ready_at,
+        None
+    );
     let stat = record(STATIC);
     assert_eq!(
         stat.containers[0].ids,
@@ -239,6 +251,7 @@ fn the_store_answers_by_container_id_or_pod_uid_and_keeps_deleted_pods_for_the_r
             workload: w("Deployment", "nginx-deployment", "75675f5897"),
             grace_configured_seconds: Some(30),
             prestop: Some(true),
+            ready_at: Some(1_719_328_764),
         }
     );
     assert_eq!(

@@ -70,7 +70,7 @@ pub fn start_view(s: &Start, clock: &Clock) -> StartView {
         listen_after_seconds: s.listen_after_seconds().map(round3),
         loss: s.loss.clone(),
         ports: s.ports.iter().map(|(p, _)| *p).collect(),
-        ready_at: None,
+        ready_at: ready_at(s, clock),
         refusals_lost: s.refusals_lost,
         refused_at: s.refused_at.iter().map(|t| clock.rfc3339(*t)).collect(),
         restart: s.restart,
@@ -80,6 +80,18 @@ pub fn start_view(s: &Start, clock: &Clock) -> StartView {
     };
     v.verdict = verdict::start(&v).text;
     v
+}
+
+/// The pod's Ready time (whole seconds, from the API) when it is this start's: not before
+/// the second the start began in (a Ready of an earlier run).
+fn ready_at(s: &Start, clock: &Clock) -> Option<String> {
+    let ready = i128::from(s.container.pod_ready_at?) * 1_000_000_000;
+    let started_wall = s.started_at as i128 + clock.offset_ns;
+    if ready < started_wall - started_wall.rem_euclid(1_000_000_000) {
+        return None;
+    }
+    let mono = u64::try_from(ready - clock.offset_ns).ok()?;
+    Some(clock.rfc3339(mono))
 }
 
 /// Newest first.
@@ -368,6 +380,41 @@ mod tests {
         );
         assert_eq!(v[0]["netns_listen_overflows"], 3);
         assert_eq!(v[0]["recommended_window_seconds"], Value::Null);
+    }
+
+    #[test]
+    fn a_start_shows_its_pods_ready_time_only_when_it_is_its_own() {
+        // Wall clock = monotonic + 1,700,000,000 s.
+        let clock = Clock {
+            offset_ns: 1_700_000_000 * SECOND as i128,
+        };
+        let start = |ready: Option<i64>| Start {
+            id: "abc-start-2".into(),
+            container: ContainerIdentity {
+                pod_ready_at: ready,
+                ..Default::default()
+            },
+            restart: true,
+            netns: None,
+            started_at: 100 * SECOND + SECOND / 2,
+            first_listen_at: Some(103 * SECOND),
+            first_accept_at: None,
+            ports: vec![(8080, 103 * SECOND)],
+            loss: Default::default(),
+            refused_at: vec![],
+            refusals_lost: 0,
+            settled: true,
+        };
+        let v = |ready| start_view(&start(ready), &clock).ready_at;
+        assert_eq!(
+            v(Some(1_700_000_104)).as_deref(),
+            Some("2023-11-14T22:15:04.000Z")
+        );
+        // Ready in the second it started (the API keeps whole seconds): its own.
+        assert!(v(Some(1_700_000_100)).is_some());
+        // Ready before this run started: the run before's.
+        assert_eq!(v(Some(1_700_000_099)), None);
+        assert_eq!(v(None), None);
     }
 
     /// Serialized as declared, the views must come out as the API always served them: every

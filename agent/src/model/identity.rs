@@ -25,6 +25,10 @@ pub struct ContainerIdentity {
     /// container object.
     #[serde(skip)]
     pub stop_policy: StopPolicy,
+    /// When its pod's `Ready` condition last turned true (Kubernetes API), Unix seconds;
+    /// rendered on start records.
+    #[serde(skip)]
+    pub pod_ready_at: Option<i64>,
 }
 
 impl ContainerIdentity {

@@ -254,5 +254,6 @@ fn pod_as_a_whole(member: &ContainerIdentity) -> ContainerIdentity {
         revision: member.revision.clone(),
         node: member.node.clone(),
         stop_policy: Default::default(),
+        pod_ready_at: member.pod_ready_at,
     }
 }

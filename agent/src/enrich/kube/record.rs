@@ -33,6 +33,9 @@ pub struct PodRecord {
     /// kubelet's final delete once the containers are gone) is no grace period and ignored.
     pub grace_deletion_seconds: Option<i64>,
     pub containers: Vec<ContainerRecord>,
+    /// When its `Ready` condition turned true (`lastTransitionTime`), Unix seconds; None
+    /// while it is not ready.
+    pub ready_at: Option<i64>,
 }
 
 /// The bare id of a `containerID` (`containerd://<id>`, `cri-o://<id>`, `docker://<id>`):
@@ -124,5 +127,18 @@ pub fn pod_record(pod: &Pod) -> Result<PodRecord, KubeError> {
         grace_spec_seconds: spec.and_then(|s| s.termination_grace_period_seconds),
         grace_deletion_seconds: meta.deletion_grace_period_seconds.filter(|g| *g > 0),
         containers,
+        ready_at: ready_at(pod),
     })
+}
+
+/// The `Ready` condition's last transition, while it is true.
+fn ready_at(pod: &Pod) -> Option<i64> {
+    let c = pod
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready" && c.status == "True")?;
+    Some(c.last_transition_time.as_ref()?.0.as_second())
 }

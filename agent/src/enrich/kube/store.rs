@@ -23,6 +23,8 @@ pub struct KubeMeta {
     pub workload: Workload,
     pub grace_configured_seconds: Option<i64>,
     pub prestop: Option<bool>,
+    /// The pod's `Ready` transition to true, Unix seconds.
+    pub ready_at: Option<i64>,
 }
 
 /// A watch event, as the store consumes it (kube-runtime's `watcher::Event` with the pod
@@ -214,6 +216,7 @@ impl Store {
             workload: pod.workload.clone(),
             grace_configured_seconds: pod.grace_deletion_seconds.or(pod.grace_spec_seconds),
             prestop: container.and_then(|c| c.prestop),
+            ready_at: pod.ready_at,
         })
     }
 }
@@ -238,5 +241,6 @@ pub fn named(base: &ContainerIdentity, k: &KubeMeta) -> ContainerIdentity {
             grace_configured_seconds: k.grace_configured_seconds,
             prestop: k.prestop,
         },
+        pod_ready_at: k.ready_at,
     }
 }
