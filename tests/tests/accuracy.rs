@@ -53,14 +53,15 @@ const WIDE: Lab = Lab::Retry(Draw::Wide);
 ///   by it (a duplicate for drainwatch, "maybe executed"). No log tells whether it was read:
 ///   the truth now counts such a request (sent from 10 ms before the stop on) as either.
 ///
-/// Known, not fixed: Wide 15 (nginx, a request every 7 ms, 21 cuts at once) missed one retry
-/// (read as an upstream abort) in 1 of 55 runs; suspected: the chain window's flag is armed
-/// and cleared without atomics (`agent-ebpf/src/sock_length.rs`), and another CPU clearing it
-/// between nginx's close of the cut socket and its connect ends the chain.
-/// Not listed: Wide 66 (HAProxy `retries 0`, a
-/// request every 9 ms, stop 231 ms in) once read 17 upstream aborts for HAProxy's 18 `SH`.
-/// Likely a connection reset while HAProxy was still to send the request: no request bytes,
-/// so no cut.
+/// Wide 15 (nginx, a request every 7 ms, 21 cuts at once) missed one retry (read as an
+/// upstream abort) in 1 of 55 runs: the chain window's global flag, armed and cleared from
+/// every CPU without atomics, lost windows; the flag is gone (each thread's slot is checked).
+/// Known, not fixed: under CPU contention (the machine compiling meanwhile) Wide 17 missed one
+/// retry and Wide 49 (HAProxy `retries 0`) one abort, each once in a 50-seed run and never in
+/// 3 quiet reruns: a worker descheduled between its close and its next connect can outlast
+/// the retry window, and a connection reset before HAProxy sent the request has no request
+/// bytes, so no cut. Not listed: Wide 66 (HAProxy `retries 0`, a request every 9 ms, stop
+/// 231 ms in) once read 17 upstream aborts for HAProxy's 18 `SH`, the same kind as Wide 49.
 const REGRESSIONS: &[(Lab, u64)] = &[
     (SLOW, 1),
     (SLOW, 3),
@@ -90,6 +91,7 @@ const REGRESSIONS: &[(Lab, u64)] = &[
     (WIDE, 42),
     (WIDE, 45),
     (WIDE, 48),
+    (WIDE, 49),
     (WIDE, 50),
     (Lab::Stop, 1),
     (Lab::Stop, 3),

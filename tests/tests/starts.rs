@@ -6,6 +6,10 @@
 //! - a slow start (the server listens 3 s after it started) hit directly: every connect
 //!   refused before the listen is the start's, and refusals at a port it never listens on
 //!   count as refused connects but no start's loss;
+//! - a slow start in a pod-like namespace (a holder owns it, as a pod's sandbox does) probed
+//!   by a process named `kubelet` (a copy of curl, as the kubelet's httpGet probes are its own
+//!   connections) while a client connects: the kubelet's refused probes are `probes.refused`,
+//!   the client's refused connects `refused_before_listen`, each exactly;
 //! - a server that listens at once, reached only once ready: a start with nothing refused;
 //! - a restart in place behind HAProxy (its checks off, so every refused connect is a
 //!   request): the refusals of the gap are split between the old run's stop and the new
@@ -14,6 +18,7 @@
 use std::{
     io::ErrorKind,
     net::{SocketAddr, SocketAddrV4, TcpStream},
+    process::Command,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -184,6 +189,77 @@ fn a_slow_start_is_charged_every_connect_refused_before_it_listened() {
             .flatten()
             .any(|d| d["starts"].as_array().is_some_and(|x| x.contains(&s["id"]))),
         "the start is in a deploy: {deploys:#}"
+    );
+}
+
+/// A process named `kubelet` probing `url` every 150 ms until `stop`: how many of its probes
+/// were refused (curl's exit 7 at once: the SYN was answered with RST), and how many answered.
+fn kubelet(url: String, stop: Arc<AtomicBool>) -> thread::JoinHandle<(u64, u64, Vec<String>)> {
+    let dir = std::env::temp_dir().join(format!("dw-kubelet-starts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let bin = dir.join("kubelet");
+    std::fs::copy("/usr/bin/curl", &bin).expect("curl, copied as the kubelet");
+    thread::spawn(move || {
+        let (mut refused, mut ok, mut other) = (0, 0, Vec::new());
+        while !stop.load(Ordering::Relaxed) {
+            let out = Command::new(&bin)
+                .args(["-sS", "-o", "/dev/null", "-m", "1", &url])
+                .output()
+                .expect("run the kubelet");
+            match out.status.code() {
+                Some(0) => ok += 1,
+                Some(7) => refused += 1,
+                _ => other.push(String::from_utf8_lossy(&out.stderr).to_string()),
+            }
+            thread::sleep(Duration::from_millis(150));
+        }
+        (refused, ok, other)
+    })
+}
+
+#[test]
+fn the_kubelets_probes_refused_while_starting_are_apart_from_the_requests() {
+    require_root();
+    let agent = Agent::start(&[]);
+    sync(&agent);
+    let opts = BackendOpts {
+        listen_delay: Some(Duration::from_secs(3)),
+        ready_timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let mut b = Backend::launch("probed", Mode::CloseListener, opts);
+    // The pod's address known to the agent first (its sandbox's), as on a node, so that the
+    // kubelet's connects are seen as connects to a container.
+    let holder = format!("container=\"{}\"", b.holder.clone().expect("a holder"));
+    wait_for(
+        "the agent follows the sandbox",
+        Duration::from_secs(5),
+        || agent.metrics_text().contains(&holder),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let probes = kubelet(format!("http://{}/health", b.addr()), stop.clone());
+    let served = hammer(b.addr(), stop.clone());
+    b.await_ready(Instant::now() + Duration::from_secs(20));
+    thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let ((probe_refused, probe_ok, probe_other), served) =
+        (probes.join().unwrap(), served.join().unwrap());
+    println!(
+        "kubelet: {probe_refused} refused, {probe_ok} answered, {probe_other:?}; client: {} refused",
+        served.refused.len()
+    );
+    assert!(
+        probe_refused >= 10 && probe_ok > 0,
+        "probed before and after the listen"
+    );
+    let s = settled_start(&agent, &b.id, 0);
+    assert_eq!(
+        (
+            s["loss"]["refused_before_listen"].as_u64(),
+            s["loss"]["probes"]["refused"].as_u64()
+        ),
+        (Some(served.refused.len() as u64), Some(probe_refused)),
+        "requests and health checks, each by its own side's count"
     );
 }
 
