@@ -10,6 +10,10 @@ use crate::{
     },
 };
 
+/// How much earlier than a stop's beginning a cut may be and still be its loss (the kernel's
+/// record of a process's death can trail the closes it made).
+const CUT_BEFORE_STOP: Mono = 100_000_000;
+
 impl Tracker {
     pub(super) fn on_signal(&mut self, now: Mono, key: &str, sig: i32, sender: Sender) {
         let stop_signal = matches!(sig, SIGTERM | SIGINT | SIGQUIT);
@@ -44,6 +48,18 @@ impl Tracker {
                 proxy: d.cut.proxy.name,
                 outcome: d.outcome,
             });
+        }
+        // A cut from before the stop began (decided only once it had) is not its loss: a stop
+        // cuts at its signal or exit, never earlier. The metric above still counts it.
+        let before = self
+            .stop_mut(&key)
+            .is_some_and(|s| d.cut.at.saturating_add(CUT_BEFORE_STOP) < s.started_at());
+        if before {
+            tracing::debug!(
+                at = d.cut.at,
+                "retry verdict of a cut before the stop: not its loss"
+            );
+            return;
         }
         // At the cut: where the request was lost, not where it was decided.
         self.count(&key, d.outcome.loss(), None, d.cut.at, None);
