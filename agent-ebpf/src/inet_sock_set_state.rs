@@ -145,6 +145,8 @@ pub fn inet_sock_set_state_btf(ctx: BtfTracePointContext) -> i32 {
         crate::sock_length::on_close(sk as u64);
     } else if newstate == cfg(&f.last_ack_state) {
         crate::sock_length::on_proxy_close(sk as u64);
+    } else if newstate == cfg(&f.syn_recv_state) {
+        crate::sock_length::on_new_sock(sk as u64);
     }
     if in_mask(cfg(&f.emit_old), oldstate)
         && ld::<u16>(sk, cfg(&k.sock_protocol)) == Some(IPPROTO_TCP)
@@ -219,6 +221,8 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Option<()> {
         crate::sock_length::on_close(rec.get::<u64>(f.skaddr).unwrap_or(0));
     } else if newstate == f.last_ack_state {
         crate::sock_length::on_proxy_close(rec.get::<u64>(f.skaddr).unwrap_or(0));
+    } else if newstate == f.syn_recv_state {
+        crate::sock_length::on_new_sock(rec.get::<u64>(f.skaddr).unwrap_or(0));
     }
     if !in_mask(f.emit_old, oldstate) {
         return None;

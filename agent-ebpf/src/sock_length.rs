@@ -293,6 +293,7 @@ pub fn sock_recv_length_btf(ctx: BtfTracePointContext) -> i32 {
 #[inline(always)]
 pub fn on_connect(sk: u64, tgid: u32, to_container: bool) {
     if !to_container && unsafe { PROXIES.get(tgid) }.is_none() {
+        on_new_sock(sk);
         return;
     }
     let mut st = zeroed::<ReqState>();
@@ -306,6 +307,17 @@ pub fn on_connect(sk: u64, tgid: u32, to_container: bool) {
         emit(sk, &st, Phase::RetryStart, 0);
     }
     let _ = UPSTREAM_SOCKS.insert(sk, st, 0);
+}
+
+/// A new socket nobody follows (a passive child, a connect by another process) at `sk`: an
+/// entry there is a freed socket's, which the agent added after the kernel had destroyed it
+/// (`Watch::follow` races the socket's close), and the new socket's I/O is not its requests.
+#[inline(always)]
+pub fn on_new_sock(sk: u64) {
+    if unsafe { UPSTREAM_SOCKS.get(sk) }.is_some() {
+        let _ = UPSTREAM_SOCKS.remove(sk);
+        crate::fault::fault(KIND, FaultKind::StaleEntry);
+    }
 }
 
 /// A socket reached CLOSE (`inet_sock_set_state`; every socket does before it is freed): its

@@ -24,16 +24,21 @@ pub enum FaultKind {
     /// A proxy thread's retry chain (`sock_length::Chain`) was taken over by another thread
     /// sharing its slot: a retry of that cut, if any, is counted as an abort.
     ChainLost = 5,
+    /// An upstream socket's entry outlived the socket (the agent added it just after the
+    /// socket was freed): dropped when a new socket took its address, whose I/O it would
+    /// otherwise have read as the old socket's requests.
+    StaleEntry = 6,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 6] = [
+    pub const ALL: [FaultKind; 7] = [
         FaultKind::RecordRead,
         FaultKind::KernelRead,
         FaultKind::PacketRead,
         FaultKind::PathRead,
         FaultKind::PathTruncated,
         FaultKind::ChainLost,
+        FaultKind::StaleEntry,
     ];
 
     pub const COUNT: u32 = Self::ALL.len() as u32;
@@ -46,6 +51,7 @@ impl FaultKind {
             FaultKind::PathRead => "path_read",
             FaultKind::PathTruncated => "path_truncated",
             FaultKind::ChainLost => "chain_lost",
+            FaultKind::StaleEntry => "stale_entry",
         }
     }
 }

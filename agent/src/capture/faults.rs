@@ -135,7 +135,7 @@ mod tests {
             [
                 (EventKind::TcpSendReset, FaultKind::RecordRead, 3),
                 (EventKind::TcpSendReset, FaultKind::KernelRead, 0),
-                (EventKind::SockLength, FaultKind::ChainLost, 7),
+                (EventKind::SockLength, FaultKind::StaleEntry, 7),
             ]
         );
     }

@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 
 use crate::model::{
-    ContainerIdentity, Emitted, HashMap, Mono, SECOND,
+    ContainerIdentity, Emitted, HashMap, HashSet, Mono, SECOND,
     start::{MAX_REFUSALS_DRAWN, Start, StartLoss},
 };
 
@@ -43,6 +43,8 @@ pub struct Starts {
     waiting: VecDeque<Waiting>,
     /// Starts seen per container, for their ids.
     seen: HashMap<String, u64>,
+    /// Containers with an open start: every accepted connection asks, and almost none has.
+    open: HashSet<String>,
     /// Records dropped at the cap, for `stats`.
     pub dropped: u64,
     emitted: Vec<Emitted>,
@@ -57,11 +59,31 @@ impl Starts {
         std::mem::take(&mut self.emitted)
     }
 
-    fn open_mut(&mut self, key: &str) -> Option<&mut Start> {
+    fn open_index(&self, key: &str) -> Option<usize> {
+        if !self.open.contains(key) {
+            return None;
+        }
         self.records
-            .iter_mut()
-            .rev()
-            .find(|s| !s.settled && s.container.id == key)
+            .iter()
+            .rposition(|s| !s.settled && s.container.id == key)
+    }
+
+    fn open_mut(&mut self, key: &str) -> Option<&mut Start> {
+        let i = self.open_index(key)?;
+        self.records.get_mut(i)
+    }
+
+    /// Record `i` is over: emitted once, no longer open.
+    fn settle(&mut self, i: usize) {
+        let Some(s) = self.records.get_mut(i).filter(|s| !s.settled) else {
+            return;
+        };
+        s.settled = true;
+        let done = s.clone();
+        self.open.remove(&done.container.id);
+        self.emitted.push(Emitted::StartSettled {
+            start: Box::new(done),
+        });
     }
 
     pub fn started(
@@ -71,10 +93,8 @@ impl Starts {
         netns: Option<u32>,
         restart: bool,
     ) {
-        if let Some(old) = self.open_mut(&container.id) {
-            old.settled = true;
-            let done = old.clone();
-            self.settled(done);
+        if let Some(i) = self.open_index(&container.id) {
+            self.settle(i);
         }
         let n = self.seen.entry(container.id.clone()).or_default();
         *n += 1;
@@ -86,6 +106,7 @@ impl Starts {
             self.records.remove(i);
             self.dropped += 1;
         }
+        self.open.insert(container.id.clone());
         self.records.push(Start {
             id,
             container: container.clone(),
@@ -189,10 +210,8 @@ impl Starts {
 
     /// The container began stopping: its start is over.
     pub fn stopped(&mut self, key: &str) {
-        if let Some(s) = self.open_mut(key) {
-            s.settled = true;
-            let done = s.clone();
-            self.settled(done);
+        if let Some(i) = self.open_index(key) {
+            self.settle(i);
         }
     }
 
@@ -221,15 +240,8 @@ impl Starts {
             })
             .collect();
         for i in due {
-            self.records[i].settled = true;
-            let done = self.records[i].clone();
-            self.settled(done);
+            self.settle(i);
         }
-    }
-
-    fn settled(&mut self, s: Start) {
-        self.emitted
-            .push(Emitted::StartSettled { start: Box::new(s) });
     }
 }
 

@@ -1272,3 +1272,32 @@ fn a_restart_in_place_is_found_at_its_first_refusal_and_the_gap_is_split_at_its_
         ]
     );
 }
+
+#[test]
+fn a_proxy_connection_closed_before_the_agent_follows_it_is_not_added_to_the_kernel_map() {
+    // An entry added for a socket already freed would outlive it, and the next socket at
+    // its address (a client connection the proxy accepted) would be read as its requests.
+    let mut e = enricher();
+    e.scan();
+    let at = |mut s: StateChange| {
+        s.meta.tgid = 60;
+        s.meta.comm = "nginx".into();
+        s.meta.ts_ns = 500;
+        Event::StateChange(s)
+    };
+    let step = |old, new, c| match state(
+        0xe1,
+        HOST_NS,
+        old,
+        new,
+        conn(c, "10.88.0.5:8080"),
+        TcpCounters::default(),
+    ) {
+        Event::StateChange(s) => at(s),
+        _ => unreachable!(),
+    };
+    e.on_event(&step("TCP_CLOSE", "TCP_SYN_SENT", "0.0.0.0:0"));
+    e.on_event(&step("TCP_SYN_SENT", "TCP_ESTABLISHED", "10.88.0.1:50000"));
+    e.on_event(&step("TCP_ESTABLISHED", "TCP_CLOSE", "10.88.0.1:50000"));
+    assert!(e.take_follow().is_empty());
+}

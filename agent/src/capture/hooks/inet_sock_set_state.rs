@@ -69,16 +69,15 @@ pub fn fields(r: &mut Resolver) -> Fields {
     f.task_new = mask(&["TCP_SYN_SENT", "TCP_LISTEN"]).unwrap_or(u32::MAX);
     // No filter here when a name is missing: the program would look every transition up.
     f.connect_new = mask(&["TCP_SYN_SENT"]).unwrap_or(0);
-    f.close_state = r
-        .format()
-        .symbol_value("newstate", "TCP_CLOSE")
-        .and_then(|v| i32::try_from(v).ok())
-        .unwrap_or(-2);
-    f.last_ack_state = r
-        .format()
-        .symbol_value("newstate", "TCP_LAST_ACK")
-        .and_then(|v| i32::try_from(v).ok())
-        .unwrap_or(-2);
+    let state = |name| {
+        r.format()
+            .symbol_value("newstate", name)
+            .and_then(|v| i32::try_from(v).ok())
+            .unwrap_or(-2)
+    };
+    f.close_state = state("TCP_CLOSE");
+    f.last_ack_state = state("TCP_LAST_ACK");
+    f.syn_recv_state = state("TCP_SYN_RECV");
     f
 }
 
@@ -157,6 +156,7 @@ mod tests {
         assert_eq!(f.connect_new, bit(2));
         assert_eq!(f.close_state, 7);
         assert_eq!(f.last_ack_state, 9);
+        assert_eq!(f.syn_recv_state, 3);
     }
 
     #[test]

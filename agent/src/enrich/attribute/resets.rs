@@ -45,6 +45,18 @@ impl Rst {
     }
 }
 
+/// Who answers for a RST (see the module's rule).
+enum Owner {
+    /// A followed connection's container: its stop counts the RST.
+    Connection(Arc<ContainerIdentity>),
+    /// The port's holder, the namespace's only container, or the pod as a whole.
+    Namespace(Arc<ContainerIdentity>),
+    /// A pod's namespace no container is known in yet: wait for a scan.
+    NotYet,
+    /// The host's namespace, off any container's connection or port: nobody's.
+    Nobody,
+}
+
 /// RSTs of namespaces no container was known in yet.
 #[derive(Debug, Default)]
 pub(super) struct Unowned {
@@ -56,8 +68,8 @@ pub(super) struct Unowned {
 impl<H: HostView> Enricher<H> {
     pub(super) fn reset_sent(&mut self, r: &ResetSent, out: &mut Vec<Observation>) {
         let ns = r.meta.netns;
-        let port = r.conn.map(|c| c.local.port());
-        if self.unowned(r.skaddr, ns, port) {
+        let owner = self.owner(r.skaddr, ns, local_port(&r.conn));
+        if matches!(owner, Owner::NotYet) {
             self.wait_for_owner(Rst::Sent(r.clone()));
             return;
         }
@@ -65,7 +77,7 @@ impl<H: HostView> Enricher<H> {
             .reason
             .as_ref()
             .map_or_else(|| "unknown".into(), ToString::to_string);
-        self.reset(r.skaddr, ns, port, ResetDirection::Sent, reason, out);
+        Self::reset(&owner, ResetDirection::Sent, reason, out);
         let Some(conn) = r.conn.filter(|_| r.skaddr == 0) else {
             return;
         };
@@ -96,9 +108,9 @@ impl<H: HostView> Enricher<H> {
         let target = match (former, r.answers_syn) {
             (_, Some(false)) => return,
             (Some(key), _) => Target::Former(key, ns, port),
-            (None, Some(true)) => match self.port_owner(ns, Some(port)) {
-                Some(c) => Target::Port(c, ns, port),
-                None => return,
+            (None, Some(true)) => match owner {
+                Owner::Namespace(c) => Target::Port(c, ns, port),
+                _ => return,
             },
             // The answered segment is unknown: only a former listening address tells.
             (None, None) => return,
@@ -119,22 +131,30 @@ impl<H: HostView> Enricher<H> {
     }
 
     fn count_received(&mut self, r: &ResetReceived, out: &mut Vec<Observation>) {
-        if self.unowned(r.skaddr, r.meta.netns, r.conn.map(|c| c.local.port())) {
+        let owner = self.owner(r.skaddr, r.meta.netns, local_port(&r.conn));
+        if matches!(owner, Owner::NotYet) {
             self.wait_for_owner(Rst::Received(r.clone()));
             return;
         }
-        let port = r.conn.map(|c| c.local.port());
-        let dir = ResetDirection::Received;
-        self.reset(r.skaddr, r.meta.netns, port, dir, "none".into(), out);
+        Self::reset(&owner, ResetDirection::Received, "none".into(), out);
     }
 
-    /// Whether no container is known to answer for this RST yet, in a namespace that is not
-    /// the host's.
-    fn unowned(&self, skaddr: u64, ns: u32, port: Option<u16>) -> bool {
-        ns != 0
-            && self.host_netns != Some(ns)
-            && self.connection_owner(skaddr).is_none()
-            && self.port_owner(ns, port).is_none()
+    fn owner(&self, skaddr: u64, ns: u32, port: Option<u16>) -> Owner {
+        if let Some(c) = self.connection_owner(skaddr) {
+            return Owner::Connection(c);
+        }
+        if let Some(c) = self.port_owner(ns, port) {
+            return Owner::Namespace(c);
+        }
+        if ns != 0 && self.host_netns != Some(ns) {
+            Owner::NotYet
+        } else {
+            Owner::Nobody
+        }
+    }
+
+    fn owned(&self, skaddr: u64, ns: u32, conn: &Option<crate::capture::event::Endpoints>) -> bool {
+        !matches!(self.owner(skaddr, ns, local_port(conn)), Owner::NotYet)
     }
 
     fn wait_for_owner(&mut self, r: Rst) {
@@ -154,10 +174,10 @@ impl<H: HostView> Enricher<H> {
         let waiting = std::mem::take(&mut self.unowned_rsts.waiting);
         for r in waiting {
             match &r {
-                Rst::Sent(s) if !self.unowned(s.skaddr, s.meta.netns, local_port(&s.conn)) => {
+                Rst::Sent(s) if self.owned(s.skaddr, s.meta.netns, &s.conn) => {
                     self.reset_sent(s, out)
                 }
-                Rst::Received(s) if !self.unowned(s.skaddr, s.meta.netns, local_port(&s.conn)) => {
+                Rst::Received(s) if self.owned(s.skaddr, s.meta.netns, &s.conn) => {
                     self.count_received(s, out)
                 }
                 _ if now > r.at().saturating_add(UNOWNED_WAIT) => self.unowned_rsts.dropped += 1,
@@ -171,21 +191,11 @@ impl<H: HostView> Enricher<H> {
         self.unowned_rsts.dropped
     }
 
-    fn reset(
-        &self,
-        skaddr: u64,
-        ns: u32,
-        port: Option<u16>,
-        direction: ResetDirection,
-        reason: String,
-        out: &mut Vec<Observation>,
-    ) {
-        let (container, on_connection) = match self.connection_owner(skaddr) {
-            Some(c) => (c, true),
-            None => match self.port_owner(ns, port) {
-                Some(c) => (c, false),
-                None => return,
-            },
+    fn reset(owner: &Owner, direction: ResetDirection, reason: String, out: &mut Vec<Observation>) {
+        let (container, on_connection) = match owner {
+            Owner::Connection(c) => (Arc::clone(c), true),
+            Owner::Namespace(c) => (Arc::clone(c), false),
+            Owner::NotYet | Owner::Nobody => return,
         };
         out.push(Observation::Reset {
             container,

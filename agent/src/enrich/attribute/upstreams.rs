@@ -242,6 +242,9 @@ impl<H: HostView> Enricher<H> {
                 let Some(up) = self.upstreams.open.remove(&s.skaddr) else {
                     return false;
                 };
+                // Closed before the agent added it to the kernel's map: an entry added now
+                // would outlive the socket (the kernel drops it at the address's next socket).
+                self.upstreams.follow.retain(|sk| *sk != s.skaddr);
                 out.push(Observation::UpstreamClosed {
                     key: up.key.clone(),
                     sock: up.sock,
