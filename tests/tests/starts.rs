@@ -13,7 +13,12 @@
 //! - a server that listens at once, reached only once ready: a start with nothing refused;
 //! - a restart in place behind HAProxy (its checks off, so every refused connect is a
 //!   request): the refusals of the gap are split between the old run's stop and the new
-//!   run's start at the new PID 1's start, and together equal HAProxy's count.
+//!   run's start at the new PID 1's start, and together equal HAProxy's count;
+//! - a new slow-starting container put behind HAProxy the way a deploy does (a server slot
+//!   set to its address, in drain until its checks pass, under steady traffic to the other
+//!   server): HAProxy's refused checks are probes, not loss; nothing was refused to a user
+//!   (HAProxy's log), and the probes equal the RSTs the container's namespace sent (its own
+//!   `Tcp: OutRsts`, nothing else connected to it).
 
 use std::{
     io::ErrorKind,
@@ -382,5 +387,111 @@ fn a_restart_in_place_behind_haproxy_charges_its_gap_to_the_stop_and_the_start()
     assert!(
         (after_start..=after_start + around).contains(&(start_n as usize)),
         "the start's are those after its PID 1 started ({after_start}, {around} within a tick)"
+    );
+}
+
+/// One field of the `Tcp:` line of a process's namespace (`/proc/<pid>/net/snmp`).
+fn snmp_tcp(pid: u32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/net/snmp")).expect("read net/snmp");
+    let mut tcp = text.lines().filter(|l| l.starts_with("Tcp:"));
+    let (names, values) = (tcp.next().expect("names"), tcp.next().expect("values"));
+    let i = names
+        .split_whitespace()
+        .position(|n| n == field)
+        .expect("field");
+    values
+        .split_whitespace()
+        .nth(i)
+        .and_then(|v| v.parse().ok())
+        .expect("a count")
+}
+
+#[test]
+fn a_new_container_haproxy_checks_before_it_listens_has_probes_refused_and_no_loss() {
+    require_root();
+    let agent = Agent::start(&[]);
+    let s1 = Backend::start("s1", Mode::CloseListener, BackendOpts::default());
+    // The new server's slot, on s1 until the deploy sets it.
+    let lb = Haproxy::start(
+        &[("s1", s1.addr()), ("s2", s1.addr())],
+        HaproxyOpts {
+            inter: Duration::from_secs(1),
+            ..Default::default()
+        },
+    );
+    sync(&agent);
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (stop, frontend) = (stop.clone(), lb.frontend);
+        thread::spawn(move || {
+            let mut records = Vec::new();
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                records.push(request(
+                    frontend,
+                    &format!("r{i}"),
+                    1,
+                    Duration::from_secs(5),
+                ));
+                i += 1;
+                thread::sleep(Duration::from_millis(30));
+            }
+            records
+        })
+    };
+    // The deploy: no new traffic to the slot, then its new container's address; traffic
+    // again once its checks pass.
+    lb.admin("set server be/s2 state drain").expect("drain");
+    thread::sleep(Duration::from_millis(300));
+    let opts = BackendOpts {
+        netns_holder: false,
+        listen_delay: Some(Duration::from_secs(4)),
+        ready_timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let mut s2 = Backend::launch("s2", Mode::CloseListener, opts);
+    let set = format!("set server be/s2 addr {} port {}", s2.ip, s2.port);
+    lb.admin(&set).expect("set addr");
+    s2.await_ready(Instant::now() + Duration::from_secs(20));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let full = lb.opts.rise + lb.opts.fall - 1;
+    let ip = s2.ip.to_string();
+    while !lb
+        .servers_state()
+        .iter()
+        .any(|s| s.name == "s2" && s.addr == ip && s.op_state == 2 && s.check_health == full)
+    {
+        assert!(Instant::now() < deadline, "s2's checks never passed");
+        thread::sleep(Duration::from_millis(100));
+    }
+    let rsts = snmp_tcp(s2.pid, "OutRsts");
+    lb.admin("set server be/s2 state ready").expect("ready");
+    thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    let records = load.join().unwrap();
+    let failed = records.iter().filter(|r| r.status != Some(200)).count();
+    let to_s2 = lb.http_logs().iter().filter(|l| l.server == "s2").count();
+    println!(
+        "client: {} requests, {failed} failed; HAProxy: {to_s2} to s2; s2's namespace sent \
+         {rsts} RSTs before it was ready",
+        records.len()
+    );
+    assert_eq!(failed, 0, "no user saw an error");
+    assert!(rsts >= 3, "HAProxy checked s2 before it listened");
+
+    let s = settled_start(&agent, &s2.id, 0);
+    assert_eq!(
+        (
+            s["loss"]["refused_before_listen"].as_u64(),
+            s["loss"]["probes"]["refused"].as_u64()
+        ),
+        (Some(0), Some(rsts)),
+        "every refused connect was a check: the namespace's own RST count"
+    );
+    let verdict = s["verdict"].as_str().unwrap_or_default();
+    assert!(
+        verdict.contains("nothing refused: no change needed")
+            && verdict.contains(&format!("{rsts} health checks refused")),
+        "{verdict}"
     );
 }

@@ -94,7 +94,8 @@ impl Correlator {
             .map(|s| Emitted::Storm(Box::new(s)))
             .collect();
         self.tracker.tick(now);
-        self.starts.tick(now);
+        let tracker = &self.tracker;
+        self.starts.tick(now, &|key| tracker.check_schedules(key));
         self.drain(&mut out);
         out
     }
@@ -107,7 +108,12 @@ impl Correlator {
                 at,
                 netns,
                 restart,
-            } => self.starts.started(identity, *at, *netns, *restart),
+            } => {
+                let tracker = &self.tracker;
+                let schedules = |key: &str| tracker.check_schedules(key);
+                self.starts
+                    .started(identity, *at, *netns, *restart, &schedules)
+            }
             Observation::RefusedAt {
                 netns,
                 port,
@@ -125,7 +131,8 @@ impl Correlator {
                 ..
             } => self.starts.accepted(&container.id, at),
             Observation::Signal { key, .. } | Observation::Exit { key, .. } => {
-                self.starts.stopped(key)
+                let tracker = &self.tracker;
+                self.starts.stopped(key, &|k| tracker.check_schedules(k))
             }
             Observation::Identity { identity } => self.starts.identity(identity),
             _ => {}

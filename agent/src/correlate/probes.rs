@@ -145,6 +145,43 @@ fn regular(times: &VecDeque<Mono>) -> Option<Mono> {
     .then_some(median)
 }
 
+/// A learned check schedule, as others read it: its interval and its latest check's open time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Schedule {
+    pub interval: Mono,
+    pub last: Mono,
+}
+
+/// Of refused connects at `times` (no proxy known: a starting container's first refusals
+/// come before the agent knows its address), those on the ticks of `s` counted back from its
+/// latest check: per tick the one closest to its due time, within the tolerance of the ticks
+/// between (at most a quarter interval). A balancer checks a new server before it listens at
+/// the cadence it checks it at after: these are its checks.
+pub fn on_ticks_before(s: Schedule, times: &[Mono]) -> Vec<usize> {
+    let mut best: HashMap<u64, (usize, Mono)> = HashMap::default();
+    if s.interval == 0 {
+        return Vec::new();
+    }
+    for (i, &t) in times.iter().enumerate() {
+        let Some(back) = s.last.checked_sub(t) else {
+            continue;
+        };
+        let k = (back + s.interval / 2) / s.interval;
+        let due = s.last - k * s.interval;
+        let off = t.abs_diff(due);
+        if k == 0 || off > (tolerance(s.interval) * k).min(s.interval / 4) {
+            continue;
+        }
+        let b = best.entry(k).or_insert((i, off));
+        if off < b.1 {
+            *b = (i, off);
+        }
+    }
+    let mut on: Vec<usize> = best.into_values().map(|(i, _)| i).collect();
+    on.sort_unstable();
+    on
+}
+
 /// One upstream connection: its socket and when it opened (the kernel reuses a closed
 /// socket's address at once, e.g. for a proxy's retry of a refused connect).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -313,6 +350,19 @@ impl Probes {
             .then_some(ProbeSource::Schedule);
         tracing::debug!(sock, at, backend = %u.route.1, ?class, "probes: peek");
         class
+    }
+
+    /// The learned check schedules of every proxy that checks `backend`.
+    pub fn schedules_of(&self, backend: &str) -> Vec<Schedule> {
+        self.routes
+            .iter()
+            .filter(|((_, b), _)| b == backend)
+            .filter_map(|(_, r)| r.learned)
+            .map(|l| Schedule {
+                interval: l.interval,
+                last: l.last,
+            })
+            .collect()
     }
 
     /// Forgets the routes to a container that is gone.
@@ -528,6 +578,27 @@ mod tests {
         }
         p.opened(999, &haproxy(), "s1", 32_400 * MS);
         assert_eq!(p.classify(Some(999), None), None);
+    }
+
+    #[test]
+    fn refusals_on_the_ticks_before_a_schedule_are_its_checks_one_per_tick() {
+        let s = Schedule {
+            interval: 1000 * MS,
+            last: 20_000 * MS,
+        };
+        // Checks refused 15 and 14 ticks back (a few ms of drift each), a request 300 ms off a
+        // tick, two refusals on one tick (the closer is the check), one after the last check.
+        let times = [
+            5_003 * MS,
+            6_002 * MS,
+            6_300 * MS,
+            7_001 * MS,
+            7_040 * MS,
+            21_000 * MS,
+        ];
+        assert_eq!(on_ticks_before(s, &times), [0, 1, 3]);
+        // Far off every tick: none.
+        assert!(on_ticks_before(s, &[5_500 * MS, 12_400 * MS]).is_empty());
     }
 
     #[test]

@@ -7,14 +7,22 @@
 //! start's. A refusal reported after the listen it preceded (the enricher holds refusals a
 //! moment) still counts.
 //! A start settles `SETTLE_AFTER_LISTEN` after its first listen, when the container stops, or
-//! `GIVE_UP` after it started without listening.
+//! `GIVE_UP` after it started without listening. As it settles, refusals on the ticks of a
+//! balancer's check schedule of the container, learned from its checks once it listened
+//! (`probes::on_ticks_before`), are moved to the probes: a balancer checks a new server
+//! before it listens, and those first refusals come before the agent knows which process
+//! made them (the container's address is unknown until a scan).
 
 use std::collections::VecDeque;
 
+use super::probes::{Schedule, on_ticks_before};
 use crate::model::{
     ContainerIdentity, Emitted, HashMap, HashSet, Mono, SECOND,
-    start::{MAX_REFUSALS_DRAWN, Start, StartLoss},
+    start::{MAX_REFUSALS_KEPT, Start, StartLoss},
 };
+
+/// The learned check schedules of a container (by key): what settling a start asks.
+pub type Schedules<'a> = &'a dyn Fn(&str) -> Vec<Schedule>;
 
 /// After its first listen, how long a start still takes the first listen of other ports.
 pub const SETTLE_AFTER_LISTEN: Mono = 10 * SECOND;
@@ -73,11 +81,23 @@ impl Starts {
         self.records.get_mut(i)
     }
 
-    /// Record `i` is over: emitted once, no longer open.
-    fn settle(&mut self, i: usize) {
+    /// Record `i` is over: its balancers' checks told apart, emitted once, no longer open.
+    fn settle(&mut self, i: usize, schedules: Schedules) {
         let Some(s) = self.records.get_mut(i).filter(|s| !s.settled) else {
             return;
         };
+        let mut checks: Vec<usize> = schedules(&s.container.id)
+            .into_iter()
+            .flat_map(|sch| on_ticks_before(sch, &s.refused_at))
+            .collect();
+        checks.sort_unstable();
+        checks.dedup();
+        let n = checks.len() as u64;
+        s.loss.refused_before_listen -= n.min(s.loss.refused_before_listen);
+        s.loss.probes.refused += n;
+        for i in checks.into_iter().rev() {
+            s.refused_at.remove(i);
+        }
         s.settled = true;
         let done = s.clone();
         self.open.remove(&done.container.id);
@@ -92,9 +112,10 @@ impl Starts {
         at: Mono,
         netns: Option<u32>,
         restart: bool,
+        schedules: Schedules,
     ) {
         if let Some(i) = self.open_index(&container.id) {
-            self.settle(i);
+            self.settle(i, schedules);
         }
         let n = self.seen.entry(container.id.clone()).or_default();
         *n += 1;
@@ -209,13 +230,13 @@ impl Starts {
     }
 
     /// The container began stopping: its start is over.
-    pub fn stopped(&mut self, key: &str) {
+    pub fn stopped(&mut self, key: &str, schedules: Schedules) {
         if let Some(i) = self.open_index(key) {
-            self.settle(i);
+            self.settle(i, schedules);
         }
     }
 
-    pub fn tick(&mut self, now: Mono) {
+    pub fn tick(&mut self, now: Mono, schedules: Schedules) {
         // What no open start could take, once a later one could not either.
         let open: Vec<(u32, Mono)> = self
             .records
@@ -240,7 +261,7 @@ impl Starts {
             })
             .collect();
         for i in due {
-            self.settle(i);
+            self.settle(i, schedules);
         }
     }
 }
@@ -251,7 +272,7 @@ fn count(s: &mut Start, w: Waiting) {
         s.loss.probes.refused += 1;
     } else {
         s.loss.refused_before_listen += 1;
-        if s.refused_at.len() < MAX_REFUSALS_DRAWN {
+        if s.refused_at.len() < MAX_REFUSALS_KEPT {
             s.refused_at.push(w.at);
         }
     }
@@ -260,6 +281,8 @@ fn count(s: &mut Start, w: Waiting) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const NONE: Schedules = &|_| Vec::new();
 
     const MS: Mono = 1_000_000;
     const NS: u32 = 4026532177;
@@ -281,7 +304,7 @@ mod tests {
         s.refused(NS, 8080, 900 * MS, false);
         // Found by a scan after its first refusals: they are its own.
         s.refused(NS, 8080, 1100 * MS, false);
-        s.started(&c, 1000 * MS, Some(NS), false);
+        s.started(&c, 1000 * MS, Some(NS), false, NONE);
         s.refused(NS, 8080, 1200 * MS, false);
         s.refused(NS, 8080, 1300 * MS, true);
         s.refused(NS, 9999, 1400 * MS, false);
@@ -304,15 +327,15 @@ mod tests {
         assert_eq!(r.first_accept_at, Some(3050 * MS));
         assert_eq!(r.listen_after_seconds(), Some(2.0));
         assert!(s.take_emitted().is_empty());
-        s.tick(12_999 * MS);
+        s.tick(12_999 * MS, NONE);
         assert!(s.take_emitted().is_empty(), "settles 10 s after the listen");
-        s.tick(13_000 * MS);
+        s.tick(13_000 * MS, NONE);
         let e = s.take_emitted();
         assert!(
             matches!(e.as_slice(), [Emitted::StartSettled { start }] if start.loss.refused_before_listen == 4),
             "{e:?}"
         );
-        s.tick(13_000 * MS + LOOKBACK);
+        s.tick(13_000 * MS + LOOKBACK, NONE);
         assert!(s.waiting.is_empty(), "nothing waits past the lookback");
     }
 
@@ -320,16 +343,16 @@ mod tests {
     fn a_restart_in_place_is_a_new_start_and_a_stop_ends_one() {
         let mut s = Starts::default();
         let c = web();
-        s.started(&c, 0, Some(NS), false);
+        s.started(&c, 0, Some(NS), false, NONE);
         s.listened(&c.id, 8080, 10 * MS);
-        s.started(&c, 5000 * MS, Some(NS), true);
+        s.started(&c, 5000 * MS, Some(NS), true, NONE);
         let e = s.take_emitted();
         assert!(
             matches!(e.as_slice(), [Emitted::StartSettled { .. }]),
             "the old one settles"
         );
         s.refused(NS, 8080, 5100 * MS, false);
-        s.stopped(&c.id);
+        s.stopped(&c.id, NONE);
         let ids: Vec<(String, bool, bool)> = s
             .starts()
             .iter()
@@ -350,15 +373,15 @@ mod tests {
     fn a_start_that_never_listens_settles_and_the_cap_keeps_open_ones() {
         let mut s = Starts::default();
         let c = web();
-        s.started(&c, 0, Some(NS), false);
-        s.tick(GIVE_UP - 1);
+        s.started(&c, 0, Some(NS), false, NONE);
+        s.tick(GIVE_UP - 1, NONE);
         assert!(s.take_emitted().is_empty());
-        s.tick(GIVE_UP);
+        s.tick(GIVE_UP, NONE);
         assert_eq!(s.take_emitted().len(), 1);
         for i in 0..MAX_STARTS as u64 + 5 {
             let mut other = web();
             other.id = format!("{i:064}");
-            s.started(&other, i, Some(NS), false);
+            s.started(&other, i, Some(NS), false, NONE);
         }
         assert_eq!(
             s.starts().len(),
@@ -366,5 +389,41 @@ mod tests {
             "open starts are never dropped"
         );
         assert_eq!(s.dropped, 1, "the one settled start went");
+    }
+
+    #[test]
+    fn refusals_on_a_balancers_check_ticks_are_its_probes_when_the_start_settles() {
+        let mut s = Starts::default();
+        let c = web();
+        s.started(&c, 0, Some(NS), false, NONE);
+        // Checks every second from 0.5 s, refused until the listen at 3.2 s; a request refused
+        // at 2.0 s, off the ticks.
+        for at in [500, 1500, 2000, 2500] {
+            s.refused(NS, 8080, at * MS, false);
+        }
+        s.listened(&c.id, 8080, 3200 * MS);
+        assert_eq!(
+            s.starts()[0].loss.refused_before_listen,
+            4,
+            "until it settles"
+        );
+        // Learned from its checks once it listened: every second, the latest at 9.5 s.
+        let learned: Schedules = &|key| {
+            (key == web().id)
+                .then_some(Schedule {
+                    interval: 1000 * MS,
+                    last: 9_500 * MS,
+                })
+                .into_iter()
+                .collect()
+        };
+        s.tick(3200 * MS + SETTLE_AFTER_LISTEN, learned);
+        let st = &s.starts()[0];
+        assert!(st.settled);
+        assert_eq!(
+            (st.loss.refused_before_listen, st.loss.probes.refused),
+            (1, 3)
+        );
+        assert_eq!(st.refused_at, [2000 * MS]);
     }
 }

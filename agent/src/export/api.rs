@@ -3,7 +3,12 @@
 //! not happen) and seconds rounded to the millisecond.
 
 use crate::model::{
-    ContainerIdentity, Mono, deploy::Deploy, monotonic_now, start::Start, stop::Stop, storm::Storm,
+    ContainerIdentity, Mono,
+    deploy::Deploy,
+    monotonic_now,
+    start::{MAX_REFUSALS_DRAWN, Start},
+    stop::Stop,
+    storm::Storm,
 };
 
 use super::{
@@ -72,7 +77,12 @@ pub fn start_view(s: &Start, clock: &Clock) -> StartView {
         ports: s.ports.iter().map(|(p, _)| *p).collect(),
         ready_at: ready_at(s, clock),
         refusals_lost: s.refusals_lost,
-        refused_at: s.refused_at.iter().map(|t| clock.rfc3339(*t)).collect(),
+        refused_at: s
+            .refused_at
+            .iter()
+            .take(MAX_REFUSALS_DRAWN)
+            .map(|t| clock.rfc3339(*t))
+            .collect(),
         restart: s.restart,
         settled: s.settled,
         started_at: clock.rfc3339(s.started_at),

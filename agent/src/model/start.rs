@@ -7,7 +7,10 @@ use serde::{Deserialize, Serialize};
 
 use super::{ContainerIdentity, Mono};
 
-/// Most refusal times a start keeps for its timeline; the counts stay exact beyond it.
+/// Most refusal times a start keeps (to tell a balancer's checks among them when it
+/// settles); the counts stay exact beyond it.
+pub const MAX_REFUSALS_KEPT: usize = 10_000;
+/// Most refusal times a start's timeline draws (the API and the page).
 pub const MAX_REFUSALS_DRAWN: usize = 500;
 
 /// What a start cost.
@@ -40,7 +43,7 @@ pub struct Start {
     /// Ports it listened on, in order, with when it first did.
     pub ports: Vec<(u16, Mono)>,
     pub loss: StartLoss,
-    /// When the refused requests happened (capped: [`MAX_REFUSALS_DRAWN`]).
+    /// When the refused requests happened, in order (capped: [`MAX_REFUSALS_KEPT`]).
     pub refused_at: Vec<Mono>,
     /// Refusals of its namespace dropped at the waiting cap before a listen could take them:
     /// the counts may be short by this many.

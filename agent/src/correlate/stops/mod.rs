@@ -119,6 +119,11 @@ impl Tracker {
         self.probes.classify(upstream, None).is_some()
     }
 
+    /// The learned check schedules of the container `key` (see `probes`).
+    pub fn check_schedules(&self, key: &str) -> Vec<super::probes::Schedule> {
+        self.probes.schedules_of(key)
+    }
+
     /// Takes what happened since the last call, for metrics.
     pub fn take_emitted(&mut self) -> Vec<Emitted> {
         std::mem::take(&mut self.emitted)
