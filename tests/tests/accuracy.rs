@@ -106,8 +106,9 @@ const REGRESSIONS: &[(Lab, u64)] = &[
     (Lab::Storm, 37),
 ];
 
-/// The slice CI runs when no seeds are given.
-const CI_SEEDS: &str = "retry:1-3 stop:1-2 storm:1";
+/// The slice CI runs when no seeds are given: fresh seeds, and the latest regression of each
+/// lab (`cargo xtask accuracy --regressions` runs them all, about 10 minutes).
+const CI_SEEDS: &str = "retry:1-3,42,49 slow:29 stop:1-2,22 storm:1,37";
 
 fn seeds() -> Vec<(Lab, u64)> {
     let spec = std::env::var("DRAINWATCH_ACCURACY_SEEDS").unwrap_or_else(|_| CI_SEEDS.into());

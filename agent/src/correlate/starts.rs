@@ -86,9 +86,18 @@ impl Starts {
         let Some(s) = self.records.get_mut(i).filter(|s| !s.settled) else {
             return;
         };
+        // Requests first, then the checks already told: a tick a check took is not a request's.
+        let requests = s.refused_at.len();
+        let all: Vec<Mono> = s
+            .refused_at
+            .iter()
+            .chain(&s.probe_refused_at)
+            .copied()
+            .collect();
         let mut checks: Vec<usize> = schedules(&s.container.id)
             .into_iter()
-            .flat_map(|sch| on_ticks_before(sch, &s.refused_at))
+            .flat_map(|sch| on_ticks_before(sch, &all))
+            .filter(|&i| i < requests)
             .collect();
         checks.sort_unstable();
         checks.dedup();
@@ -139,6 +148,7 @@ impl Starts {
             ports: Vec::new(),
             loss: StartLoss::default(),
             refused_at: Vec::new(),
+            probe_refused_at: Vec::new(),
             refusals_lost: 0,
             settled: false,
         });
@@ -270,6 +280,9 @@ impl Starts {
 fn count(s: &mut Start, w: Waiting) {
     if w.probe {
         s.loss.probes.refused += 1;
+        if s.probe_refused_at.len() < MAX_REFUSALS_KEPT {
+            s.probe_refused_at.push(w.at);
+        }
     } else {
         s.loss.refused_before_listen += 1;
         if s.refused_at.len() < MAX_REFUSALS_KEPT {
@@ -396,11 +409,14 @@ mod tests {
         let mut s = Starts::default();
         let c = web();
         s.started(&c, 0, Some(NS), false, NONE);
-        // Checks every second from 0.5 s, refused until the listen at 3.2 s; a request refused
-        // at 2.0 s, off the ticks.
-        for at in [500, 1500, 2000, 2500] {
+        // Checks every second from 0.5 s, refused until the listen at 3.2 s; requests refused
+        // at 1.51 s and 2.0 s.
+        for at in [500, 1510, 2000, 2500] {
             s.refused(NS, 8080, at * MS, false);
         }
+        // A check told at once (a schedule known from an earlier run) on the 1.5 s tick: the
+        // request 10 ms after it is no check.
+        s.refused(NS, 8080, 1500 * MS, true);
         s.listened(&c.id, 8080, 3200 * MS);
         assert_eq!(
             s.starts()[0].loss.refused_before_listen,
@@ -422,8 +438,8 @@ mod tests {
         assert!(st.settled);
         assert_eq!(
             (st.loss.refused_before_listen, st.loss.probes.refused),
-            (1, 3)
+            (2, 3)
         );
-        assert_eq!(st.refused_at, [2000 * MS]);
+        assert_eq!(st.refused_at, [1510 * MS, 2000 * MS]);
     }
 }

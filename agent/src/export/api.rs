@@ -412,6 +412,7 @@ mod tests {
             ports: vec![(8080, 103 * SECOND)],
             loss: Default::default(),
             refused_at: vec![],
+            probe_refused_at: vec![],
             refusals_lost: 0,
             settled: true,
         };
@@ -460,6 +461,7 @@ mod tests {
             ports: vec![(8080, SECOND)],
             loss: Default::default(),
             refused_at: vec![SECOND / 2],
+            probe_refused_at: vec![],
             refusals_lost: 0,
             settled: false,
         };

@@ -45,6 +45,9 @@ pub struct Start {
     pub loss: StartLoss,
     /// When the refused requests happened, in order (capped: [`MAX_REFUSALS_KEPT`]).
     pub refused_at: Vec<Mono>,
+    /// When the refused health checks happened (capped likewise): a tick they took is not
+    /// a request's to take when the start settles.
+    pub probe_refused_at: Vec<Mono>,
     /// Refusals of its namespace dropped at the waiting cap before a listen could take them:
     /// the counts may be short by this many.
     pub refusals_lost: u64,
