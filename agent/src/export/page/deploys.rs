@@ -5,7 +5,7 @@
 use maud::{Markup, html};
 
 use super::{
-    OPEN_DEPLOYS, glyphs, start,
+    OPEN_DEPLOYS, glyphs, overview, start,
     stop::{self, outcome_label, outcome_level},
     storm,
     text::Text,
@@ -140,6 +140,16 @@ fn deploy(
 ) -> Markup {
     let (level, badge) = badge(d);
     let open = i < OPEN_DEPLOYS || d.in_progress > 0;
+    let mine_stops: Vec<&StopView> = d
+        .stops
+        .iter()
+        .filter_map(|id| stops.iter().find(|s| s.id == *id))
+        .collect();
+    let mine_starts: Vec<&StartView> = d
+        .starts
+        .iter()
+        .filter_map(|id| starts.iter().find(|s| s.id == *id))
+        .collect();
     html! {
         details class={ "deploy " (level.as_str()) } data-key=(Text(&d.id))
             data-stops=(d.stops.len()) data-in-progress=(d.in_progress) open[open] {
@@ -170,12 +180,9 @@ fn deploy(
                 }
             }
             "\n"
-            @for id in &d.stops {
-                @if let Some(s) = stops.iter().find(|s| s.id == *id) { (stop::article(s)) }
-            }
-            @for id in &d.starts {
-                @if let Some(s) = starts.iter().find(|s| s.id == *id) { (start::article(s)) }
-            }
+            @if let Some(chart) = overview::chart(&mine_stops, &mine_starts) { (chart) }
+            @for s in &mine_stops { (stop::article(s)) }
+            @for s in &mine_starts { (start::article(s)) }
             @for st in storms { (storm::article(st)) }
         }
         "\n"

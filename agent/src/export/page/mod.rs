@@ -12,11 +12,12 @@
 //! re-renders it in place when the data changes.
 //!
 //! This file is the entry point and the layout; `deploys.rs` writes the deploy sections,
-//! `stop.rs` a stop's heading and facts, `start.rs` a start's, `timeline.rs` its timeline, `storm.rs` a storm's
+//! `overview.rs` a deploy's stops and starts on one axis, `stop.rs` a stop's heading and facts, `start.rs` a start's, `timeline.rs` its timeline, `storm.rs` a storm's
 //! chart, `glyphs.rs` the loss glyphs and their legend.
 
 mod deploys;
 mod glyphs;
+mod overview;
 mod start;
 mod stop;
 mod storm;

@@ -355,3 +355,52 @@ fn a_start_that_refused_requests_is_drawn_in_its_deploy_with_the_fix() {
         "the deploy's badge"
     );
 }
+
+#[test]
+fn a_deploys_stops_and_starts_share_one_time_axis() {
+    let stop = no_handler_stop("web-1");
+    let start: crate::export::view::StartView = view(json!({
+        "id": "d00d6ba70c4b-start-1",
+        "container": {"id": "d00d6ba70c4b".repeat(5), "name": "web-<2>", "runtime": "podman", "workload": "web"},
+        "started_at": "2026-11-29T22:47:30.358Z",
+        "first_listen_at": "2026-11-29T22:47:33.358Z",
+        "loss": {"refused_before_listen": 1},
+        "ports": [8080],
+        "refused_at": ["2026-11-29T22:47:31.000Z"],
+        "settled": true
+    }));
+    let mut deploys = deploy_of(&stop, 0);
+    deploys[0].starts = vec![start.id.clone()];
+    let html = render(
+        &deploys,
+        std::slice::from_ref(&stop),
+        std::slice::from_ref(&start),
+        &[],
+        &info(),
+    );
+    let chart = &html[html
+        .find(r#"class="timeline overview""#)
+        .expect("the deploy's axis")..];
+    let chart = &chart[..chart.find("</svg>").unwrap()];
+    // The stop (SIGTERM at 0 s) first, the start 2 s later; the stop's six losses and the
+    // start's refusal drawn on them.
+    let stop_row = chart
+        .find(r#"data-kind="stop" data-from="0.0""#)
+        .expect(chart);
+    let start_row = chart
+        .find(r#"data-kind="start" data-from="2.0""#)
+        .expect(chart);
+    assert!(stop_row < start_row);
+    assert_eq!(chart.matches(r#"class="g-loss""#).count(), 6);
+    assert_eq!(chart.matches(r#"class="g-refused""#).count(), 1);
+    assert!(chart.contains("web-&lt;2&gt; start"), "{chart}");
+    // A deploy of one record has no shared axis to draw.
+    let alone = render(
+        &deploy_of(&stop, 0),
+        std::slice::from_ref(&stop),
+        &[],
+        &[],
+        &info(),
+    );
+    assert!(!alone.contains("timeline overview"));
+}
