@@ -15,10 +15,11 @@
 //!   request): the refusals of the gap are split between the old run's stop and the new
 //!   run's start at the new PID 1's start, and together equal HAProxy's count;
 //! - a new slow-starting container put behind HAProxy the way a deploy does (a server slot
-//!   set to its address, in drain until its checks pass, under steady traffic to the other
-//!   server): HAProxy's refused checks are probes, not loss; nothing was refused to a user
-//!   (HAProxy's log), and the probes equal the RSTs the container's namespace sent (its own
-//!   `Tcp: OutRsts`, nothing else connected to it).
+//!   set to its address under steady traffic), in drain until its checks pass: HAProxy's
+//!   refused checks are probes, not loss; nothing was refused to a user (HAProxy's log), and
+//!   the probes equal the RSTs the container's namespace sent (its own `Tcp: OutRsts`,
+//!   nothing else connected to it). Not drained: the requests HAProxy's log says it refused
+//!   are the start's loss, and the namespace's other RSTs its refused checks.
 
 use std::{
     io::ErrorKind,
@@ -406,9 +407,21 @@ fn snmp_tcp(pid: u32, field: &str) -> u64 {
         .expect("a count")
 }
 
-#[test]
-fn a_new_container_haproxy_checks_before_it_listens_has_probes_refused_and_no_loss() {
-    require_root();
+/// What a deploy of a new slow-starting server behind HAProxy showed: a server slot set to the
+/// new container's address (in drain first, when `drained`), under steady traffic.
+struct NewServer {
+    agent: Agent,
+    /// Still checking s2: its checks once it listens teach their schedule.
+    _lb: Haproxy,
+    s2: Backend,
+    records: Vec<drainwatch_tests::lab::client::RequestRecord>,
+    /// Requests HAProxy's log says s2 refused (`503`, `SC`).
+    refused_requests: usize,
+    /// RSTs s2's namespace sent before it was ready: its refused connects, all of them.
+    rsts: u64,
+}
+
+fn new_server_behind_haproxy(drained: bool) -> NewServer {
     let agent = Agent::start(&[]);
     let s1 = Backend::start("s1", Mode::CloseListener, BackendOpts::default());
     // The new server's slot, on s1 until the deploy sets it.
@@ -439,9 +452,11 @@ fn a_new_container_haproxy_checks_before_it_listens_has_probes_refused_and_no_lo
             records
         })
     };
-    // The deploy: no new traffic to the slot, then its new container's address; traffic
-    // again once its checks pass.
-    lb.admin("set server be/s2 state drain").expect("drain");
+    // The deploy: (no new traffic to the slot,) its new container's address, traffic once
+    // its checks pass.
+    if drained {
+        lb.admin("set server be/s2 state drain").expect("drain");
+    }
     thread::sleep(Duration::from_millis(300));
     let opts = BackendOpts {
         netns_holder: false,
@@ -469,29 +484,79 @@ fn a_new_container_haproxy_checks_before_it_listens_has_probes_refused_and_no_lo
     thread::sleep(Duration::from_secs(1));
     stop.store(true, Ordering::Relaxed);
     let records = load.join().unwrap();
+    let logs = lb.http_logs();
+    let refused_requests = logs
+        .iter()
+        .filter(|l| l.server == "s2" && l.status == 503 && l.flags.starts_with("SC"))
+        .count();
     let failed = records.iter().filter(|r| r.status != Some(200)).count();
-    let to_s2 = lb.http_logs().iter().filter(|l| l.server == "s2").count();
     println!(
-        "client: {} requests, {failed} failed; HAProxy: {to_s2} to s2; s2's namespace sent \
-         {rsts} RSTs before it was ready",
-        records.len()
+        "client: {} requests, {failed} failed; HAProxy: {} to s2, {refused_requests} refused \
+         by it; s2's namespace sent {rsts} RSTs before it was ready",
+        records.len(),
+        logs.iter().filter(|l| l.server == "s2").count(),
     );
-    assert_eq!(failed, 0, "no user saw an error");
+    assert_eq!(
+        failed, refused_requests,
+        "every error was a refused request"
+    );
     assert!(rsts >= 3, "HAProxy checked s2 before it listened");
+    NewServer {
+        agent,
+        _lb: lb,
+        s2,
+        records,
+        refused_requests,
+        rsts,
+    }
+}
 
-    let s = settled_start(&agent, &s2.id, 0);
+#[test]
+fn a_new_container_haproxy_checks_before_it_listens_has_probes_refused_and_no_loss() {
+    require_root();
+    let n = new_server_behind_haproxy(true);
+    assert_eq!(n.refused_requests, 0, "drained: nothing was routed to it");
+    let s = settled_start(&n.agent, &n.s2.id, 0);
     assert_eq!(
         (
             s["loss"]["refused_before_listen"].as_u64(),
             s["loss"]["probes"]["refused"].as_u64()
         ),
-        (Some(0), Some(rsts)),
+        (Some(0), Some(n.rsts)),
         "every refused connect was a check: the namespace's own RST count"
     );
     let verdict = s["verdict"].as_str().unwrap_or_default();
     assert!(
         verdict.contains("nothing refused: no change needed")
-            && verdict.contains(&format!("{rsts} health checks refused")),
+            && verdict.contains(&format!("{} health checks refused", n.rsts)),
+        "{verdict}"
+    );
+}
+
+#[test]
+fn a_new_container_haproxy_routes_to_before_it_listens_is_charged_the_refused_requests() {
+    require_root();
+    let n = new_server_behind_haproxy(false);
+    assert!(
+        n.refused_requests >= 5,
+        "routed to before it listened: {} of {} requests refused",
+        n.refused_requests,
+        n.records.len()
+    );
+    let s = settled_start(&n.agent, &n.s2.id, 0);
+    let requests = s["loss"]["refused_before_listen"].as_u64().unwrap();
+    let probes = s["loss"]["probes"]["refused"].as_u64().unwrap();
+    assert_eq!(
+        (requests, probes),
+        (
+            n.refused_requests as u64,
+            n.rsts - n.refused_requests as u64
+        ),
+        "requests by HAProxy's log, checks the rest of the namespace's own RSTs"
+    );
+    let verdict = s["verdict"].as_str().unwrap_or_default();
+    assert!(
+        verdict.starts_with(&format!("{requests} connections refused in the")),
         "{verdict}"
     );
 }
