@@ -24,6 +24,11 @@ pub const BUCKET: Mono = SECOND / 10;
 /// was busy, so the pace of such accepts is its capacity.
 pub const QUEUED_SECS: f64 = 0.005;
 
+/// A wider reconnect window is recommended only when the 95th-percentile client waited at
+/// least this long in the accept queue: below it the service kept up, whatever its measured
+/// capacity says (a service running just at its capacity measures just under the arrivals).
+pub const WINDOW_WAIT_SECS: f64 = 0.1;
+
 #[derive(Debug, Clone)]
 pub struct Config {
     /// How long after a stop arrivals at the workload still start a storm.
@@ -226,9 +231,16 @@ fn summarize(namespace: String, workload: String, port: u16, mut o: Open) -> Sto
     // A wider window is recommended only when the service needed more time to take every
     // client than they took to come back: a busy service that kept up needs none.
     let span = (last - first) as f64 / SECOND as f64;
-    let needed = sustained.map(|r| clients as f64 / r).filter(|w| *w > span);
     let mut waits: Vec<f64> = o.accepts.iter().map(|(_, w)| *w).collect();
     waits.sort_by(f64::total_cmp);
+    let p95 = waits
+        .get((waits.len() as f64 * 0.95) as usize)
+        .or(waits.last())
+        .copied()
+        .unwrap_or(0.0);
+    let needed = sustained
+        .map(|r| clients as f64 / r)
+        .filter(|w| *w > span && p95 >= WINDOW_WAIT_SECS);
     Storm {
         namespace,
         workload,
@@ -326,6 +338,31 @@ mod tests {
         let st = &s.tick(T0 + 5 * SECOND)[0];
         let rate = st.sustained_accept_rate.unwrap();
         assert!((rate - 100.0).abs() < 1.0, "{rate}");
+        assert_eq!(st.recommended_window_seconds, None);
+    }
+
+    #[test]
+    fn a_service_at_its_capacity_whose_clients_barely_waited_gets_no_recommended_window() {
+        // Storm 37's shape: 600 clients over 1 s against 590 accepts/s measured, a backlog of
+        // a few connections throughout (every accept waited 5-20 ms): 1.02 s of work over
+        // 1 s, but nobody waited a tenth of a second.
+        let mut s = Storms::new(Config::default());
+        s.stopped(web(), "old-1", "web-1", T0);
+        let start = T0 + 500 * MS;
+        let service = SECOND / 590;
+        for i in 0..600u64 {
+            let at = start + SECOND * i / 600;
+            let accepted = start + 10 * MS + service * i;
+            s.arrival(&web(), "web-2", 8080, at);
+            s.accept_wait(
+                &web(),
+                8080,
+                accepted.saturating_sub(at) as f64 / SECOND as f64,
+                accepted,
+            );
+        }
+        let st = &s.tick(T0 + 5 * SECOND)[0];
+        assert!(st.sustained_accept_rate.is_some());
         assert_eq!(st.recommended_window_seconds, None);
     }
 
