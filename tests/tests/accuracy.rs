@@ -1,6 +1,6 @@
 //! Ground truth over randomized shapes (`drainwatch_tests::accuracy`): every seed's record
 //! field by field against the proxies', backends' and clients' own logs and counts.
-//! `DRAINWATCH_ACCURACY_SEEDS` picks the seeds: items `LAB:FIRST-LAST` or `LAB:a,b,c` (labs
+//! `DRAINWATCH_ACCURACY_SEEDS` picks the seeds: items `LAB:` and a comma-separated list of seeds and `FIRST-LAST` ranges (labs
 //! `retry`, `slow`, `stop`, `storm`; no `LAB:` is `retry`), or `regressions`: every seed that
 //! ever failed (`cargo xtask accuracy` sets it). By default a short slice for CI.
 
@@ -120,6 +120,14 @@ fn seeds() -> Vec<(Lab, u64)> {
         return REGRESSIONS.to_vec();
     }
     parse_seeds(&spec).unwrap_or_else(|e| panic!("DRAINWATCH_ACCURACY_SEEDS: {e}"))
+}
+
+#[test]
+fn the_ci_slice_parses() {
+    assert!(
+        parse_seeds(CI_SEEDS).is_ok_and(|s| s.len() == 11),
+        "{CI_SEEDS}"
+    );
 }
 
 #[test]

@@ -141,12 +141,10 @@ pub fn parse_seeds(spec: &str) -> Result<Vec<(Lab, u64)>, String> {
                 .parse::<u64>()
                 .map_err(|_| format!("{t:?} is no seed"))
         };
-        match seeds.split_once('-') {
-            Some((a, b)) => out.extend((num(a)?..=num(b)?).map(|n| (lab, n))),
-            None => {
-                for t in seeds.split(',') {
-                    out.push((lab, num(t)?));
-                }
+        for t in seeds.split(',') {
+            match t.split_once('-') {
+                Some((a, b)) => out.extend((num(a)?..=num(b)?).map(|n| (lab, n))),
+                None => out.push((lab, num(t)?)),
             }
         }
     }
@@ -209,6 +207,10 @@ mod tests {
                 (Lab::Retry(Draw::Slow), 3),
                 (Lab::Storm, 9),
             ])
+        );
+        assert_eq!(
+            parse_seeds("stop:1-2,22"),
+            Ok(vec![(Lab::Stop, 1), (Lab::Stop, 2), (Lab::Stop, 22)])
         );
         assert!(parse_seeds("fast:1").is_err());
         assert!(parse_seeds("stop:x").is_err());
