@@ -36,7 +36,7 @@ use std::{
 use drainwatch_tests::{
     agent::{Agent, api, sync, wait_for},
     lab::{
-        client::{Outcome, request},
+        client::{Outcome, RequestRecord, request},
         clock,
         container::{Backend, BackendOpts, Mode},
         haproxy::{Haproxy, HaproxyOpts},
@@ -66,6 +66,29 @@ fn hammer(addr: SocketAddrV4, stop: Arc<AtomicBool>) -> thread::JoinHandle<Attem
             thread::sleep(Duration::from_millis(20));
         }
         a
+    })
+}
+
+/// Requests through `frontend`, one every `gap`, until `stop`: what each one got.
+fn steady_requests(
+    frontend: SocketAddr,
+    gap: Duration,
+    stop: Arc<AtomicBool>,
+) -> thread::JoinHandle<Vec<RequestRecord>> {
+    thread::spawn(move || {
+        let mut records = Vec::new();
+        let mut i = 0;
+        while !stop.load(Ordering::Relaxed) {
+            records.push(request(
+                frontend,
+                &format!("r{i}"),
+                1,
+                Duration::from_secs(5),
+            ));
+            i += 1;
+            thread::sleep(gap);
+        }
+        records
     })
 }
 
@@ -308,24 +331,7 @@ fn a_restart_in_place_behind_haproxy_charges_its_gap_to_the_stop_and_the_start()
     sync(&agent);
 
     let stop = Arc::new(AtomicBool::new(false));
-    let load = {
-        let (stop, frontend) = (stop.clone(), lb.frontend);
-        thread::spawn(move || {
-            let mut records = Vec::new();
-            let mut i = 0;
-            while !stop.load(Ordering::Relaxed) {
-                records.push(request(
-                    frontend,
-                    &format!("r{i}"),
-                    1,
-                    Duration::from_secs(5),
-                ));
-                i += 1;
-                thread::sleep(Duration::from_millis(20));
-            }
-            records
-        })
-    };
+    let load = steady_requests(lb.frontend, Duration::from_millis(20), stop.clone());
     thread::sleep(Duration::from_millis(500));
     b.restart(2, Duration::from_secs(20));
     let new_start = started_ns(b.init_pid);
@@ -414,7 +420,7 @@ struct NewServer {
     /// Still checking s2: its checks once it listens teach their schedule.
     _lb: Haproxy,
     s2: Backend,
-    records: Vec<drainwatch_tests::lab::client::RequestRecord>,
+    records: Vec<RequestRecord>,
     /// Requests HAProxy's log says s2 refused (`503`, `SC`).
     refused_requests: usize,
     /// RSTs s2's namespace sent before it was ready: its refused connects, all of them.
@@ -434,24 +440,7 @@ fn new_server_behind_haproxy(drained: bool) -> NewServer {
     );
     sync(&agent);
     let stop = Arc::new(AtomicBool::new(false));
-    let load = {
-        let (stop, frontend) = (stop.clone(), lb.frontend);
-        thread::spawn(move || {
-            let mut records = Vec::new();
-            let mut i = 0;
-            while !stop.load(Ordering::Relaxed) {
-                records.push(request(
-                    frontend,
-                    &format!("r{i}"),
-                    1,
-                    Duration::from_secs(5),
-                ));
-                i += 1;
-                thread::sleep(Duration::from_millis(30));
-            }
-            records
-        })
-    };
+    let load = steady_requests(lb.frontend, Duration::from_millis(30), stop.clone());
     // The deploy: (no new traffic to the slot,) its new container's address, traffic once
     // its checks pass.
     if drained {
