@@ -37,6 +37,9 @@ fn no_counters(ev: &mut Event) {
         core::ptr::write_volatile(&mut ev.copied_seq, 0);
         core::ptr::write_volatile(&mut ev.lrcvtime, 0);
         core::ptr::write_volatile(&mut ev.lsndtime, 0);
+        core::ptr::write_volatile(&mut ev.jiffies, 0);
+        core::ptr::write_volatile(&mut ev.data_segs_in, 0);
+        core::ptr::write_volatile(&mut ev.data_segs_out, 0);
     }
 }
 
@@ -44,7 +47,7 @@ fn no_counters(ev: &mut Event) {
 trait Socket {
     fn netns(&self) -> u32;
     fn tuple(&self, t: &mut Tuple);
-    /// `tcp_sock` counters (`ev.bytes_received` ..= `ev.lsndtime`).
+    /// `tcp_sock` counters (`ev.bytes_received` ..= `ev.lsndtime`, the segment counts).
     fn counters(&self, ev: &mut Event);
     fn max_ack_backlog(&self) -> u32;
 }
@@ -115,6 +118,8 @@ fn emit_event<S: Socket>(
     // CLOSE_WAIT: was a request pending?) read them.
     if in_mask(cfg(&f.counters_old), oldstate) {
         s.counters(ev);
+        // The clock `lrcvtime` / `lsndtime` count in (5.5+).
+        ev.jiffies = unsafe { aya_ebpf::helpers::bpf_jiffies64() } as u32;
     } else {
         no_counters(ev);
     }
@@ -124,7 +129,6 @@ fn emit_event<S: Socket>(
     } else {
         0
     };
-    ev._pad = 0;
     submit(entry);
     Some(())
 }
@@ -191,6 +195,8 @@ impl Socket for Direct {
         ev.copied_seq = ld::<u32>(tp, cfg(&k.tcp_copied_seq)).unwrap_or(0);
         ev.lrcvtime = ld::<u32>(tp, cfg(&k.tcp_lrcvtime)).unwrap_or(0);
         ev.lsndtime = ld::<u32>(tp, cfg(&k.tcp_lsndtime)).unwrap_or(0);
+        ev.data_segs_in = ld::<u32>(tp, cfg(&k.tcp_data_segs_in)).unwrap_or(0);
+        ev.data_segs_out = ld::<u32>(tp, cfg(&k.tcp_data_segs_out)).unwrap_or(0);
     }
 
     #[inline(always)]
@@ -270,6 +276,8 @@ impl Socket for Probed<'_> {
         ev.copied_seq = u32_at(cfg(&k.tcp_copied_seq));
         ev.lrcvtime = u32_at(cfg(&k.tcp_lrcvtime));
         ev.lsndtime = u32_at(cfg(&k.tcp_lsndtime));
+        ev.data_segs_in = u32_at(cfg(&k.tcp_data_segs_in));
+        ev.data_segs_out = u32_at(cfg(&k.tcp_data_segs_out));
     }
 
     #[inline(always)]

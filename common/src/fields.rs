@@ -63,6 +63,8 @@ pub struct KernelOffsets {
     pub tcp_copied_seq: u32,
     pub tcp_lsndtime: u32,
     pub tcp_lrcvtime: u32,
+    pub tcp_data_segs_in: u32,
+    pub tcp_data_segs_out: u32,
     /// From a task to the socket behind one of its file descriptors (accept's return value).
     pub task_files: u32,
     pub files_fdt: u32,
@@ -108,6 +110,8 @@ impl KernelOffsets {
         tcp_copied_seq: NO_OFFSET,
         tcp_lsndtime: NO_OFFSET,
         tcp_lrcvtime: NO_OFFSET,
+        tcp_data_segs_in: NO_OFFSET,
+        tcp_data_segs_out: NO_OFFSET,
         task_files: NO_OFFSET,
         files_fdt: NO_OFFSET,
         fdtable_fd: NO_OFFSET,
@@ -128,4 +132,4 @@ impl KernelOffsets {
 pod!(KernelOffsets, AddrFields);
 
 const _: () = assert!(core::mem::size_of::<AddrFields>() == 16);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 140);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 148);

@@ -25,7 +25,14 @@ pub struct Event {
     /// `sk_max_ack_backlog`: for a transition to LISTEN, the accept queue's limit (the
     /// listen() backlog capped by somaxconn), which /proc/net/tcp does not show.
     pub max_ack_backlog: u32,
-    pub _pad: u32,
+    /// The low 32 bits of jiffies at the transition (with the counters, else 0): what
+    /// `lrcvtime` and `lsndtime` are measured against, so the agent sees how long the
+    /// connection had been quiet when it closed.
+    pub jiffies: u32,
+    /// `tcp_sock.data_segs_in` / `data_segs_out` (with the counters): a stream sends many
+    /// segments per segment it receives, a request/response connection about as many.
+    pub data_segs_in: u32,
+    pub data_segs_out: u32,
 }
 
 #[repr(C)]
@@ -91,4 +98,4 @@ impl Fields {
 pod!(Event, Fields);
 
 // The layout is a contract with the kernel side (see the crate root).
-const _: () = assert!(core::mem::size_of::<Event>() == 144);
+const _: () = assert!(core::mem::size_of::<Event>() == 152);

@@ -132,6 +132,8 @@ const MEMBERS: &[(&str, &str, Slot)] = &[
     ("tcp_sock", "inet_conn.icsk_ack.lrcvtime", |k| {
         &mut k.tcp_lrcvtime
     }),
+    ("tcp_sock", "data_segs_in", |k| &mut k.tcp_data_segs_in),
+    ("tcp_sock", "data_segs_out", |k| &mut k.tcp_data_segs_out),
     ("task_struct", "files", |k| &mut k.task_files),
     ("files_struct", "fdt", |k| &mut k.files_fdt),
     ("fdtable", "fd", |k| &mut k.fdtable_fd),
@@ -217,6 +219,14 @@ mod tests {
             bpftool_offset("tcp_sock", "bytes_received")
         );
         assert_eq!(k.tcp_lsndtime, bpftool_offset("tcp_sock", "lsndtime"));
+        assert_eq!(
+            k.tcp_data_segs_in,
+            bpftool_offset("tcp_sock", "data_segs_in")
+        );
+        assert_eq!(
+            k.tcp_data_segs_out,
+            bpftool_offset("tcp_sock", "data_segs_out")
+        );
         assert_eq!(k.files_fdt, bpftool_offset("files_struct", "fdt"));
         assert_eq!(k.fdtable_fd, bpftool_offset("fdtable", "fd"));
         assert_eq!(k.socket_sk, bpftool_offset("socket", "sk"));

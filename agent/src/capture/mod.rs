@@ -5,6 +5,7 @@ pub mod btf;
 pub mod event;
 pub mod faults;
 pub mod hooks;
+pub mod jiffies;
 pub mod plan;
 pub mod reader;
 pub mod tracefs;

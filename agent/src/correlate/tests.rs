@@ -100,6 +100,8 @@ fn no_handler_sigterm_cuts_inflight_and_exits_at_once() {
                 pending,
                 upstream: None,
                 request_bytes: 0,
+                port: 8080,
+                activity: Default::default(),
             },
         );
     }
@@ -183,6 +185,8 @@ fn closing_the_listener_first_refuses_what_routing_still_sends() {
             pending: false,
             upstream: None,
             request_bytes: 0,
+            port: 8080,
+            activity: Default::default(),
         },
     );
     t.observe(
@@ -234,6 +238,8 @@ fn readiness_flip_and_drain_is_drained_and_counts_late_accepts() {
                 pending: false,
                 upstream: None,
                 request_bytes: 0,
+                port: 8080,
+                activity: Default::default(),
             },
         );
     }
@@ -297,6 +303,8 @@ fn sigkill_after_the_grace_period_is_killed_at_deadline() {
             pending: true,
             upstream: None,
             request_bytes: 0,
+            port: 8080,
+            activity: Default::default(),
         },
     );
     let s = only_stop(&t);
@@ -327,6 +335,8 @@ fn an_exit_without_a_stop_signal_is_a_crash() {
             pending: true,
             upstream: None,
             request_bytes: 0,
+            port: 8080,
+            activity: Default::default(),
         },
     );
     let s = only_stop(&t);
@@ -367,6 +377,8 @@ fn duplicates_and_out_of_order_events_do_not_double_count() {
             pending: true,
             upstream: None,
             request_bytes: 0,
+            port: 8080,
+            activity: Default::default(),
         },
     );
     t.observe(
@@ -378,6 +390,8 @@ fn duplicates_and_out_of_order_events_do_not_double_count() {
             pending: true,
             upstream: None,
             request_bytes: 0,
+            port: 8080,
+            activity: Default::default(),
         },
     );
     t.observe(
@@ -412,6 +426,8 @@ fn duplicates_and_out_of_order_events_do_not_double_count() {
             pending: true,
             upstream: None,
             request_bytes: 0,
+            port: 8080,
+            activity: Default::default(),
         },
     );
     // Observations about containers never announced are ignored.
@@ -615,6 +631,8 @@ fn an_agent_restarted_mid_stop_keeps_the_connections_it_found() {
             pending: true,
             upstream: None,
             request_bytes: 0,
+            port: 8080,
+            activity: Default::default(),
         },
     );
     t.observe(
@@ -626,6 +644,8 @@ fn an_agent_restarted_mid_stop_keeps_the_connections_it_found() {
             pending: false,
             upstream: None,
             request_bytes: 0,
+            port: 8080,
+            activity: Default::default(),
         },
     );
     t.observe(
@@ -637,6 +657,8 @@ fn an_agent_restarted_mid_stop_keeps_the_connections_it_found() {
             pending: true,
             upstream: None,
             request_bytes: 0,
+            port: 8080,
+            activity: Default::default(),
         },
     );
     let s = only_stop(&t);
@@ -758,6 +780,8 @@ fn loss_events_keep_their_times_and_routing_lag_counts_refused_attempts() {
             pending: true,
             upstream: None,
             request_bytes: 0,
+            port: 8080,
+            activity: Default::default(),
         },
     );
     // Routing still sends until 3.8 s: refused at the closed address.
@@ -833,6 +857,8 @@ fn a_cut_of_a_connection_found_by_a_scan_has_no_age_and_events_are_capped() {
             pending: true,
             upstream: None,
             request_bytes: 0,
+            port: 8080,
+            activity: Default::default(),
         },
     );
     let extra = stops::MAX_LOSS_EVENTS as u64 + 5;
@@ -1101,6 +1127,8 @@ fn the_kubelets_failed_probes_are_apart_from_requests_and_decide_nothing() {
             pending: true,
             upstream: Some(0xa1),
             request_bytes: 110,
+            port: 8080,
+            activity: Default::default(),
         },
     );
     for (sock, at) in [(0xa2, 500), (0xa3, 1500)] {
@@ -1282,6 +1310,8 @@ fn a_request_accepted_on_a_check_tick_after_sigterm_is_counted_at_its_close() {
                 pending: false,
                 upstream: Some(sock),
                 request_bytes: bytes,
+                port: 8080,
+                activity: Default::default(),
             },
         );
     }

@@ -170,6 +170,7 @@ fn pending() -> TcpCounters {
         unread: 0,
         last_received: 10,
         last_sent: 5,
+        ..TcpCounters::default()
     }
 }
 

@@ -151,6 +151,8 @@ pub fn stop_view(s: &Stop, clock: &Clock) -> StopView {
             comm: x.comm.clone(),
             pid: x.pid,
         }),
+        storm_clients: None,
+        stream_rotation_seconds: s.stream_rotation_seconds().map(round3),
     }
 }
 
@@ -214,11 +216,18 @@ pub fn storm_views(storms: &[Storm], deploys: &[Deploy], clock: &Clock) -> Vec<S
         .collect()
 }
 
-/// Newest first.
-pub fn stop_views(stops: &[Stop], clock: &Clock) -> Vec<StopView> {
+/// Newest first, each with the clients of the storms it caused.
+pub fn stop_views(stops: &[Stop], storms: &[Storm], clock: &Clock) -> Vec<StopView> {
     let mut v: Vec<&Stop> = stops.iter().collect();
     v.sort_by_key(|s| std::cmp::Reverse(s.started_at()));
-    v.into_iter().map(|s| stop_view(s, clock)).collect()
+    v.into_iter()
+        .map(|s| {
+            let mut view = stop_view(s, clock);
+            let mine = storms.iter().filter(|st| st.stop_id == s.id);
+            view.storm_clients = mine.map(|st| st.clients).reduce(|a, b| a + b);
+            view
+        })
+        .collect()
 }
 
 pub fn deploy_views(deploys: &[Deploy], clock: &Clock) -> Vec<DeployView> {
@@ -284,6 +293,7 @@ mod tests {
             }],
             events_dropped: 0,
             last_routed_at: Some(13 * SECOND + 800_000_000),
+            stream_rotation: None,
             settled: false,
         }
     }
@@ -448,7 +458,7 @@ mod tests {
             recommended_window_seconds: Some(1.6),
             ..Default::default()
         };
-        sorted(&stop_views(std::slice::from_ref(&stop), &clock()));
+        sorted(&stop_views(std::slice::from_ref(&stop), &[], &clock()));
         sorted(&deploy_views(&deploys, &clock()));
         let start = Start {
             id: "abc-start-1".into(),

@@ -67,7 +67,7 @@ impl State {
         };
         let grouped = deploys::group(t.stops(), t.starts(), self.deploy_window);
         let deploys = api::deploy_views(&grouped, &self.clock);
-        let stops = api::stop_views(t.stops(), &self.clock);
+        let stops = api::stop_views(t.stops(), t.storms(), &self.clock);
         let starts = api::start_views(t.starts(), &self.clock);
         let storms = api::storm_views(t.storms(), &grouped, &self.clock);
         drop(t);
@@ -193,7 +193,7 @@ pub fn route(
                 ),
             }
         }
-        "/api/v1/stops" => state.json(|t| api::stop_views(t.stops(), &state.clock)),
+        "/api/v1/stops" => state.json(|t| api::stop_views(t.stops(), t.storms(), &state.clock)),
         "/api/v1/starts" => state.json(|t| api::start_views(t.starts(), &state.clock)),
         "/api/v1/deploys" => state.json(|t| {
             api::deploy_views(

@@ -121,6 +121,9 @@ fn loss_line(loss: &LossView) -> String {
         loss.idle_closed,
         loss.get(LossKind::ResetsSent)
     );
+    if loss.streams_cut > 0 {
+        line += &format!(", {} live streams cut", loss.streams_cut);
+    }
     // Health checks apart from the requests above, when any failed.
     let p = &loss.probes;
     if p.cut + p.refused + p.unreachable > 0 {

@@ -7,7 +7,7 @@ use super::{
     format::{ceil_tenth, count, or_null, rate, secs},
     view::{StartView, StopView, StormView},
 };
-use crate::model::{LossKind, stop::Outcome};
+use crate::model::{LossKind, activity::ROTATION_MARGIN, stop::Outcome};
 
 /// How bad it is, for colour on the page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,9 +122,47 @@ fn common_findings(stop: &StopView, out: &mut Vec<String>) {
     }
 }
 
+/// Live streams cut, why, and what to change: the grace period against the learned stream
+/// rotation when it was the deadline that cut them.
+fn streams_cut(stop: &StopView) -> Option<String> {
+    let n = stop.loss.streams_cut;
+    if n == 0 {
+        return None;
+    }
+    let killed = stop.outcome == Some(Outcome::KilledAtDeadline);
+    let mut what = count(n, "live stream", "live streams");
+    what += if killed { " cut at SIGKILL" } else { " cut" };
+    if let Some(c) = stop.storm_clients {
+        what += &format!(" ({} back at once)", count(c, "client", "clients"));
+    }
+    let margin = ROTATION_MARGIN as f64 / 1e9;
+    Some(match (stop.stream_rotation_seconds, stop.grace()) {
+        (Some(r), Some(g)) if killed && g < r + margin => format!(
+            "{what}: the {} s grace period is shorter than the {} s stream rotation: raise it to at least {} s (the rotation + {} s)",
+            secs(g),
+            secs(r),
+            secs((r + margin).ceil()),
+            secs(margin)
+        ),
+        (Some(r), _) if killed => format!(
+            "{what}: they outlived the grace period although the server ends streams every {} s: on SIGTERM, close the listener and let open streams run to their rotation",
+            secs(r)
+        ),
+        (Some(r), _) => format!(
+            "{what}: the server ended them before their {} s rotation: on SIGTERM, close the listener and let open streams run to their rotation (a grace period of at least {} s)",
+            secs(r),
+            secs((r + margin).ceil())
+        ),
+        (None, _) => format!(
+            "{what}: their clients lost the stream and reconnect: on SIGTERM, close the listener and end streams over the grace period (a final message telling clients to reconnect, spread out)"
+        ),
+    })
+}
+
 /// The verdict on one stop record (`/api/v1/stops` element).
 pub fn stop(stop: &StopView) -> Verdict {
     let cut = stop.loss.inflight_cut;
+    let streams = stop.loss.streams_cut;
     let refused = stop.loss.refused;
     let mut level = Level::Bad;
     let mut parts: Vec<String> = Vec::new();
@@ -165,7 +203,7 @@ pub fn stop(stop: &StopView) -> Verdict {
                     "{} outlived the {g} period: raise it above the slowest request ({seen})",
                     count(cut, "request", "requests")
                 ));
-            } else {
+            } else if streams == 0 {
                 level = Level::Warning;
                 parts.push(format!(
                     "did not exit within the {g} period and was SIGKILLed, though nothing in flight was cut: exit once in-flight work is done (close idle keep-alive connections; as PID 1 a process ignores SIGTERM unless it handles it)"
@@ -262,6 +300,10 @@ pub fn stop(stop: &StopView) -> Verdict {
             let d = stop.drain_seconds.map_or("?".into(), secs);
             parts.push(format!("drained for {d} s, then {}", cut_at_exit(cut)));
         }
+        Some(Outcome::Drained) if streams > 0 => {
+            let d = stop.drain_seconds.map_or("?".into(), secs);
+            parts.push(format!("drained for {d} s"));
+        }
         Some(Outcome::Drained) => {
             level = Level::Good;
             let mut text = match stop.drain_seconds {
@@ -285,6 +327,7 @@ pub fn stop(stop: &StopView) -> Verdict {
             parts.push(text);
         }
     }
+    parts.extend(streams_cut(stop));
     common_findings(stop, &mut parts);
     Verdict {
         level,

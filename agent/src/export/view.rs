@@ -50,6 +50,11 @@ pub struct StopView {
     pub sigkill_at: Option<String>,
     pub sigterm_at: Option<String>,
     pub sigterm_sender: Option<SenderView>,
+    /// Clients of the reconnect storms this stop caused (on the workload's listeners); None
+    /// when it caused none.
+    pub storm_clients: Option<u64>,
+    /// The stream rotation learned on its listeners before the stop.
+    pub stream_rotation_seconds: Option<f64>,
 }
 
 impl StopView {

@@ -46,6 +46,11 @@ pub enum Emitted {
         stop_id: String,
         at: Mono,
     },
+    /// The stream rotation learned on a container's listeners (see `Stop::stream_rotation`).
+    StreamRotation {
+        container: ContainerIdentity,
+        seconds: f64,
+    },
     /// A stop will not change any more.
     Settled { stop: Box<Stop> },
     /// A start will not change any more.

@@ -11,8 +11,12 @@ use serde::{Deserialize, Serialize};
 pub enum LossKind {
     /// An inbound connection the container closed or reset with a request pending.
     InflightCut,
-    /// An inbound connection it closed with nothing pending.
+    /// An inbound connection it closed with nothing pending and nothing moving (or a stream
+    /// at the end of its own rotation).
     IdleClosed,
+    /// A live stream it closed (or its exit closed): data moving within a second of the
+    /// close, no request pending, not the server's own rotation (`model::activity`).
+    StreamsCut,
     /// A RST its stack sent (counted by kernel reason).
     ResetsSent,
     /// A SYN to a listening address it had closed, answered with RST.
@@ -37,9 +41,10 @@ pub enum LossKind {
 }
 
 impl LossKind {
-    pub const ALL: [LossKind; 12] = [
+    pub const ALL: [LossKind; 13] = [
         LossKind::InflightCut,
         LossKind::IdleClosed,
+        LossKind::StreamsCut,
         LossKind::ResetsSent,
         LossKind::Refused,
         LossKind::Unreachable,
@@ -57,6 +62,7 @@ impl LossKind {
         match self {
             LossKind::InflightCut => "inflight_cut",
             LossKind::IdleClosed => "idle_closed",
+            LossKind::StreamsCut => "streams_cut",
             LossKind::ResetsSent => "resets_sent",
             LossKind::Refused => "refused",
             LossKind::Unreachable => "unreachable",
@@ -129,6 +135,9 @@ pub struct Loss {
     /// Cut requests the container had read, re-sent by a proxy to another backend (done
     /// twice, or maybe twice, invisible to the client).
     pub retry_duplicates: u64,
+    /// Live streams (server-sent events, websockets, gRPC streams) it cut: clients that lost
+    /// their stream and reconnect.
+    pub streams_cut: u64,
     pub unreachable: u64,
     /// Cut requests no proxy re-sent (the client saw an error).
     pub upstream_aborts: u64,
@@ -163,6 +172,7 @@ impl Loss {
         self.probes.add(&other.probes);
         self.inflight_cut += other.inflight_cut;
         self.idle_closed += other.idle_closed;
+        self.streams_cut += other.streams_cut;
         for (r, n) in &other.resets_sent {
             *self.resets_sent.entry(r.clone()).or_default() += n;
         }
@@ -179,6 +189,7 @@ impl Loss {
         match kind {
             LossKind::InflightCut => self.inflight_cut += 1,
             LossKind::IdleClosed => self.idle_closed += 1,
+            LossKind::StreamsCut => self.streams_cut += 1,
             LossKind::Refused => self.refused += 1,
             LossKind::Unreachable => self.unreachable += 1,
             LossKind::AcceptedAfterSigterm => self.accepted_after_sigterm += 1,
@@ -202,6 +213,7 @@ impl Loss {
         match kind {
             LossKind::InflightCut => self.inflight_cut,
             LossKind::IdleClosed => self.idle_closed,
+            LossKind::StreamsCut => self.streams_cut,
             LossKind::Refused => self.refused,
             LossKind::Unreachable => self.unreachable,
             LossKind::AcceptedAfterSigterm => self.accepted_after_sigterm,

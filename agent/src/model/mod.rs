@@ -2,6 +2,7 @@
 //! states, loss kinds, reset directions) as closed types, and the observations enrich hands to
 //! correlate. Nothing here does I/O or knows a kernel layout.
 
+pub mod activity;
 pub mod deploy;
 pub mod emitted;
 pub mod identity;

@@ -2,7 +2,7 @@
 
 use std::{net::SocketAddr, sync::Arc};
 
-use super::{ContainerIdentity, ExitInfo, Mono, Proxy, ResetDirection, Sender};
+use super::{ContainerIdentity, ExitInfo, Mono, Proxy, ResetDirection, Sender, activity::Activity};
 
 /// A namespace's `TcpExt: ListenOverflows ListenDrops`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -99,7 +99,8 @@ pub enum Observation {
     },
     /// An inbound connection ended. `by_container`: the container closed or reset it (not the
     /// peer); `pending`: a request was waiting for an answer; `request_bytes`: what it had
-    /// received on the connection.
+    /// received on the connection; `port`: the listener's; `activity`: how its data stood
+    /// (a live stream's or an idle connection's).
     InboundClosed {
         key: String,
         sock: u64,
@@ -107,6 +108,8 @@ pub enum Observation {
         pending: bool,
         upstream: Option<u64>,
         request_bytes: u64,
+        port: u16,
+        activity: Activity,
     },
     /// A RST its network namespace sent (with the kernel's reason) or one of its sockets
     /// received (reason "none": the kernel gives none). `on_connection`: on a connection the

@@ -98,6 +98,9 @@ pub struct Stop {
     pub events_dropped: u64,
     /// The last connection routed to it after the stop signal: accepted, refused or unreachable.
     pub last_routed_at: Option<Mono>,
+    /// How long its server lets a stream live before it ends it (a write timeout, a max
+    /// connection age), learned on its listeners before the stop; None when none was seen.
+    pub stream_rotation: Option<Mono>,
     /// Set once the record will not change any more (see `Tracker::tick`).
     pub settled: bool,
 }
@@ -106,6 +109,10 @@ impl Stop {
     /// SIGTERM → SIGKILL, as observed.
     pub fn grace_seconds(&self) -> Option<f64> {
         Some(secs(self.sigkill_at?.checked_sub(self.sigterm_at?)?))
+    }
+
+    pub fn stream_rotation_seconds(&self) -> Option<f64> {
+        self.stream_rotation.map(secs)
     }
 
     /// SIGTERM → exit.
@@ -224,6 +231,7 @@ mod tests {
             events: Vec::new(),
             events_dropped: 0,
             last_routed_at: None,
+            stream_rotation: None,
             settled: false,
         }
     }

@@ -77,6 +77,9 @@ impl Telemetry {
             Emitted::Settled { stop } => self.stops.stop_settled(stop),
             Emitted::StartSettled { start } => self.starts.start_settled(start),
             Emitted::StopBegan { .. } => {}
+            Emitted::StreamRotation { container, seconds } => {
+                self.stops.stream_rotation(container, *seconds)
+            }
             Emitted::Retry {
                 container,
                 proxy,

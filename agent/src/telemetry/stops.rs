@@ -33,6 +33,7 @@ pub struct StopMetrics {
     cap: Arc<Cap>,
     stops: Family<OutcomeLabels, Counter>,
     inflight_cut: Family<ContainerLabels, Counter>,
+    streams_cut: Family<ContainerLabels, Counter>,
     refused: Family<ContainerLabels, Counter>,
     unreachable: Family<ContainerLabels, Counter>,
     accepted_after_sigterm: Family<ContainerLabels, Counter>,
@@ -41,6 +42,7 @@ pub struct StopMetrics {
     drain_duration: Family<ContainerLabels, Histogram>,
     routing_lag: Family<ContainerLabels, Histogram>,
     grace_period: Family<ContainerLabels, Gauge<f64, AtomicU64>>,
+    stream_rotation: Family<ContainerLabels, Gauge<f64, AtomicU64>>,
     connection_resets: Family<ResetLabels, Counter>,
     refused_connections: Family<ContainerLabels, Counter>,
     retry_duplicates: Family<ProxyLabels, Counter>,
@@ -55,6 +57,7 @@ impl StopMetrics {
             cap,
             stops: Family::default(),
             inflight_cut: Family::default(),
+            streams_cut: Family::default(),
             refused: Family::default(),
             unreachable: Family::default(),
             accepted_after_sigterm: Family::default(),
@@ -63,6 +66,7 @@ impl StopMetrics {
             drain_duration: Family::new_with_constructor(seconds_buckets),
             routing_lag: Family::new_with_constructor(seconds_buckets),
             grace_period: Family::default(),
+            stream_rotation: Family::default(),
             connection_resets: Family::default(),
             refused_connections: Family::default(),
             retry_duplicates: Family::default(),
@@ -79,6 +83,11 @@ impl StopMetrics {
             "drainwatch_stop_inflight_cut",
             "Inbound connections a stopping container closed or reset with a request pending",
             m.inflight_cut.clone(),
+        );
+        registry.register(
+            "drainwatch_stop_streams_cut",
+            "Live streams (data moving within 1 s, no request pending) a stopping container closed or its exit closed, not at the server's own stream rotation",
+            m.streams_cut.clone(),
         );
         registry.register(
             "drainwatch_stop_probe_failures",
@@ -119,6 +128,11 @@ impl StopMetrics {
             "drainwatch_grace_period_seconds",
             "Grace period of the container's last stop: terminationGracePeriodSeconds from the Kubernetes API, else stop signal to SIGKILL when it ran out",
             m.grace_period.clone(),
+        );
+        registry.register(
+            "drainwatch_stream_rotation_seconds",
+            "How long the container's server lets a stream live before ending it itself (a write timeout, a max connection age), learned on its listeners",
+            m.stream_rotation.clone(),
         );
         registry.register(
             "drainwatch_connection_resets",
@@ -170,6 +184,7 @@ impl StopMetrics {
         }
         for family in [
             &self.inflight_cut,
+            &self.streams_cut,
             &self.refused,
             &self.unreachable,
             &self.accepted_after_sigterm,
@@ -187,6 +202,7 @@ impl StopMetrics {
     pub fn stop_loss(&self, c: &ContainerIdentity, kind: LossKind, reason: Option<&str>) {
         let (metric, family) = match kind {
             LossKind::InflightCut => ("drainwatch_stop_inflight_cut", &self.inflight_cut),
+            LossKind::StreamsCut => ("drainwatch_stop_streams_cut", &self.streams_cut),
             LossKind::Refused => ("drainwatch_stop_refused", &self.refused),
             LossKind::Unreachable => ("drainwatch_stop_unreachable", &self.unreachable),
             LossKind::AcceptedAfterSigterm => (
@@ -258,6 +274,17 @@ impl StopMetrics {
             .or_else(|| s.grace_seconds());
         if let Some(g) = grace {
             self.grace_period.get_or_create(&l).set(g);
+        }
+        if let Some(r) = s.stream_rotation_seconds() {
+            self.stream_rotation.get_or_create(&l).set(r);
+        }
+    }
+
+    /// The stream rotation learned on a container's listeners.
+    pub fn stream_rotation(&self, c: &ContainerIdentity, seconds: f64) {
+        let l = ContainerLabels::from(c);
+        if self.cap.admit(&l, "drainwatch_stream_rotation_seconds") {
+            self.stream_rotation.get_or_create(&l).set(seconds);
         }
     }
 

@@ -30,6 +30,11 @@ pub struct TcpCounters {
     /// Jiffies of the last data segment received and sent.
     pub last_received: u32,
     pub last_sent: u32,
+    /// Jiffies at the transition (low 32 bits; 0: not read).
+    pub now: u32,
+    /// Data segments received and sent.
+    pub segs_in: u32,
+    pub segs_out: u32,
 }
 
 impl TcpCounters {
@@ -45,6 +50,29 @@ impl TcpCounters {
         }
         // Wrapping comparison, as the kernel's own `after()` does.
         self.bytes_sent == 0 || (self.last_received.wrapping_sub(self.last_sent) as i32) > 0
+    }
+
+    /// In jiffies: since the last data segment either way, and how long this side had been
+    /// sending since the peer's last data (0 when it sent nothing after it). None when the
+    /// clock was not read or no data moved.
+    pub fn quiet_and_sending(&self) -> Option<(u32, u32)> {
+        let (received, sent) = (self.bytes_received > 0, self.bytes_sent > 0);
+        if self.now == 0 || !(received || sent) {
+            return None;
+        }
+        // Wrapping differences, as the kernel's own `after()` compares jiffies.
+        let ahead = |a: u32, b: u32| (a.wrapping_sub(b) as i32).max(0) as u32;
+        let sending = if received && sent {
+            ahead(self.last_sent, self.last_received)
+        } else {
+            0
+        };
+        let last = match (received, sent) {
+            (true, true) if sending > 0 => self.last_sent,
+            (true, _) => self.last_received,
+            _ => self.last_sent,
+        };
+        Some((ahead(self.now, last), sending))
     }
 }
 
@@ -107,6 +135,9 @@ pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<StateChange, DecodeEr
             unread: e.rcv_nxt.wrapping_sub(e.copied_seq),
             last_received: e.lrcvtime,
             last_sent: e.lsndtime,
+            now: e.jiffies,
+            segs_in: e.data_segs_in,
+            segs_out: e.data_segs_out,
         },
         max_ack_backlog: (names.tcp_state(e.newstate) == Some(TcpState::Listen))
             .then_some(e.max_ack_backlog),
@@ -178,7 +209,9 @@ mod tests {
             lrcvtime: 1000,
             lsndtime: 900,
             max_ack_backlog: 0,
-            _pad: 0,
+            jiffies: 1100,
+            data_segs_in: 3,
+            data_segs_out: 9,
         };
         let d = decode(&bytes_of(&e), &names).unwrap();
         assert_eq!(d.old.unwrap().name(), Some("TCP_LISTEN"));
@@ -186,6 +219,40 @@ mod tests {
         // The receive queue's ends wrap around the sequence space.
         assert_eq!(d.counters.unread, 10);
         assert!(d.counters.request_pending());
+        assert_eq!(
+            (d.counters.now, d.counters.segs_in, d.counters.segs_out),
+            (1100, 3, 9)
+        );
+        // Nothing sent: quiet since the last data received, 100 jiffies ago.
+        assert_eq!(d.counters.quiet_and_sending(), Some((100, 0)));
+    }
+
+    #[test]
+    fn quiet_and_sending_time_come_from_the_later_of_the_last_data() {
+        let c = |last_received, last_sent, now| TcpCounters {
+            bytes_received: 100,
+            bytes_sent: 5000,
+            last_received,
+            last_sent,
+            now,
+            ..TcpCounters::default()
+        };
+        // A stream: the request 750 jiffies before its last event, closed 50 after it.
+        assert_eq!(c(250, 1000, 1050).quiet_and_sending(), Some((50, 750)));
+        // A request after the last answer: quiet since the request, sending nothing.
+        assert_eq!(c(1000, 990, 1010).quiet_and_sending(), Some((10, 0)));
+        // Across the wrap of 32-bit jiffies.
+        assert_eq!(c(u32::MAX - 9, 5, 20).quiet_and_sending(), Some((15, 15)));
+        // The clock not read, or nothing ever moved: unknown.
+        assert_eq!(c(1, 2, 0).quiet_and_sending(), None);
+        assert_eq!(
+            TcpCounters {
+                now: 9,
+                ..TcpCounters::default()
+            }
+            .quiet_and_sending(),
+            None
+        );
     }
 
     #[test]
@@ -196,6 +263,7 @@ mod tests {
             unread: 0,
             last_received: 500,
             last_sent: 510,
+            ..TcpCounters::default()
         };
         assert!(!answered.request_pending());
         let waiting = TcpCounters {

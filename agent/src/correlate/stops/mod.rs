@@ -5,6 +5,7 @@
 
 mod held;
 mod lifecycle;
+mod streams;
 
 use super::{
     probes::{ProbeSource, Probes},
@@ -70,6 +71,8 @@ struct ContainerState {
     previous_stop: Option<(usize, Mono)>,
     gone_at: Option<Mono>,
     stops_seen: u32,
+    /// Its listeners' streams and their rotation.
+    streams: streams::Streams,
 }
 
 #[derive(Debug)]
@@ -170,6 +173,7 @@ impl Tracker {
             events: Vec::new(),
             events_dropped: 0,
             last_routed_at: None,
+            stream_rotation: c.streams.rotation(),
             settled: false,
         };
         let idx = self.dropped + self.stops.len();
@@ -368,6 +372,8 @@ impl Tracker {
                 pending,
                 upstream,
                 request_bytes,
+                port,
+                activity,
                 ..
             } => {
                 let Some(c) = self.containers.get_mut(&key) else {
@@ -388,13 +394,19 @@ impl Tracker {
                     return; // closed by the peer
                 }
                 let open_for = opened.at().and_then(|o| now.checked_sub(o));
-                if self.stop_mut(&key).is_some() {
-                    let kind = if !pending {
-                        LossKind::IdleClosed
-                    } else {
-                        let probe = self.probes.classify(upstream, Some(request_bytes));
-                        self.probe_or(&key, probe, LossKind::InflightCut, LossKind::ProbeCut)
+                if !pending {
+                    let close = streams::Close {
+                        port,
+                        activity,
+                        age: open_for,
+                        at_exit: self.exited_by(&key, now),
+                        in_stop: self.stop_mut(&key).is_some(),
                     };
+                    self.closed_unpending(&key, now, close);
+                } else if self.stop_mut(&key).is_some() {
+                    let probe = self.probes.classify(upstream, Some(request_bytes));
+                    let kind =
+                        self.probe_or(&key, probe, LossKind::InflightCut, LossKind::ProbeCut);
                     self.count(&key, kind, None, now, open_for);
                 }
             }

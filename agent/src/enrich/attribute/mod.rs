@@ -26,7 +26,10 @@ use std::{net::IpAddr, sync::Arc};
 
 use super::{cgroup_path::parse_cgroup_path, host::HostView, kube::SharedStore};
 use crate::{
-    capture::event::{Event, ExitStatus},
+    capture::{
+        event::{Event, ExitStatus},
+        jiffies::JiffyClock,
+    },
     model::{ContainerIdentity, ExitInfo, HashMap, HashSet, Observation, Sender},
 };
 
@@ -87,6 +90,8 @@ pub struct Enricher<H> {
     watch_generation: u64,
     /// The first scan is done: containers adopted from now on started while the agent ran.
     scanned: bool,
+    /// The kernel's tick, for how long a closing connection had been quiet.
+    jiffies: JiffyClock,
 }
 
 impl<H: HostView> Enricher<H> {
@@ -108,6 +113,7 @@ impl<H: HostView> Enricher<H> {
             host_netns: None,
             watch_generation: 0,
             scanned: false,
+            jiffies: JiffyClock::default(),
         }
     }
 

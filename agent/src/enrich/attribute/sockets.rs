@@ -6,9 +6,14 @@ use std::{collections::VecDeque, net::SocketAddr, sync::Arc};
 
 use super::{Enricher, Key};
 use crate::{
-    capture::event::{Endpoints, StateChange},
+    capture::{
+        event::{Endpoints, StateChange},
+        hooks::inet_sock_set_state::TcpCounters,
+    },
     enrich::host::HostView,
-    model::{ContainerIdentity, Fact, HashMap, HashSet, Mono, Observation, TcpState},
+    model::{
+        ContainerIdentity, Fact, HashMap, HashSet, Mono, Observation, TcpState, activity::Activity,
+    },
 };
 
 use TcpState::{Close, CloseWait, Established, Listen, SynRecv, SynSent};
@@ -91,6 +96,7 @@ impl<H: HostView> Enricher<H> {
         let (old, new) = (s.old, s.new);
         let ns = s.meta.netns;
         let Some(conn) = s.conn else { return };
+        self.jiffies.observe(s.meta.ts_ns, s.counters.now);
         if self.on_upstream(s, conn, out) {
             return;
         }
@@ -166,9 +172,25 @@ impl<H: HostView> Enricher<H> {
                     pending,
                     upstream: self.upstream_of(conn),
                     request_bytes: s.counters.bytes_received,
+                    port: conn.local.port(),
+                    activity: self.activity(&s.counters),
                 });
             }
             _ => {}
+        }
+    }
+
+    /// How a closing connection's data stood, in monotonic time.
+    fn activity(&self, c: &TcpCounters) -> Activity {
+        let span = |j| self.jiffies.duration(j);
+        let (quiet_for, sending_for) = c
+            .quiet_and_sending()
+            .map_or((None, None), |(q, s)| (span(q), span(s)));
+        Activity {
+            quiet_for,
+            sending_for,
+            segs_in: c.segs_in,
+            segs_out: c.segs_out,
         }
     }
 

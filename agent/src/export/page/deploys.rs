@@ -20,8 +20,9 @@ use crate::{
 };
 
 /// The loss kinds the page shows, in order: kind, chip label, CSS class.
-const LOSS_KINDS: [(LossKind, &str, &str); 8] = [
+const LOSS_KINDS: [(LossKind, &str, &str); 9] = [
     (LossKind::InflightCut, "in-flight cut", "cut"),
+    (LossKind::StreamsCut, "live streams cut", "streams"),
     (LossKind::RetryDuplicates, "retried (done twice)", "retried"),
     (
         LossKind::RetriedUnexecuted,

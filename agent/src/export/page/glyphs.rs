@@ -10,6 +10,8 @@ use crate::model::LossKind;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Glyph {
     Cut,
+    /// A live stream cut.
+    Stream,
     Retried,
     Abort,
     Refused,
@@ -31,6 +33,7 @@ impl Glyph {
     pub(super) fn of(kind: LossKind) -> Option<Glyph> {
         match kind {
             LossKind::InflightCut => Some(Glyph::Cut),
+            LossKind::StreamsCut => Some(Glyph::Stream),
             LossKind::RetryDuplicates | LossKind::RetriedUnexecuted => Some(Glyph::Retried),
             LossKind::UpstreamAborts => Some(Glyph::Abort),
             LossKind::Refused => Some(Glyph::Refused),
@@ -57,6 +60,10 @@ pub(super) fn glyph(g: Glyph, x: f64, y: f64) -> Markup {
         Glyph::Retried => html! {
             circle class="g-retried" cx=(px(x)) cy=(px(y)) r="6" {}
             path class="g-retried" d={ "M" (px(x + 3.0)) " " (px(y - 5.0)) "l3 -3l1 4z" } {}
+        },
+        Glyph::Stream => html! {
+            path class="g-stream"
+                d={ "M" (px(x - 5.0)) " " (px(y)) "l2.5 -3.5l2.5 3.5l2.5 3.5l2.5 -3.5" } {}
         },
         Glyph::Abort => html! {
             rect class="g-abort" x=(px(x - 4.0)) y=(px(y - 4.0)) width="8" height="8"
@@ -93,6 +100,7 @@ pub(super) fn legend() -> Markup {
         (Glyph::Refused, "refused"),
         (Glyph::Unreachable, "unreachable"),
         (Glyph::Cut, "in-flight cut"),
+        (Glyph::Stream, "live stream cut"),
         (Glyph::Retried, "retried: done twice"),
         (Glyph::Abort, "cut, seen as 502"),
         (Glyph::Probe, "health check failed (not a user)"),

@@ -143,6 +143,12 @@ fn facts(stop: &StopView) -> Markup {
     if let Some(g) = stop.grace_configured_seconds {
         rows.push(("grace period", html! { (g) " s configured" }));
     }
+    if let Some(r) = stop.stream_rotation_seconds {
+        rows.push((
+            "stream rotation",
+            html! { "every " (secs(r)) " s (learned on its listeners)" },
+        ));
+    }
     if let Some(p) = stop.prestop {
         rows.push(("preStop hook", html! { (if p { "yes" } else { "none" }) }));
     }
