@@ -30,6 +30,12 @@ Modes
                   (work longer than the grace period gets the container SIGKILLed: exit 137)
   crash           no handler; exits by itself with code 1 (no signal) --crash-after seconds
                   after start, or at the CLOCK_MONOTONIC nanosecond written to --crash-at-file
+  stream          server-sent events: GET /events answers 200 text/event-stream and sends
+                  "data: N" every --event-ms ms; at --rotation seconds after it opened, a final
+                  "event: rotate" and the server closes the stream (a write timeout: each stream
+                  ends at its own deadline). SIGTERM: /health 503, close the listener, let open
+                  streams run to their deadlines, exit 0 (the Mercure-style drain). events.log
+                  gets stream-open <ns> <peer port> and stream-end <ns> <peer port> <events>
   gate            not HTTP: a socket service with a bounded connect path, for reconnect
                   storms. --workers threads each accept() one connection, "authorise" it for
                   --auth-ms, send one greeting line "hello NAME ACCEPTED_NS SENT_NS" and keep the
@@ -46,7 +52,7 @@ import threading
 import time
 from urllib.parse import parse_qs, urlsplit
 
-MODES = ("no-handler", "close-listener", "exit-zero", "drain", "slow", "crash", "gate")
+MODES = ("no-handler", "close-listener", "exit-zero", "drain", "slow", "crash", "gate", "stream")
 
 
 def now_ns():
@@ -164,6 +170,9 @@ class Server:
                         return
                     buf += data
                 buf = buf[length:]
+                if self.mode == "stream" and urlsplit(target).path == "/events":
+                    self.stream(conn, port)
+                    return
                 status, body = self.handle(method, target, headers, port)
                 if self.closing:
                     keep = False
@@ -216,6 +225,33 @@ class Server:
             self.requests.line("end", rid, now_ns())
             return 200, rid.encode("latin-1")
         return 404, b"not found\n"
+
+    def stream(self, conn, port):
+        """One event stream, to its own deadline (then a final event and the close)."""
+        opened = now_ns()
+        deadline = opened + int(self.args.rotation * 1e9)
+        period = self.args.event_ms / 1000.0
+        self.events.line("stream-open", opened, port)
+        head = (
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+            f"X-Backend: {self.args.name}\r\nConnection: close\r\n\r\n"
+        )
+        sent = 0
+        try:
+            conn.sendall(head.encode("latin-1"))
+            while True:
+                left = (deadline - now_ns()) / 1e9
+                if left <= 0:
+                    break
+                time.sleep(min(period, left))
+                if now_ns() >= deadline:
+                    break
+                sent += 1
+                conn.sendall(f"data: {sent}\n\n".encode())
+            conn.sendall(b"event: rotate\ndata: bye\n\n")
+        except OSError:
+            pass
+        self.events.line("stream-end", now_ns(), port, sent)
 
     def gate_worker(self):
         """One "authorisation" at a time: accept, work --auth-ms, greet, keep the connection."""
@@ -276,6 +312,11 @@ class Server:
             self.exit(0)
         elif self.mode == "exit-zero":
             self.exit(0)
+        elif self.mode == "stream":
+            self.ready = False
+            self.close_listener()
+            self.wait_drained()
+            self.exit(0)
         elif self.mode in ("drain", "slow"):
             self.ready = False
             if self.mode == "drain":
@@ -330,6 +371,8 @@ def main():
     ap.add_argument("--auth-ms", type=float, default=20.0, help="gate: work per connect")
     ap.add_argument("--hold-port", type=int, default=None)
     ap.add_argument("--hold-backlog", type=int, default=2)
+    ap.add_argument("--rotation", type=float, default=6.0, help="stream: seconds per stream")
+    ap.add_argument("--event-ms", type=float, default=200.0, help="stream: event period")
     ap.add_argument("--listen-delay", type=float, default=0.0, help="seconds before listen()")
     args = ap.parse_args()
     if args.mode == "crash" and args.crash_after is None and args.crash_at_file is None:
@@ -341,7 +384,7 @@ def main():
         # A slow start: connects before the listen are refused.
         time.sleep(args.listen_delay)
     srv = Server(args)
-    handled = args.mode in ("close-listener", "exit-zero", "drain", "slow")
+    handled = args.mode in ("close-listener", "exit-zero", "drain", "slow", "stream")
     if handled:
 
         def on_term(signum, frame):

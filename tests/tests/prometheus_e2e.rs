@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use drainwatch_tests::{
     agent::{Agent, stop_record},
     lab::{
-        Lab, Method, Mode, Replace, RetryLab, RetrySpec, ScenarioSpec, StormLab, StormSpec, Trigger,
+        Lab, Method, Mode, Replace, RetryLab, RetrySpec, ScenarioSpec, SseLab, SseSpec, StormLab,
+        StormSpec, Trigger,
     },
     ops::repo,
     prometheus::{Prometheus, unix_now},
@@ -155,10 +156,17 @@ fn every_dashboard_query_returns_data_from_real_deploys_and_the_alerts_notice() 
         "the reconnect storm, scraped",
     );
     drop(storm_lab);
+    // Live streams: a 2 s grace period against streams that rotate every 5 s.
+    let mut sse_lab = SseLab::setup(SseSpec::new(20, Duration::from_secs(5), 2));
+    let sse_run = sse_lab.run();
+    print!("{}", sse_run.report());
+    let streamed = stop_record(&agent, &sse_lab.old.id);
+    drop(sse_lab);
     for (stop, outcome) in [
         (&at_once, "exit_at_once"),
         (&drained, "drained"),
         (&killed, "killed_at_deadline"),
+        (&streamed, "killed_at_deadline"),
     ] {
         assert_eq!(stop["outcome"], outcome, "{stop:#}");
         let (_, name) = container(stop);
@@ -263,6 +271,19 @@ fn every_dashboard_query_returns_data_from_real_deploys_and_the_alerts_notice() 
         expected,
         "retry duplicates for {retry_workload}: dashboard {seen}, stop record {expected}"
     );
+    let (sw, streamed_name) = container(&streamed);
+    let expected = sse_run.cut_on_old() as f64;
+    assert!(expected > 0.0, "{}", sse_run.report());
+    assert_eq!(
+        streamed["loss"]["streams_cut"].as_u64(),
+        Some(expected as u64)
+    );
+    let seen = shown("drainwatch_stop_streams_cut_total", &sw);
+    assert_eq!(
+        seen.round(),
+        expected,
+        "streams cut for {sw}: dashboard {seen}, the clients {expected}"
+    );
 
     // The rules saw it too (pending or firing: `for:` may not have passed yet).
     let alerts = prom.api("alerts", &[]);
@@ -290,6 +311,18 @@ fn every_dashboard_query_returns_data_from_real_deploys_and_the_alerts_notice() 
         "container",
         &killed_name
     ));
+    assert!(
+        active("DrainwatchDeployLostConnections", "workload", &sw),
+        "streams cut by {sw}"
+    );
+    assert!(
+        active(
+            "DrainwatchGraceShorterThanStreamRotation",
+            "container",
+            &streamed_name
+        ),
+        "the 2 s grace period against the 5 s rotation of {streamed_name}"
+    );
     let (dw, _) = container(&drained);
     assert!(
         !active("DrainwatchDeployLostConnections", "workload", &dw),

@@ -1385,3 +1385,153 @@ fn a_request_refused_just_before_the_check_on_its_tick_is_the_request() {
         "the request is the one off the tick"
     );
 }
+
+/// A live stream's activity at its close: data 100 ms ago, sending for `sending_ms` since its
+/// one request, in an event per 200 ms.
+fn streaming(sending_ms: u64) -> crate::model::activity::Activity {
+    crate::model::activity::Activity {
+        quiet_for: Some(100 * 1_000_000),
+        sending_for: Some(sending_ms * 1_000_000),
+        segs_in: 1,
+        segs_out: 1 + (sending_ms / 200) as u32,
+    }
+}
+
+fn closed(sock: u64, activity: crate::model::activity::Activity) -> O {
+    O::InboundClosed {
+        key: key(),
+        sock,
+        by_container: true,
+        pending: false,
+        upstream: None,
+        request_bytes: 90,
+        port: 8080,
+        activity,
+    }
+}
+
+fn opened(sock: u64) -> O {
+    O::InboundEstablished {
+        key: key(),
+        sock,
+        upstream: None,
+    }
+}
+
+#[test]
+fn streams_sigkill_cuts_are_streams_cut_and_the_rotation_is_learned_before_the_stop() {
+    let mut t = running(0);
+    // Steady state: three streams end at their 5 s rotation, the server's own close.
+    for sock in 1..=3 {
+        t.observe(ms(sock * 100), opened(sock));
+        t.observe(ms(sock * 100 + 5_000), closed(sock, streaming(4_990)));
+    }
+    let rotation: Vec<f64> = t
+        .take_emitted()
+        .into_iter()
+        .filter_map(|e| match e {
+            Emitted::StreamRotation { seconds, .. } => Some(seconds),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rotation, vec![5.0], "reported once, when learned");
+    // Three live streams (one only 300 ms old), one idle keep-alive connection.
+    for sock in 10..=13 {
+        t.observe(ms(6_000 + (sock - 10) * 1_000), opened(sock));
+    }
+    t.observe(
+        ms(9_000),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    // In the grace period one stream reaches its rotation: not a cut.
+    t.observe(ms(11_000), closed(10, streaming(4_990)));
+    t.observe(
+        ms(11_000),
+        O::Signal {
+            key: key(),
+            sig: SIGKILL,
+            sender: runc(),
+        },
+    );
+    t.observe(
+        ms(11_001),
+        O::Exit {
+            key: key(),
+            exit: killed_by(SIGKILL),
+        },
+    );
+    t.observe(ms(11_002), closed(11, streaming(4_000)));
+    t.observe(ms(11_002), closed(12, streaming(3_000)));
+    let idle = crate::model::activity::Activity {
+        quiet_for: Some(2 * SECOND),
+        sending_for: Some(1_000_000),
+        segs_in: 3,
+        segs_out: 3,
+    };
+    t.observe(ms(11_002), closed(13, idle));
+    t.observe(ms(11_100), O::CgroupRemoved { key: key() });
+    let s = only_stop(&t);
+    assert_eq!(s.outcome(), Some(Outcome::KilledAtDeadline));
+    assert_eq!((s.loss.streams_cut, s.loss.idle_closed), (2, 2));
+    assert_eq!(s.loss.inflight_cut, 0);
+    assert_eq!(s.stream_rotation, Some(5 * SECOND));
+    let cuts: Vec<_> = s
+        .events
+        .iter()
+        .filter(|e| e.kind == LossKind::StreamsCut)
+        .map(|e| e.open_for)
+        .collect();
+    assert_eq!(cuts, vec![Some(4_002 * 1_000_000), Some(3_002 * 1_000_000)]);
+}
+
+#[test]
+fn request_response_traffic_never_reads_as_streams() {
+    // A backend answering keep-alive requests and slow ones, then stopped: its closes at exit
+    // are idle, however recent their last response.
+    let mut t = running(0);
+    let answered = crate::model::activity::Activity {
+        quiet_for: Some(30 * 1_000_000),
+        sending_for: Some(2 * 1_000_000),
+        segs_in: 40,
+        segs_out: 80,
+    };
+    let slow = crate::model::activity::Activity {
+        quiet_for: Some(0),
+        sending_for: Some(1_800 * 1_000_000),
+        segs_in: 1,
+        segs_out: 2,
+    };
+    for sock in 1..=4 {
+        t.observe(ms(sock), opened(sock));
+        t.observe(ms(3_000 + sock), closed(sock, slow));
+    }
+    for sock in 5..=8 {
+        t.observe(ms(4_000), opened(sock));
+    }
+    t.observe(
+        ms(5_000),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    t.observe(ms(5_001), closed(5, slow));
+    t.observe(
+        ms(5_002),
+        O::Exit {
+            key: key(),
+            exit: killed_by(SIGTERM),
+        },
+    );
+    for sock in 6..=8 {
+        t.observe(ms(5_003), closed(sock, answered));
+    }
+    let s = only_stop(&t);
+    assert_eq!((s.loss.streams_cut, s.loss.idle_closed), (0, 4));
+    assert_eq!(s.stream_rotation, None);
+}

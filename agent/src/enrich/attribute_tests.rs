@@ -1302,3 +1302,101 @@ fn a_proxy_connection_closed_before_the_agent_follows_it_is_not_added_to_the_ker
     e.on_event(&step("TCP_ESTABLISHED", "TCP_CLOSE", "10.88.0.1:50000"));
     assert!(e.take_follow().is_empty());
 }
+
+#[test]
+fn a_closing_connection_says_how_long_it_was_quiet_once_the_tick_is_learned() {
+    use crate::model::activity::Activity;
+    let mut e = enricher();
+    e.scan();
+    let at = |sk, ts_ns, old: &str, new: &str, port, counters| {
+        let mut ev = state(
+            sk,
+            NS,
+            old,
+            new,
+            conn("10.88.0.5:8080", &format!("10.88.0.1:{port}")),
+            counters,
+        );
+        if let Event::StateChange(s) = &mut ev {
+            s.meta.ts_ns = ts_ns;
+        }
+        ev
+    };
+    // A stream: its request at jiffy 1000, an event per 50 jiffies (HZ=250: 200 ms) up to
+    // jiffy 1750, closed at 1775 (100 ms later).
+    let stream = TcpCounters {
+        bytes_received: 90,
+        bytes_sent: 4000,
+        last_received: 1000,
+        last_sent: 1750,
+        now: 1775,
+        segs_in: 1,
+        segs_out: 16,
+        ..TcpCounters::default()
+    };
+    let close = |e: &mut Enricher<_>, sk, ts| {
+        e.on_event(&at(
+            sk,
+            0,
+            "TCP_SYN_RECV",
+            "TCP_ESTABLISHED",
+            sk as u16,
+            TcpCounters::default(),
+        ));
+        let obs = e.on_event(&at(
+            sk,
+            ts,
+            "TCP_ESTABLISHED",
+            "TCP_FIN_WAIT1",
+            sk as u16,
+            stream,
+        ));
+        match obs.as_slice() {
+            [O::InboundClosed { activity, port, .. }] => {
+                assert_eq!(*port, 8080);
+                *activity
+            }
+            other => panic!("{other:?}"),
+        }
+    };
+    // The first close anchors the clock: its rate is unknown yet.
+    let first = close(&mut e, 41_001, 10 * 1_000_000_000);
+    assert_eq!((first.quiet_for, first.sending_for), (None, None));
+    assert!(!first.active());
+    // 3 s and 750 jiffies later: HZ=250.
+    let later = TcpCounters {
+        last_received: 1750,
+        last_sent: 2500,
+        now: 2525,
+        ..stream
+    };
+    e.on_event(&at(
+        41_002,
+        0,
+        "TCP_SYN_RECV",
+        "TCP_ESTABLISHED",
+        41_002,
+        TcpCounters::default(),
+    ));
+    let obs = e.on_event(&at(
+        41_002,
+        13 * 1_000_000_000,
+        "TCP_ESTABLISHED",
+        "TCP_FIN_WAIT1",
+        41_002,
+        later,
+    ));
+    let [O::InboundClosed { activity, .. }] = obs.as_slice() else {
+        panic!("{obs:?}")
+    };
+    assert_eq!(
+        *activity,
+        Activity {
+            quiet_for: Some(100_000_000),
+            sending_for: Some(3_000_000_000),
+            segs_in: 1,
+            segs_out: 16,
+        }
+    );
+    assert!(activity.active() && activity.streaming());
+}

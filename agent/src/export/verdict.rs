@@ -136,7 +136,11 @@ fn streams_cut(stop: &StopView) -> Option<String> {
         what += &format!(" ({} back at once)", count(c, "client", "clients"));
     }
     let margin = ROTATION_MARGIN as f64 / 1e9;
-    Some(match (stop.stream_rotation_seconds, stop.grace()) {
+    // To the tenth, as shown: the margin covers the rest.
+    let rotation = stop
+        .stream_rotation_seconds
+        .map(|r| (r * 10.0).round() / 10.0);
+    Some(match (rotation, stop.grace()) {
         (Some(r), Some(g)) if killed && g < r + margin => format!(
             "{what}: the {} s grace period is shorter than the {} s stream rotation: raise it to at least {} s (the rotation + {} s)",
             secs(g),

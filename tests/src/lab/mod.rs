@@ -19,6 +19,9 @@
 //! - [`storm`]: reconnect storms: a socket service with a bounded connect path (`Mode::Gate`),
 //!   N persistent clients, the container stopped (rolling update) or restarted in place, and
 //!   each client's own timing of every reconnect.
+//! - [`sse`]: long-lived streams: a server-sent-events backend whose streams rotate
+//!   (`Mode::Stream`), N clients that tell a clean rotation from a cut, the server stopped with
+//!   a grace period above or below its rotation.
 //! - [`clock`]: `CLOCK_MONOTONIC` conversions shared with the backend's logs (and eBPF).
 //!
 //! Traffic goes only to 127.0.0.1 (HAProxy, nginx) and to the containers the lab created.
@@ -33,6 +36,7 @@ pub mod nginx;
 mod proxy;
 pub mod retry;
 pub mod scenario;
+pub mod sse;
 pub mod steady;
 pub mod steady_haproxy;
 pub mod storm;
@@ -43,6 +47,7 @@ pub use haproxy::{ConnMode, Haproxy, HaproxyOpts, HttpLog};
 pub use nginx::{AccessEntry, Nginx, NginxOpts};
 pub use retry::{RetryLab, RetryPlan, RetryRequest, RetryRun, RetrySpec};
 pub use scenario::{Lab, Plan, ScenarioRun, ScenarioSpec, Trigger};
+pub use sse::{SseLab, SseRun, SseSpec, StreamRecord};
 pub use steady::{SteadyRequest, SteadyRun, Stream};
 pub use steady_haproxy::{HaproxyRetry, HaproxySteadyLab, HaproxySteadyRun};
 pub use storm::{Replace, StormLab, StormRun, StormSpec};

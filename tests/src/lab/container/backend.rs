@@ -113,6 +113,10 @@ impl Backend {
         let auth = opts.gate_auth.map(|d| (d.as_secs_f64() * 1e3).to_string());
         let hold = opts.hold.map(|(p, b)| (p.to_string(), b.to_string()));
         let listen_delay = opts.listen_delay.map(|d| d.as_secs_f64().to_string());
+        let stream = opts.stream.map(|(rotation, event)| {
+            let ms = event.as_secs_f64() * 1e3;
+            (rotation.as_secs_f64().to_string(), ms.to_string())
+        });
         let mut args: Vec<&str> = vec!["run", "-d", "--name", &container, "--label", &label];
         for l in &labels {
             args.extend(["--label", l]);
@@ -147,6 +151,9 @@ impl Backend {
         }
         if let Some(d) = &listen_delay {
             args.extend(["--listen-delay", d]);
+        }
+        if let Some((rotation, event)) = &stream {
+            args.extend(["--rotation", rotation, "--event-ms", event]);
         }
         if mode == Mode::Crash {
             args.extend(["--crash-at-file", "/lab/log/crash-at"]);

@@ -57,6 +57,9 @@ pub enum Mode {
     /// "authorisations" of `gate_auth` each), greeting every connection with one line and
     /// keeping it open; no handler (see `backend.py`). For reconnect storms.
     Gate,
+    /// Server-sent events: streams end at their own deadline (`stream_rotation`) with a final
+    /// event; SIGTERM closes the listener and lets open streams run to it (see `backend.py`).
+    Stream,
 }
 
 impl Mode {
@@ -70,6 +73,7 @@ impl Mode {
             Mode::Slow => "slow",
             Mode::Crash => "crash",
             Mode::Gate => "gate",
+            Mode::Stream => "stream",
         }
     }
 }
@@ -111,6 +115,8 @@ pub struct BackendOpts {
     pub name_prefix: Option<String>,
     /// `--listen-delay`: a slow start, every run sleeps this long before `listen()`.
     pub listen_delay: Option<Duration>,
+    /// `Stream`: each stream's lifetime and the period of its events.
+    pub stream: Option<(Duration, Duration)>,
 }
 
 impl Default for BackendOpts {
@@ -130,6 +136,7 @@ impl Default for BackendOpts {
             hold: None,
             name_prefix: None,
             listen_delay: None,
+            stream: None,
         }
     }
 }
