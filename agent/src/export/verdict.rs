@@ -455,6 +455,46 @@ mod tests {
     }
 
     #[test]
+    fn cut_streams_are_judged_against_the_grace_period_and_the_rotation() {
+        let killed = |grace: f64, rotation: Value| {
+            stop(&stop_with(
+                "killed_at_deadline",
+                json!({"streams_cut": 28, "idle_closed": 60}),
+                json!({"grace_seconds": grace, "exit_code": 137, "exit_signal": 9,
+                       "stream_rotation_seconds": rotation, "storm_clients": 28}),
+            ))
+        };
+        let short = killed(2.0, json!(6.04));
+        assert_eq!(short.level, Level::Bad);
+        assert_eq!(
+            short.text,
+            "28 live streams cut at SIGKILL (28 clients back at once): the 2 s grace period is shorter than the 6 s stream rotation: raise it to at least 8 s (the rotation + 2 s)"
+        );
+        let long = killed(30.0, json!(6.0));
+        assert!(
+            long.text.starts_with("28 live streams cut at SIGKILL (28 clients back at once): they outlived the grace period although the server ends streams every 6 s"),
+            "{}",
+            long.text
+        );
+        assert!(
+            killed(2.0, Value::Null)
+                .text
+                .contains("their clients lost the stream")
+        );
+        // A server that ended its streams on SIGTERM, before their rotation, then drained.
+        let early = stop(&stop_with(
+            "drained",
+            json!({"streams_cut": 3}),
+            json!({"stream_rotation_seconds": 6.0}),
+        ));
+        assert_eq!(early.level, Level::Bad);
+        assert_eq!(
+            early.text,
+            "drained for 0.5 s; 3 live streams cut: the server ended them before their 6 s rotation: on SIGTERM, close the listener and let open streams run to their rotation (a grace period of at least 8 s)"
+        );
+    }
+
+    #[test]
     fn routing_that_outlasts_the_listener_says_how_long_to_wait() {
         let s = stop_with(
             "listener_closed_early",

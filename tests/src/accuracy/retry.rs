@@ -174,6 +174,8 @@ pub fn run(shape: &Shape) -> Vec<Check> {
                     f("retry_duplicates") + f("retried_unexecuted"),
                 ),
                 Check::eq("upstream_aborts", n(&run.aborts), f("upstream_aborts")),
+                // Same-size requests on pooled connections, cut at exit: no stream.
+                Check::eq("streams_cut (no streams)", 0, f("streams_cut")),
             ]
         }
         Proxy::Haproxy(retry) => {
@@ -215,6 +217,7 @@ pub fn haproxy_checks(retry: HaproxyRetry, run: &HaproxySteadyRun, stop: &Value)
             f("retry_duplicates"),
         ),
         Check::eq("upstream_aborts", run.aborts.len(), f("upstream_aborts")),
+        Check::eq("streams_cut (no streams)", 0, f("streams_cut")),
         Check::eq(
             "retried_unexecuted+refused",
             run.retried_not_started.len() + run.refused.len(),

@@ -244,6 +244,8 @@ pub fn checks(lab: &Lab, run: &ScenarioRun, stop: &Value) -> Vec<Check> {
             0,
             loss(stop, "unreachable"),
         ),
+        // Requests of every length, keep-alive connections, health checks: no stream.
+        Check::eq("streams_cut (no streams)", 0, loss(stop, "streams_cut")),
         Check::eq("probes (all failed checks)", failed, probes),
         Check::eq(
             "probes.by_schedule",

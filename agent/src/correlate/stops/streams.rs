@@ -70,31 +70,32 @@ pub(super) struct Close {
     pub in_stop: bool,
 }
 
-/// Decides a close (and learns from it): a cut stream or an idle (harmless) close.
-pub(super) fn judge(streams: &mut Streams, close: &Close) -> LossKind {
+/// Decides a close (and learns from it): a cut stream or an idle (harmless) close, and
+/// whether it taught a stream lifetime.
+pub(super) fn judge(streams: &mut Streams, close: &Close) -> (LossKind, bool) {
     let l = streams.listeners.entry(close.port).or_default();
     let own = close.activity.streaming();
     l.streaming |= own;
     if !close.activity.active() || !l.streaming {
-        return LossKind::IdleClosed;
+        return (LossKind::IdleClosed, false);
     }
     if close.at_exit {
-        return LossKind::StreamsCut;
+        return (LossKind::StreamsCut, false);
     }
     if !close.in_stop {
         // The server ended a stream by itself: a lifetime to learn its rotation from.
-        if own && let Some(age) = close.age {
-            if l.ages.len() == AGES_KEPT {
-                l.ages.pop_front();
-            }
-            l.ages.push_back(age);
+        let Some(age) = close.age.filter(|_| own) else {
+            return (LossKind::IdleClosed, false);
+        };
+        if l.ages.len() == AGES_KEPT {
+            l.ages.pop_front();
         }
-        return LossKind::IdleClosed;
+        l.ages.push_back(age);
+        return (LossKind::IdleClosed, true);
     }
-    let rotation = l.rotation();
-    match (rotation, close.age) {
-        (Some(r), Some(age)) if near(age, r) => LossKind::IdleClosed,
-        _ => LossKind::StreamsCut,
+    match (l.rotation(), close.age) {
+        (Some(r), Some(age)) if near(age, r) => (LossKind::IdleClosed, false),
+        _ => (LossKind::StreamsCut, false),
     }
 }
 
@@ -104,11 +105,12 @@ impl Tracker {
         let Some(c) = self.containers.get_mut(key) else {
             return;
         };
-        let kind = judge(&mut c.streams, &close);
-        let rotation = c.streams.rotation();
-        report_rotation(c, rotation, &mut self.emitted);
-        if let Some(s) = self.stop_mut(key) {
-            s.stream_rotation = s.stream_rotation.or(rotation);
+        let (kind, learned) = judge(&mut c.streams, &close);
+        if learned {
+            let rotation = c.streams.rotation();
+            report_rotation(c, rotation, &mut self.emitted);
+        }
+        if close.in_stop {
             self.count(key, kind, None, now, close.age);
         }
     }
@@ -165,23 +167,23 @@ mod tests {
         // Steady state: the server ends streams at 6 s (± 80 ms), right after a final event.
         for age in [6000, 6040, 5980, 6080] {
             let k = judge(&mut s, &close(stream(0, age - 5), age, false, false));
-            assert_eq!(k, LossKind::IdleClosed);
+            assert_eq!(k, (LossKind::IdleClosed, true));
         }
         assert_eq!(s.rotation(), Some(6040 * MS));
         // In a drain, a stream ending at its deadline is the rotation, not a cut ...
-        let end = judge(&mut s, &close(stream(0, 6010), 6020, false, true));
+        let (end, _) = judge(&mut s, &close(stream(0, 6010), 6020, false, true));
         assert_eq!(end, LossKind::IdleClosed);
         // ... the server closing a 2 s-old stream on SIGTERM is a cut ...
-        let early = judge(&mut s, &close(stream(150, 2000), 2010, false, true));
+        let (early, _) = judge(&mut s, &close(stream(150, 2000), 2010, false, true));
         assert_eq!(early, LossKind::StreamsCut);
         // ... and at exit every live stream is, a young one too (its listener streams) and
         // one whose age happens to match the rotation.
         for (sending, age) in [(300, 400), (6000, 6030)] {
-            let k = judge(&mut s, &close(stream(120, sending), age, true, true));
+            let (k, _) = judge(&mut s, &close(stream(120, sending), age, true, true));
             assert_eq!(k, LossKind::StreamsCut);
         }
         // A stream quiet for longer than the window is idle.
-        let quiet = judge(&mut s, &close(stream(1500, 4000), 5000, true, true));
+        let (quiet, _) = judge(&mut s, &close(stream(1500, 4000), 5000, true, true));
         assert_eq!(quiet, LossKind::IdleClosed);
     }
 
@@ -214,7 +216,11 @@ mod tests {
         for a in [pooled, slow] {
             for (at_exit, in_stop) in [(false, false), (false, true), (true, true)] {
                 let k = judge(&mut s, &close(a, 1600, at_exit, in_stop));
-                assert_eq!(k, LossKind::IdleClosed, "{a:?} {at_exit} {in_stop}");
+                assert_eq!(
+                    k,
+                    (LossKind::IdleClosed, false),
+                    "{a:?} {at_exit} {in_stop}"
+                );
             }
         }
         assert_eq!(s.rotation(), None);

@@ -404,3 +404,45 @@ fn a_deploys_stops_and_starts_share_one_time_axis() {
     );
     assert!(!alone.contains("timeline overview"));
 }
+
+#[test]
+fn cut_streams_have_their_chip_glyph_count_rotation_and_verdict() {
+    let stop: StopView = view(json!({
+        "id": "5e5e5e5e5e5e-1",
+        "container": {"id": "5e5e5e5e5e5e0123", "runtime": "podman", "name": "events-1", "workload": "events"},
+        "sigterm_at": "2026-11-29T22:47:28.000Z",
+        "sigkill_at": "2026-11-29T22:47:30.000Z",
+        "exit_at": "2026-11-29T22:47:30.002Z",
+        "exit_code": 137, "exit_signal": 9,
+        "grace_seconds": 2.0, "drain_seconds": 2.002,
+        "loss": {"streams_cut": 2, "idle_closed": 5},
+        "loss_events": [
+            {"at": "2026-11-29T22:47:30.003Z", "kind": "streams_cut", "open_seconds": 3.1},
+            {"at": "2026-11-29T22:47:30.003Z", "kind": "streams_cut", "open_seconds": 0.4},
+        ],
+        "outcome": "killed_at_deadline",
+        "storm_clients": 7,
+        "stream_rotation_seconds": 6.002
+    }));
+    let html = render(
+        &deploy_of(&stop, 0),
+        std::slice::from_ref(&stop),
+        &[],
+        &[],
+        &info(),
+    );
+    for needle in [
+        r#"data-loss="streams_cut"><b>2</b> live streams cut"#,
+        "2 streams cut",
+        "every 6 s (learned on its listeners)",
+        "2 live streams cut at SIGKILL (7 clients back at once): the 2 s grace period is shorter than the 6 s stream rotation: raise it to at least 8 s (the rotation + 2 s)",
+    ] {
+        assert!(html.contains(needle), "{needle} missing");
+    }
+    assert_eq!(
+        html.matches(r#"class="g-stream""#).count(),
+        2 + 1,
+        "2 + legend"
+    );
+    assert_eq!(verdict::stop(&stop).level, Level::Bad);
+}

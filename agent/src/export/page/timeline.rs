@@ -122,6 +122,7 @@ fn count_lost(events: &[(f64, LossKind)]) -> String {
         events,
         &[
             (LossKind::InflightCut, "cut"),
+            (LossKind::StreamsCut, "streams cut"),
             (LossKind::RetryDuplicates, "retried"),
             (LossKind::RetriedUnexecuted, "retried unrun"),
             (LossKind::UpstreamAborts, "as 502"),
