@@ -103,10 +103,10 @@ enum Cmd {
         Example: cargo xtask bench --no-setup"
     )]
     Bench(BenchArgs),
-    /// Run the retry, stop and storm labs over randomized shapes; compare every record field
+    /// Run the retry, stop, storm and stream labs over randomized shapes; compare every record field
     /// with ground truth
     #[command(
-        long_about = "Run the retry, stop and storm labs over randomized shapes against ground truth.\n\n\
+        long_about = "Run the retry, stop, storm and stream labs over randomized shapes against ground truth.\n\n\
         Builds the agent (`cargo build --release -p drainwatch`), then runs the privileged test \
         `tests/tests/accuracy.rs` for seeds FIRST..FIRST+N-1 of each lab chosen \
         (DRAINWATCH_ACCURACY_SEEDS). A retry seed draws a proxy setup (nginx with or without \
@@ -115,11 +115,13 @@ enum Cmd {
         interval and fall. A stop seed draws the backend's behaviour on the stop (every mode, \
         grace, drain delay, a request outliving the grace), the load's waves and the stop's \
         place among them and among HAProxy's checks. A storm seed draws the fleet, the \
-        service's capacity, the reconnect jitter and rolling or in-place. Each runs with the \
+        service's capacity, the reconnect jitter and rolling or in-place. A streams seed draws \
+        the clients holding server-sent-event streams, the server's stream rotation and event \
+        period, and a grace period below or above the rotation. Each runs with the \
         real agent; every record field is compared with the proxies', backends' and clients' \
         own logs and counts and the kernel's counters. Prints each seed's shape and \
         mismatches, then per-field exactness; exits non-zero on any mismatch. About 15 s a \
-        retry seed, 25 s a stop seed, 30 s a storm seed. `cargo xtask test` runs a short \
+        retry seed, 25 s a stop seed, 30 s a storm seed, 30 s a streams seed. `cargo xtask test` runs a short \
         slice of it.\n\n\
         Example: cargo xtask accuracy --no-setup --lab stop --seeds 50"
     )]
@@ -137,8 +139,13 @@ struct AccuracyArgs {
     /// The first seed
     #[arg(long, default_value_t = 1)]
     first: u64,
-    /// The labs, comma-separated: retry (its wide draw), slow (its first draw), stop, storm
-    #[arg(long, default_value = "retry,stop,storm", value_delimiter = ',')]
+    /// The labs, comma-separated: retry (its wide draw), slow (its first draw), stop, storm,
+    /// streams
+    #[arg(
+        long,
+        default_value = "retry,stop,storm,streams",
+        value_delimiter = ','
+    )]
     lab: Vec<String>,
     /// Run every seed that ever failed instead (tests/tests/accuracy.rs: REGRESSIONS)
     #[arg(long)]

@@ -34,6 +34,7 @@ pub struct StopMetrics {
     stops: Family<OutcomeLabels, Counter>,
     inflight_cut: Family<ContainerLabels, Counter>,
     streams_cut: Family<ContainerLabels, Counter>,
+    idle_closed: Family<ContainerLabels, Counter>,
     refused: Family<ContainerLabels, Counter>,
     unreachable: Family<ContainerLabels, Counter>,
     accepted_after_sigterm: Family<ContainerLabels, Counter>,
@@ -58,6 +59,7 @@ impl StopMetrics {
             stops: Family::default(),
             inflight_cut: Family::default(),
             streams_cut: Family::default(),
+            idle_closed: Family::default(),
             refused: Family::default(),
             unreachable: Family::default(),
             accepted_after_sigterm: Family::default(),
@@ -88,6 +90,11 @@ impl StopMetrics {
             "drainwatch_stop_streams_cut",
             "Live streams (data moving within 1 s, no request pending) a stopping container closed or its exit closed, not at the server's own stream rotation",
             m.streams_cut.clone(),
+        );
+        registry.register(
+            "drainwatch_stop_idle_closed",
+            "Inbound connections a stopping container closed with nothing pending and nothing moving, or streams at their own rotation: harmless",
+            m.idle_closed.clone(),
         );
         registry.register(
             "drainwatch_stop_probe_failures",
@@ -185,6 +192,7 @@ impl StopMetrics {
         for family in [
             &self.inflight_cut,
             &self.streams_cut,
+            &self.idle_closed,
             &self.refused,
             &self.unreachable,
             &self.accepted_after_sigterm,
@@ -203,6 +211,7 @@ impl StopMetrics {
         let (metric, family) = match kind {
             LossKind::InflightCut => ("drainwatch_stop_inflight_cut", &self.inflight_cut),
             LossKind::StreamsCut => ("drainwatch_stop_streams_cut", &self.streams_cut),
+            LossKind::IdleClosed => ("drainwatch_stop_idle_closed", &self.idle_closed),
             LossKind::Refused => ("drainwatch_stop_refused", &self.refused),
             LossKind::Unreachable => ("drainwatch_stop_unreachable", &self.unreachable),
             LossKind::AcceptedAfterSigterm => (
@@ -235,11 +244,10 @@ impl StopMetrics {
                 }
                 return;
             }
-            // Counted by their own families (retries) or not per stop (idle closes).
-            LossKind::IdleClosed
-            | LossKind::RetryDuplicates
-            | LossKind::RetriedUnexecuted
-            | LossKind::UpstreamAborts => return,
+            // Counted by their own families (retries).
+            LossKind::RetryDuplicates | LossKind::RetriedUnexecuted | LossKind::UpstreamAborts => {
+                return;
+            }
         };
         let l = ContainerLabels::from(c);
         if self.cap.admit(&l, metric) {

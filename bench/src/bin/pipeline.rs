@@ -174,7 +174,9 @@ fn connection(k: u64, containers: u32, states: &dyn Fn(&str) -> i32, open: bool)
             lrcvtime: 10,
             lsndtime: 11,
             max_ack_backlog: 4096,
-            _pad: 0,
+            jiffies: 12,
+            data_segs_in: 2,
+            data_segs_out: 2,
         })
     };
     let mut out = vec![

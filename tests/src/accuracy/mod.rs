@@ -7,6 +7,7 @@
 pub mod retry;
 pub mod stop;
 pub mod storm;
+pub mod streams;
 
 use std::{fmt, time::Duration};
 
@@ -98,17 +99,19 @@ pub enum Lab {
     Retry(Draw),
     Stop,
     Storm,
+    Streams,
 }
 
 impl Lab {
     /// The name a seed list uses: `retry` (the wide draw), `slow` (the retry labs' first
-    /// draw), `stop`, `storm`.
+    /// draw), `stop`, `storm`, `streams`.
     pub fn parse(name: &str) -> Option<Lab> {
         Some(match name {
             "retry" => Lab::Retry(Draw::Wide),
             "slow" => Lab::Retry(Draw::Slow),
             "stop" => Lab::Stop,
             "storm" => Lab::Storm,
+            "streams" => Lab::Streams,
             _ => return None,
         })
     }
@@ -119,6 +122,7 @@ impl Lab {
             Lab::Retry(Draw::Slow) => "slow",
             Lab::Stop => "stop",
             Lab::Storm => "storm",
+            Lab::Streams => "streams",
         }
     }
 }
@@ -130,8 +134,9 @@ pub fn parse_seeds(spec: &str) -> Result<Vec<(Lab, u64)>, String> {
     for item in spec.split_whitespace() {
         let (lab, seeds) = match item.split_once(':') {
             Some((name, seeds)) => (
-                Lab::parse(name)
-                    .ok_or_else(|| format!("{name:?} is no lab (retry, slow, stop, storm)"))?,
+                Lab::parse(name).ok_or_else(|| {
+                    format!("{name:?} is no lab (retry, slow, stop, storm, streams)")
+                })?,
                 seeds,
             ),
             None => (Lab::Retry(Draw::Wide), item),
@@ -168,6 +173,11 @@ pub fn run(lab: Lab, seed: u64) -> (String, Vec<Check>) {
             let shape = storm::StormShape::from_seed(seed);
             println!("=== {shape}");
             (shape.to_string(), storm::run(&shape))
+        }
+        Lab::Streams => {
+            let shape = streams::StreamsShape::from_seed(seed);
+            println!("=== {shape}");
+            (shape.to_string(), streams::run(&shape))
         }
     }
 }
