@@ -1535,3 +1535,109 @@ fn request_response_traffic_never_reads_as_streams() {
     assert_eq!((s.loss.streams_cut, s.loss.idle_closed), (0, 4));
     assert_eq!(s.stream_rotation, None);
 }
+
+#[test]
+fn a_stop_without_an_exit_settles_incomplete_and_the_next_stop_starts_afresh() {
+    let mut t = running(1);
+    let sig = |t: &mut Tracker, at, sig| {
+        t.observe(
+            at,
+            O::Signal {
+                key: key(),
+                sig,
+                sender: runc(),
+            },
+        )
+    };
+    // SIGTERM, SIGKILL 10 s later, and no exit ever comes (its event was lost).
+    sig(&mut t, ms(1_000), SIGTERM);
+    sig(&mut t, ms(11_000), SIGKILL);
+    t.tick(ms(40_000));
+    assert!(!only_stop(&t).settled, "30 s after SIGKILL, not before");
+    t.tick(ms(41_000));
+    let s = only_stop(&t);
+    assert!(s.settled && !s.complete);
+    assert_eq!(s.outcome(), None);
+    // The container lives on: its next stop is a record of its own, without the old SIGKILL.
+    sig(&mut t, ms(60_000), SIGTERM);
+    t.observe(
+        ms(60_500),
+        O::Exit {
+            key: key(),
+            exit: killed_by(SIGTERM),
+        },
+    );
+    assert_eq!(t.stops().len(), 2);
+    let next = &t.stops()[1];
+    assert_eq!((next.sigkill_at, next.complete), (None, true));
+    assert_eq!(next.outcome(), Some(Outcome::ExitAtOnce));
+}
+
+#[test]
+fn a_stop_signal_with_no_exit_and_no_kill_settles_after_the_grace_period_and_a_margin() {
+    let mut t = running(0);
+    t.observe(
+        ms(1_000),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    let limit = super::stops::UNKNOWN_GRACE + super::stops::NO_EXIT_AFTER_KILL;
+    t.tick(ms(1_000) + limit - 1);
+    assert!(!only_stop(&t).settled);
+    t.tick(ms(1_000) + limit);
+    assert!(only_stop(&t).settled && !only_stop(&t).complete);
+}
+
+#[test]
+fn the_record_cap_evicts_settled_stops_past_an_open_one() {
+    let mut t = Tracker::new(Config {
+        max_stops: 2,
+        ..Config::default()
+    });
+    for (i, id) in ["a", "b", "c"].into_iter().enumerate() {
+        t.observe(
+            ms(0),
+            O::Container {
+                identity: identity(id, id),
+                listeners: vec![],
+                inbound: vec![],
+            },
+        );
+        let at = ms(1_000 * i as u64);
+        t.observe(
+            at,
+            O::Signal {
+                key: id.into(),
+                sig: SIGTERM,
+                sender: runc(),
+            },
+        );
+        // a stays open (draining); b and c exit and go.
+        if id != "a" {
+            t.observe(
+                at + 1_000_000,
+                O::Exit {
+                    key: id.into(),
+                    exit: killed_by(SIGTERM),
+                },
+            );
+            t.observe(at + 2_000_000, O::CgroupRemoved { key: id.into() });
+        }
+    }
+    t.tick(ms(20_000));
+    let ids: Vec<&str> = t.stops().iter().map(|s| s.container.id.as_str()).collect();
+    assert_eq!(ids, ["a", "c"], "b went, though a is older and open");
+    assert_eq!(t.stops_evicted(), 1);
+    // a still records its exit.
+    t.observe(
+        ms(21_000),
+        O::Exit {
+            key: "a".into(),
+            exit: killed_by(SIGTERM),
+        },
+    );
+    assert!(t.stops()[0].exit_at.is_some());
+}

@@ -225,6 +225,15 @@ fn signals_from_outside_count_and_forwarding_inside_does_not() {
     assert!(e.on_event(&sig(100, 101)).is_empty());
     // A signal between host processes.
     assert!(e.on_event(&sig(50, 1)).is_empty());
+    // To the main process directly: a stop too.
+    assert!(matches!(
+        e.on_event(&sig(50, 101)).as_slice(),
+        [O::Signal { .. }]
+    ));
+    // To another of its processes (an exec'd probe the runtime kills at its timeout): no stop.
+    e.host_mut().procs.push(proc(102, 100, "sh", 3, true));
+    e.scan();
+    assert!(e.on_event(&sig(50, 102)).is_empty(), "not its main process");
 }
 
 #[test]

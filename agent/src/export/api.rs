@@ -112,6 +112,7 @@ pub fn start_views(starts: &[Start], clock: &Clock) -> Vec<StartView> {
 pub fn stop_view(s: &Stop, clock: &Clock) -> StopView {
     StopView {
         cgroup_removed_at: clock.opt(s.cgroup_removed_at),
+        complete: s.complete,
         connections_at_exit: s.connections_at_exit,
         connections_at_sigterm: s.connections_at_sigterm,
         container: container_view(&s.container),
@@ -294,6 +295,7 @@ mod tests {
             events_dropped: 0,
             last_routed_at: Some(13 * SECOND + 800_000_000),
             stream_rotation: None,
+            complete: true,
             settled: false,
         }
     }

@@ -171,6 +171,26 @@ pub fn stop(stop: &StopView) -> Verdict {
     let mut level = Level::Bad;
     let mut parts: Vec<String> = Vec::new();
     match stop.outcome {
+        None if !stop.complete => {
+            return Verdict {
+                level: Level::Warning,
+                text: format!(
+                    "incomplete: no exit was seen {} (the process outlived the limit, or its exit event was lost): no outcome{}",
+                    if stop.sigkill_at.is_some() {
+                        "within 30 s of SIGKILL"
+                    } else {
+                        "within the grace period and 30 s"
+                    },
+                    if cut + refused + streams > 0 {
+                        format!(
+                            " ({cut} in-flight cut, {streams} live streams cut, {refused} refused while it was seen)"
+                        )
+                    } else {
+                        String::new()
+                    }
+                ),
+            };
+        }
         None => {
             let mut text = "stopping: no verdict until the process exits".to_string();
             if cut + refused > 0 {

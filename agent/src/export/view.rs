@@ -22,6 +22,10 @@ use crate::model::{LossKind, stop::Outcome};
 #[serde(default)]
 pub struct StopView {
     pub cgroup_removed_at: Option<String>,
+    /// False when it settled without an exit (outcome unknown); true when read from an agent
+    /// that predates the field.
+    #[serde(default = "yes")]
+    pub complete: bool,
     pub connections_at_exit: Option<u64>,
     pub connections_at_sigterm: Option<u64>,
     pub container: ContainerView,
@@ -55,6 +59,10 @@ pub struct StopView {
     pub storm_clients: Option<u64>,
     /// The stream rotation learned on its listeners before the stop.
     pub stream_rotation_seconds: Option<f64>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl StopView {

@@ -101,6 +101,9 @@ pub struct Stop {
     /// How long its server lets a stream live before it ends it (a write timeout, a max
     /// connection age), learned on its listeners before the stop; None when none was seen.
     pub stream_rotation: Option<Mono>,
+    /// False when it settled without what it needed: no exit came (the process outlived the
+    /// limit, or its exit event was lost), so its outcome is unknown.
+    pub complete: bool,
     /// Set once the record will not change any more (see `Tracker::tick`).
     pub settled: bool,
 }
@@ -232,6 +235,7 @@ mod tests {
             events_dropped: 0,
             last_routed_at: None,
             stream_rotation: None,
+            complete: true,
             settled: false,
         }
     }

@@ -148,9 +148,7 @@ impl Tracker {
         let newer = current.filter(|c| Some(*c) != late.map(|l| l.0));
         if let Some((i, _)) = late.filter(|(_, restarted)| at <= *restarted)
             && newer.is_none_or(|_| self.stop_mut(key).is_none_or(|s| s.started_at() > at))
-            && let Some(stop) = i
-                .checked_sub(self.dropped)
-                .and_then(|i| self.stops.get_mut(i))
+            && let Some(stop) = self.records.get_mut(i)
         {
             let e = record(stop, kind, None, at, None);
             self.emitted.push(e);

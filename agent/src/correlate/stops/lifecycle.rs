@@ -10,6 +10,24 @@ use crate::{
     },
 };
 
+/// A stop that saw no exit settles, incomplete, this long after SIGKILL...
+pub const NO_EXIT_AFTER_KILL: Mono = 30 * SECOND;
+/// ... or after the stop signal, its grace period (this when unknown: no runtime waits
+/// longer by default) and the same margin.
+pub const UNKNOWN_GRACE: Mono = 300 * SECOND;
+
+/// When a stop without an exit settles (see the constants above).
+fn no_exit_limit(s: &crate::model::stop::Stop) -> Mono {
+    if let Some(kill) = s.sigkill_at {
+        return kill + NO_EXIT_AFTER_KILL;
+    }
+    let grace = s
+        .grace_configured_seconds
+        .and_then(|g| Mono::try_from(g).ok())
+        .map_or(UNKNOWN_GRACE, |g| g * SECOND);
+    s.started_at() + grace + NO_EXIT_AFTER_KILL
+}
+
 /// How much earlier than a stop's beginning a cut may be and still be its loss (the kernel's
 /// record of a process's death can trail the closes it made).
 const CUT_BEFORE_STOP: Mono = 100_000_000;
@@ -94,18 +112,19 @@ impl Tracker {
         }
         let settle = self.config.settle;
         let mut settled = Vec::new();
-        for c in self.containers.values_mut() {
-            let Some(idx) = c.stop.and_then(|i| i.checked_sub(self.dropped)) else {
+        for (_, s) in self.records.iter_mut() {
+            if s.settled {
                 continue;
+            }
+            let due = match s.exit_at {
+                // Once the cgroup is gone (or long after exit) plus the settle delay; loss seen
+                // after that (late unreachable attempts) is not attributed to this stop.
+                Some(exit_at) => s.cgroup_removed_at.unwrap_or(exit_at + 3 * settle) + settle,
+                // No exit: the process outlived every deadline, or its exit event was lost.
+                None => no_exit_limit(s),
             };
-            let Some(s) = self.stops.get_mut(idx) else {
-                continue;
-            };
-            let Some(exit_at) = s.exit_at else { continue };
-            // Settle once the cgroup is gone (or long after exit) plus the settle delay; loss
-            // seen after that (late unreachable attempts) is not attributed to this stop.
-            let since = s.cgroup_removed_at.unwrap_or(exit_at + 3 * settle);
-            if now >= since + settle && !s.settled {
+            if now >= due {
+                s.complete = s.exit_at.is_some();
                 s.settled = true;
                 settled.push(s.clone());
             }
@@ -114,15 +133,13 @@ impl Tracker {
             self.emitted.push(Emitted::Settled { stop: Box::new(s) });
         }
         let retention = self.config.retention;
-        let stops = &self.stops;
-        let dropped = self.dropped;
+        let records = &self.records;
         let probes = &mut self.probes;
         self.containers.retain(|key, c| {
             let Some(gone) = c.gone_at else { return true };
             let settled = c
                 .stop
-                .and_then(|i| i.checked_sub(dropped))
-                .and_then(|i| stops.get(i))
+                .and_then(|seq| records.get(seq))
                 .is_none_or(|s| s.settled);
             let keep = !(settled && now >= gone + retention);
             if !keep {
@@ -130,25 +147,17 @@ impl Tracker {
             }
             keep
         });
-        // After a stop settled and the container lives on (a restart in place), the next
-        // signal starts a new record.
+        // After a stop settled and the container lives on (a restart in place, or a stop
+        // that never saw an exit), the next signal starts a new record.
         for c in self.containers.values_mut() {
-            if let Some(i) = c.stop
-                && i.checked_sub(self.dropped)
-                    .and_then(|i| self.stops.get(i))
-                    .is_some_and(|s| s.settled)
+            if c.stop
+                .and_then(|seq| self.records.get(seq))
+                .is_some_and(|s| s.settled)
                 && c.gone_at.is_none()
             {
                 c.stop = None;
             }
         }
-        while self.stops.len() > self.config.max_stops {
-            let oldest_open = self.stops.first().is_some_and(|s| !s.settled);
-            if oldest_open {
-                break;
-            }
-            self.stops.remove(0);
-            self.dropped += 1;
-        }
+        self.records.bound(self.config.max_stops);
     }
 }

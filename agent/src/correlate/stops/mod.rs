@@ -5,7 +5,10 @@
 
 mod held;
 mod lifecycle;
+mod records;
 mod streams;
+
+pub use lifecycle::{NO_EXIT_AFTER_KILL, UNKNOWN_GRACE};
 
 use super::{
     probes::{ProbeSource, Probes},
@@ -65,7 +68,7 @@ struct ContainerState {
     /// their close by their size.
     tick_accepts: HashSet<u64>,
     last_accept_at: Option<Mono>,
-    /// Index into `Tracker::stops` of the stop in progress.
+    /// The stop in progress (its sequence number in `Tracker::records`).
     stop: Option<usize>,
     /// The stop of its run before a restart in place, and when the restart was seen.
     previous_stop: Option<(usize, Mono)>,
@@ -82,9 +85,7 @@ pub struct Tracker {
     /// Which connections are health checks (their schedules forgotten with the backend).
     probes: Probes,
     containers: HashMap<String, ContainerState>,
-    stops: Vec<Stop>,
-    /// Stops dropped from the front of `stops` (keeps indices stable in meaning).
-    dropped: usize,
+    records: records::Records,
     emitted: Vec<Emitted>,
     /// The newest event time fed so far: readers use it to know what has been processed.
     processed_until: Mono,
@@ -105,8 +106,7 @@ impl Tracker {
             probes: Probes::default(),
             config,
             containers: HashMap::default(),
-            stops: Vec::new(),
-            dropped: 0,
+            records: records::Records::default(),
             emitted: Vec::new(),
             processed_until: 0,
             held: held::Held::default(),
@@ -114,7 +114,12 @@ impl Tracker {
     }
 
     pub fn stops(&self) -> &[Stop] {
-        &self.stops
+        self.records.all()
+    }
+
+    /// Settled records evicted at the cap.
+    pub fn stops_evicted(&self) -> u64 {
+        self.records.evicted
     }
 
     /// Whether the attempt on `upstream` (a failed one) was a health check.
@@ -142,8 +147,8 @@ impl Tracker {
     }
 
     fn stop_mut(&mut self, key: &str) -> Option<&mut Stop> {
-        let idx = self.containers.get(key)?.stop?;
-        self.stops.get_mut(idx.checked_sub(self.dropped)?)
+        let seq = self.containers.get(key)?.stop?;
+        self.records.get_mut(seq)
     }
 
     fn begin_stop(&mut self, key: &str, now: Mono) -> Option<usize> {
@@ -174,17 +179,17 @@ impl Tracker {
             events_dropped: 0,
             last_routed_at: None,
             stream_rotation: c.streams.rotation(),
+            complete: true,
             settled: false,
         };
-        let idx = self.dropped + self.stops.len();
         self.emitted.push(Emitted::StopBegan {
             container: stop.container.clone(),
             stop_id: stop.id.clone(),
             at: now,
         });
-        self.stops.push(stop);
-        c.stop = Some(idx);
-        Some(idx)
+        let seq = self.records.push(stop);
+        c.stop = Some(seq);
+        Some(seq)
     }
 
     /// Counts one loss of `kind` that happened `at` against the container's stop in progress.
@@ -321,9 +326,7 @@ impl Tracker {
                         address: addr,
                         closed_at: None,
                     });
-                    if let Some(idx) = c.stop.and_then(|i| i.checked_sub(self.dropped))
-                        && let Some(s) = self.stops.get_mut(idx)
-                    {
+                    if let Some(s) = c.stop.and_then(|seq| self.records.get_mut(seq)) {
                         s.listeners = c.listeners.clone();
                     }
                 }
@@ -338,9 +341,7 @@ impl Tracker {
                     {
                         l.closed_at = Some(now);
                     }
-                    if let Some(idx) = c.stop.and_then(|i| i.checked_sub(self.dropped))
-                        && let Some(s) = self.stops.get_mut(idx)
-                    {
+                    if let Some(s) = c.stop.and_then(|seq| self.records.get_mut(seq)) {
                         s.listeners = c.listeners.clone();
                     }
                 }

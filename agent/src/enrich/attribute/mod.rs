@@ -207,8 +207,14 @@ impl<H: HostView> Enricher<H> {
                 let Some(key) = target.and_then(|t| self.container_of_pid(t, &mut out)) else {
                     return out;
                 };
+                // A stop is a signal to the container's main process or its init: one to any
+                // other of its processes (an exec probe the runtime kills, a worker) is not.
+                let aimed = self.containers.get(&key).is_some_and(|c| {
+                    let main = [c.main_pid, c.init_pid];
+                    main.iter().all(Option::is_none) || main.contains(&target)
+                });
                 let sender = self.container_of_task(s.meta.tgid, s.meta.cgroup_id, &mut out);
-                if sender.as_deref() != Some(key.as_str()) {
+                if aimed && sender.as_deref() != Some(key.as_str()) {
                     out.push(Observation::Signal {
                         key,
                         sig: s.sig,
