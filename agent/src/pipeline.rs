@@ -93,7 +93,11 @@ impl<H: HostView> Pipeline<H> {
             self.telemetry
                 .starts
                 .set_unowned_resets(self.enricher.unowned_dropped());
-            let emitted = self.with_correlator(|c| c.tick(now));
+            let lost = self.telemetry.lost_total();
+            let emitted = self.with_correlator(|c| {
+                c.events_lost(lost);
+                c.tick(now)
+            });
             self.record(&emitted);
         }
         // Containers found since the last sample are sampled at once too (see

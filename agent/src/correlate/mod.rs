@@ -22,6 +22,8 @@ pub struct Correlator {
     tracker: stops::Tracker,
     starts: starts::Starts,
     storms: storms::Storms,
+    /// Events lost so far, as last told (`events_lost`).
+    lost_seen: u64,
 }
 
 impl Correlator {
@@ -30,6 +32,7 @@ impl Correlator {
             tracker: stops::Tracker::new(tracker),
             starts: starts::Starts::default(),
             storms: storms::Storms::new(storms),
+            lost_seen: 0,
         }
     }
 
@@ -86,6 +89,17 @@ impl Correlator {
     }
 
     /// Advances the clock (every second): storms that ended, stops that settled.
+    /// `total`: events lost so far anywhere on their way (ring buffer, decode, queue); the
+    /// stop and start records open meanwhile carry what is new.
+    pub fn events_lost(&mut self, total: u64) {
+        let new = total.saturating_sub(self.lost_seen);
+        self.lost_seen = self.lost_seen.max(total);
+        if new > 0 {
+            self.tracker.events_lost(new);
+            self.starts.events_lost(new);
+        }
+    }
+
     pub fn tick(&mut self, now: Mono) -> Vec<Emitted> {
         let mut out: Vec<Emitted> = self
             .storms

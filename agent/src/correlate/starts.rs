@@ -150,6 +150,7 @@ impl Starts {
             refused_at: Vec::new(),
             probe_refused_at: Vec::new(),
             refusals_lost: 0,
+            events_lost: 0,
             settled: false,
         });
     }
@@ -243,6 +244,13 @@ impl Starts {
     pub fn stopped(&mut self, key: &str, schedules: Schedules) {
         if let Some(i) = self.open_index(key) {
             self.settle(i, schedules);
+        }
+    }
+
+    /// `new`: events lost since the last call, charged to every open record.
+    pub fn events_lost(&mut self, new: u64) {
+        for r in self.records.iter_mut().filter(|r| !r.settled) {
+            r.events_lost += new;
         }
     }
 

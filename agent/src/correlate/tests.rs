@@ -1641,3 +1641,32 @@ fn the_record_cap_evicts_settled_stops_past_an_open_one() {
     );
     assert!(t.stops()[0].exit_at.is_some());
 }
+
+#[test]
+fn events_lost_while_a_stop_is_open_are_on_its_record_and_make_it_incomplete() {
+    let mut t = running(0);
+    t.events_lost(5); // before any stop: nobody's
+    t.observe(
+        ms(100),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    t.events_lost(3);
+    t.observe(
+        ms(200),
+        O::Exit {
+            key: key(),
+            exit: killed_by(SIGTERM),
+        },
+    );
+    t.observe(ms(300), O::CgroupRemoved { key: key() });
+    t.tick(ms(20_000));
+    t.events_lost(7); // after it settled: not its
+    let s = only_stop(&t);
+    assert!(s.settled);
+    assert_eq!((s.events_lost, s.complete), (3, false));
+    assert_eq!(s.outcome(), Some(Outcome::ExitAtOnce), "what it saw still decides");
+}

@@ -69,6 +69,7 @@ fn container_view(c: &ContainerIdentity) -> ContainerView {
 pub fn start_view(s: &Start, clock: &Clock) -> StartView {
     let mut v = StartView {
         container: container_view(&s.container),
+        events_lost: s.events_lost,
         first_accept_at: clock.opt(s.first_accept_at),
         first_listen_at: clock.opt(s.first_listen_at),
         id: s.id.clone(),
@@ -117,6 +118,7 @@ pub fn stop_view(s: &Stop, clock: &Clock) -> StopView {
         connections_at_sigterm: s.connections_at_sigterm,
         container: container_view(&s.container),
         drain_seconds: s.drain_seconds().map(round3),
+        events_lost: s.events_lost,
         exit_at: clock.opt(s.exit_at),
         exit_code: s.exit.and_then(|e| e.code),
         exit_signal: s.exit.and_then(|e| e.signal),
@@ -296,6 +298,7 @@ mod tests {
             last_routed_at: Some(13 * SECOND + 800_000_000),
             stream_rotation: None,
             complete: true,
+            events_lost: 0,
             settled: false,
         }
     }
@@ -426,6 +429,7 @@ mod tests {
             refused_at: vec![],
             probe_refused_at: vec![],
             refusals_lost: 0,
+            events_lost: 0,
             settled: true,
         };
         let v = |ready| start_view(&start(ready), &clock).ready_at;
@@ -475,6 +479,7 @@ mod tests {
             refused_at: vec![SECOND / 2],
             probe_refused_at: vec![],
             refusals_lost: 0,
+            events_lost: 0,
             settled: false,
         };
         sorted(&start_views(&[start], &clock()));

@@ -163,6 +163,16 @@ fn streams_cut(stop: &StopView) -> Option<String> {
     })
 }
 
+/// What a record whose inputs were partly lost says about itself.
+fn lost_note(lost: u64) -> Option<String> {
+    (lost > 0).then(|| {
+        format!(
+            "may be incomplete: {} lost on the way while it was open (drainwatch_events_lost_total)",
+            count(lost, "kernel event was", "kernel events were")
+        )
+    })
+}
+
 /// The verdict on one stop record (`/api/v1/stops` element).
 pub fn stop(stop: &StopView) -> Verdict {
     let cut = stop.loss.inflight_cut;
@@ -353,6 +363,10 @@ pub fn stop(stop: &StopView) -> Verdict {
     }
     parts.extend(streams_cut(stop));
     common_findings(stop, &mut parts);
+    parts.extend(lost_note(stop.events_lost));
+    if stop.events_lost > 0 && level == Level::Good {
+        level = Level::Warning; // "nothing lost" is not known
+    }
     Verdict {
         level,
         text: parts.join("; "),
@@ -361,6 +375,14 @@ pub fn stop(stop: &StopView) -> Verdict {
 
 /// The verdict on one container start (`/api/v1/starts` element).
 pub fn start(start: &StartView) -> Verdict {
+    let mut v = start_verdict(start);
+    if let Some(note) = lost_note(start.events_lost) {
+        v.text += &format!("; {note}");
+    }
+    v
+}
+
+fn start_verdict(start: &StartView) -> Verdict {
     let refused = start.loss.refused_before_listen;
     let probes = start.loss.probes.refused;
     let checks = if probes > 0 {
@@ -511,6 +533,16 @@ mod tests {
         assert_eq!(
             early.text,
             "drained for 0.5 s; 3 live streams cut: the server ended them before their 6 s rotation: on SIGTERM, close the listener and let open streams run to their rotation (a grace period of at least 8 s)"
+        );
+    }
+
+    #[test]
+    fn a_record_that_lost_events_says_it_may_be_incomplete() {
+        let s = stop_with("drained", json!({}), json!({"events_lost": 12}));
+        assert_eq!(stop(&s).level, Level::Warning);
+        assert_eq!(
+            stop(&s).text,
+            "drained cleanly in 0.5 s: nothing lost; may be incomplete: 12 kernel events were lost on the way while it was open (drainwatch_events_lost_total)"
         );
     }
 

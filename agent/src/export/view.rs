@@ -31,6 +31,8 @@ pub struct StopView {
     pub container: ContainerView,
     /// Stop signal → exit.
     pub drain_seconds: Option<f64>,
+    /// Kernel events lost while it was open: its counts may be short.
+    pub events_lost: u64,
     pub exit_at: Option<String>,
     pub exit_code: Option<i32>,
     pub exit_signal: Option<i32>,
@@ -149,6 +151,8 @@ pub struct DeployView {
 #[serde(default)]
 pub struct StartView {
     pub container: ContainerView,
+    /// Kernel events lost while it was open: its counts may be short.
+    pub events_lost: u64,
     pub first_accept_at: Option<String>,
     pub first_listen_at: Option<String>,
     pub id: String,

@@ -51,6 +51,8 @@ pub struct Start {
     /// Refusals of its namespace dropped at the waiting cap before a listen could take them:
     /// the counts may be short by this many.
     pub refusals_lost: u64,
+    /// Kernel events lost anywhere on their way while it was open: its counts may be short.
+    pub events_lost: u64,
     /// It will not change any more.
     pub settled: bool,
 }

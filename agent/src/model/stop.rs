@@ -104,6 +104,9 @@ pub struct Stop {
     /// False when it settled without what it needed: no exit came (the process outlived the
     /// limit, or its exit event was lost), so its outcome is unknown.
     pub complete: bool,
+    /// Kernel events lost anywhere on their way (ring buffer, decode, queue) while it was
+    /// open: its counts may be short.
+    pub events_lost: u64,
     /// Set once the record will not change any more (see `Tracker::tick`).
     pub settled: bool,
 }
@@ -236,6 +239,7 @@ mod tests {
             last_routed_at: None,
             stream_rotation: None,
             complete: true,
+            events_lost: 0,
             settled: false,
         }
     }

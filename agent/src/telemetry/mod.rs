@@ -109,6 +109,11 @@ impl Telemetry {
         self.agent.events_count(kind)
     }
 
+    /// Events lost so far at every stage.
+    pub fn lost_total(&self) -> u64 {
+        LossStage::ALL.iter().map(|s| self.lost_count(*s)).sum()
+    }
+
     pub fn lost_count(&self, stage: LossStage) -> u64 {
         self.agent.lost_count(stage)
     }

@@ -101,6 +101,15 @@ impl Tracker {
         }
     }
 
+    /// `new`: events lost since the last call, charged to every open record.
+    pub fn events_lost(&mut self, new: u64) {
+        for (_, s) in self.records.iter_mut() {
+            if !s.settled {
+                s.events_lost += new;
+            }
+        }
+    }
+
     /// Advances the clock: settles stops whose container is gone long enough, forgets
     /// containers past the retention window, bounds the number of records.
     pub fn tick(&mut self, now: Mono) {
@@ -124,7 +133,7 @@ impl Tracker {
                 None => no_exit_limit(s),
             };
             if now >= due {
-                s.complete = s.exit_at.is_some();
+                s.complete = s.exit_at.is_some() && s.events_lost == 0;
                 s.settled = true;
                 settled.push(s.clone());
             }

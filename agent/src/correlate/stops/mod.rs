@@ -180,6 +180,7 @@ impl Tracker {
             last_routed_at: None,
             stream_rotation: c.streams.rotation(),
             complete: true,
+            events_lost: 0,
             settled: false,
         };
         self.emitted.push(Emitted::StopBegan {

@@ -81,6 +81,7 @@ mod tests {
             last_routed_at: None,
             stream_rotation: None,
             complete: true,
+            events_lost: 0,
             settled,
         }
     }
