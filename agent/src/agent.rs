@@ -266,6 +266,7 @@ fn consume(
         }
         pipeline.tick(monotonic_now());
         sync_watch(&mut pipeline);
+        telemetry.heartbeats.pipeline.beat();
         next_tick = Instant::now() + TICK;
     }
 }

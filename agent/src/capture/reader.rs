@@ -159,6 +159,7 @@ impl Reader {
         let mut drain = tokio::time::interval(DRAIN_INTERVAL);
         drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            self.telemetry.heartbeats.reader.beat();
             tokio::select! {
                 guard = self.ring.readable_mut() => {
                     match guard {

@@ -1668,5 +1668,9 @@ fn events_lost_while_a_stop_is_open_are_on_its_record_and_make_it_incomplete() {
     let s = only_stop(&t);
     assert!(s.settled);
     assert_eq!((s.events_lost, s.complete), (3, false));
-    assert_eq!(s.outcome(), Some(Outcome::ExitAtOnce), "what it saw still decides");
+    assert_eq!(
+        s.outcome(),
+        Some(Outcome::ExitAtOnce),
+        "what it saw still decides"
+    );
 }

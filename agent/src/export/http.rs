@@ -205,7 +205,22 @@ pub fn route(
             let deploys = deploys::group(t.stops(), t.starts(), state.deploy_window);
             api::storm_views(t.storms(), &deploys, &state.clock)
         }),
-        "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
+        "/healthz" => {
+            let stalled = state.metrics.heartbeats.stalled(monotonic_now());
+            if stalled.is_empty() {
+                respond(StatusCode::OK, "text/plain", "ok\n")
+            } else {
+                let what: Vec<String> = stalled
+                    .iter()
+                    .map(|(name, ns)| format!("{name} silent for {:.1} s", *ns as f64 / 1e9))
+                    .collect();
+                respond(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    format!("stalled: {}\n", what.join(", ")),
+                )
+            }
+        }
         "/readyz" if state.ready.load(Ordering::Relaxed) => {
             respond(StatusCode::OK, "text/plain", "ready\n")
         }
@@ -323,6 +338,18 @@ mod tests {
             js.headers()[header::CONTENT_TYPE],
             "text/javascript; charset=utf-8"
         );
+    }
+
+    #[test]
+    fn liveness_fails_when_the_reader_or_the_pipeline_stalls() {
+        let s = state(true);
+        let health = |s: &State| route(s, &hyper::Method::GET, "/healthz", None).status();
+        assert_eq!(health(&s), StatusCode::OK, "no beat yet: starting");
+        s.metrics.heartbeats.reader.beat();
+        s.metrics.heartbeats.pipeline.beat();
+        assert_eq!(health(&s), StatusCode::OK);
+        s.metrics.heartbeats.pipeline.beat_at(1);
+        assert_eq!(health(&s), StatusCode::SERVICE_UNAVAILABLE);
     }
 
     #[test]

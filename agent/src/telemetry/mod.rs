@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod cap;
+pub mod heartbeat;
 pub mod internal;
 pub mod labels;
 pub mod listeners;
@@ -35,6 +36,8 @@ pub struct Telemetry {
     pub stops: StopMetrics,
     pub starts: StartMetrics,
     pub listeners: ListenerMetrics,
+    /// The reader's and the pipeline's, for `/healthz`.
+    pub heartbeats: heartbeat::Heartbeats,
     limits: internal::Limits,
 }
 
@@ -53,6 +56,7 @@ impl Telemetry {
             stops,
             starts,
             listeners,
+            heartbeats: heartbeat::Heartbeats::default(),
             limits: internal::Limits::default(),
         }
     }
