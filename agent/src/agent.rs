@@ -113,7 +113,30 @@ pub fn capability_problems(caps: u64) -> (Vec<&'static str>, Vec<&'static str>) 
     (missing, warnings)
 }
 
+/// The soft descriptor limit raised to the hard one: the HTTP server, the watch and procfs
+/// reads must not run out first when a client floods the port.
+fn raise_nofile() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid pointers to an rlimit; RLIMIT_NOFILE is a valid resource.
+    let raised = unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && {
+            let old = lim.rlim_cur;
+            lim.rlim_cur = lim.rlim_max;
+            old == lim.rlim_max || libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0
+        }
+    };
+    if raised {
+        tracing::debug!(nofile = lim.rlim_cur, "descriptor limit");
+    } else {
+        tracing::warn!("could not raise the descriptor limit");
+    }
+}
+
 fn preflight(cli: &Cli) -> Result<(), StartupError> {
+    raise_nofile();
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();

@@ -94,10 +94,11 @@ impl<H: HostView> Pipeline<H> {
                 .starts
                 .set_unowned_resets(self.enricher.unowned_dropped());
             let lost = self.telemetry.lost_total();
-            let emitted = self.with_correlator(|c| {
+            let (emitted, state) = self.with_correlator(|c| {
                 c.events_lost(lost);
-                c.tick(now)
+                (c.tick(now), c.state())
             });
+            self.telemetry.state.record(&state);
             self.record(&emitted);
         }
         // Containers found since the last sample are sampled at once too (see

@@ -11,7 +11,10 @@ pub mod stops;
 pub mod storms;
 
 use crate::model::{
-    Emitted, Fact, HashSet, ListenSample, Mono, Observation, Workload, start::Start, stop::Stop,
+    Emitted, Fact, HashSet, ListenSample, Mono, Observation, Workload,
+    start::Start,
+    state::{StateMap, StateStat},
+    stop::Stop,
     storm::Storm,
 };
 
@@ -98,6 +101,42 @@ impl Correlator {
             self.tracker.events_lost(new);
             self.starts.events_lost(new);
         }
+    }
+
+    /// Its capped collections, for `drainwatch_state_*`.
+    pub fn state(&self) -> Vec<StateStat> {
+        let stat = |map, entries, capacity, dropped| StateStat {
+            map,
+            entries,
+            capacity,
+            dropped,
+        };
+        vec![
+            stat(
+                StateMap::Stops,
+                self.tracker.stops().len(),
+                self.tracker.max_stops(),
+                self.tracker.stops_evicted(),
+            ),
+            stat(
+                StateMap::Starts,
+                self.starts.starts().len(),
+                starts::MAX_STARTS,
+                self.starts.dropped,
+            ),
+            stat(
+                StateMap::Storms,
+                self.storms.storms().len(),
+                storms::MAX_STORMS,
+                self.storms.dropped,
+            ),
+            stat(
+                StateMap::RefusalsWaiting,
+                self.starts.waiting(),
+                starts::MAX_WAITING,
+                self.starts.waiting_dropped,
+            ),
+        ]
     }
 
     pub fn tick(&mut self, now: Mono) -> Vec<Emitted> {

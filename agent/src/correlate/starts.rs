@@ -34,7 +34,7 @@ pub const MAX_STARTS: usize = 1000;
 const LOOKBACK: Mono = 5 * SECOND;
 /// Refusals waiting for a listen, in all; past it the oldest is dropped and counted on the
 /// starts of its namespace (`refusals_lost`).
-const MAX_WAITING: usize = 65_536;
+pub const MAX_WAITING: usize = 65_536;
 
 /// A refused connect waiting for the listen that tells whose start it was.
 #[derive(Debug, Clone, Copy)]
@@ -55,12 +55,18 @@ pub struct Starts {
     open: HashSet<String>,
     /// Records dropped at the cap, for `stats`.
     pub dropped: u64,
+    /// Waiting refusals dropped at [`MAX_WAITING`].
+    pub waiting_dropped: u64,
     emitted: Vec<Emitted>,
 }
 
 impl Starts {
     pub fn starts(&self) -> &[Start] {
         &self.records
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
     }
 
     pub fn take_emitted(&mut self) -> Vec<Emitted> {
@@ -178,6 +184,7 @@ impl Starts {
         if self.waiting.len() >= MAX_WAITING
             && let Some(old) = self.waiting.pop_front()
         {
+            self.waiting_dropped += 1;
             for s in self.records.iter_mut() {
                 if !s.settled && s.netns == Some(old.netns) {
                     s.refusals_lost += 1;

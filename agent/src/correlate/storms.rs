@@ -19,6 +19,8 @@ pub const HOT_AFTER_STOP: Mono = 10 * SECOND;
 
 /// 100 ms: the resolution of arrival rates.
 pub const BUCKET: Mono = SECOND / 10;
+/// Finished storms kept (the oldest go first, counted).
+pub const MAX_STORMS: usize = 1000;
 
 /// An accept whose connection waited at least this long came from a backlog: the service
 /// was busy, so the pace of such accepts is its capacity.
@@ -86,6 +88,8 @@ pub struct Storms {
     /// its workload, the counters, and the ticks since they were sampled.
     counters: BTreeMap<String, (Workload, ListenCounters, u32)>,
     done: Vec<Storm>,
+    /// Finished storms dropped at [`MAX_STORMS`], oldest first.
+    pub dropped: u64,
 }
 
 impl Storms {
@@ -196,6 +200,10 @@ impl Storms {
             }
             let ((namespace, workload), port) = key;
             let storm = summarize(namespace, workload, port, o);
+            if self.done.len() >= MAX_STORMS {
+                self.done.remove(0); // storms are rare: a shift per one at the cap
+                self.dropped += 1;
+            }
             self.done.push(storm.clone());
             out.push(storm);
         }

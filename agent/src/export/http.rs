@@ -8,6 +8,7 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
+    time::Duration,
 };
 
 use bytes::Bytes;
@@ -15,9 +16,12 @@ use http_body_util::Full;
 use hyper::{
     Request, Response, StatusCode, body::Incoming, header, server::conn::http1, service::service_fn,
 };
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
-use tokio::{net::TcpListener, sync::watch};
+use tokio::{
+    net::TcpListener,
+    sync::{Semaphore, watch},
+};
 
 use super::{api, page};
 use crate::telemetry::Telemetry;
@@ -158,15 +162,26 @@ pub fn wants_openmetrics(accept: Option<&str>) -> bool {
     accept.is_some_and(|a| a.contains("application/openmetrics-text"))
 }
 
+/// `target`: the path with its query (`/api/v1/stops?limit=50&before=<id>`).
 pub fn route(
     state: &State,
     method: &hyper::Method,
-    path: &str,
+    target: &str,
     accept: Option<&str>,
 ) -> Response<Full<Bytes>> {
     if method != hyper::Method::GET && method != hyper::Method::HEAD {
         return respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n");
     }
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let parsed = if path.starts_with("/api/") {
+        Page::parse(query)
+    } else {
+        Ok(Page::default())
+    };
+    let page = match parsed {
+        Ok(p) => p,
+        Err(e) => return respond(StatusCode::BAD_REQUEST, "text/plain", format!("{e}\n")),
+    };
     match path {
         "/" => state.page(),
         "/page.js" => {
@@ -193,13 +208,17 @@ pub fn route(
                 ),
             }
         }
-        "/api/v1/stops" => state.json(|t| api::stop_views(t.stops(), t.storms(), &state.clock)),
-        "/api/v1/starts" => state.json(|t| api::start_views(t.starts(), &state.clock)),
+        "/api/v1/stops" => state.json(|t| {
+            page.of(api::stop_views(t.stops(), t.storms(), &state.clock), |v| {
+                &v.id
+            })
+        }),
+        "/api/v1/starts" => {
+            state.json(|t| page.of(api::start_views(t.starts(), &state.clock), |v| &v.id))
+        }
         "/api/v1/deploys" => state.json(|t| {
-            api::deploy_views(
-                &deploys::group(t.stops(), t.starts(), state.deploy_window),
-                &state.clock,
-            )
+            let deploys = deploys::group(t.stops(), t.starts(), state.deploy_window);
+            page.of(api::deploy_views(&deploys, &state.clock), |v| &v.id)
         }),
         "/api/v1/storms" => state.json(|t| {
             let deploys = deploys::group(t.stops(), t.starts(), state.deploy_window);
@@ -244,33 +263,109 @@ async fn handle(
     let accept = req
         .headers()
         .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok());
-    Ok(route(&state, req.method(), req.uri().path(), accept))
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let target = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| req.uri().path().to_string(), |p| p.as_str().to_string());
+    let method = req.method().clone();
+    // Rendering (the page, the API, the metrics) runs on the blocking pool: never on a
+    // runtime thread the ring-buffer reader needs.
+    let rendered =
+        tokio::task::spawn_blocking(move || route(&state, &method, &target, accept.as_deref()));
+    Ok(rendered.await.unwrap_or_else(|_| {
+        respond(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain",
+            "rendering failed\n",
+        )
+    }))
 }
+
+/// Connections served at once; more wait in the listen backlog.
+pub const MAX_CONNECTIONS: usize = 256;
+/// A request's headers must arrive within this...
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// ... and a connection, keep-alive or slow, is closed after this.
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 
 /// Serves until `shutdown` turns true.
 pub async fn serve(listener: TcpListener, state: Arc<State>, mut shutdown: watch::Receiver<bool>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut backoff = Duration::from_millis(10);
     loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
+                    // Out of descriptors, most likely: retrying at once would spin.
+                    tracing::warn!(error = %e, wait_ms = backoff.as_millis(), "accept failed");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
                     continue;
                 }
             },
             _ = shutdown.changed() => return,
         };
+        backoff = Duration::from_millis(10);
         let state = state.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let svc = service_fn(move |req| handle(state.clone(), req));
-            if let Err(e) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await
-            {
-                tracing::debug!(error = %e, "http connection ended with an error");
+            let mut builder = http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT);
+            let conn = builder.serve_connection(TokioIo::new(stream), svc);
+            match tokio::time::timeout(CONNECTION_LIFETIME, conn).await {
+                Ok(Err(e)) => tracing::debug!(error = %e, "http connection ended with an error"),
+                Err(_) => tracing::debug!("http connection closed at its lifetime"),
+                Ok(Ok(())) => {}
             }
         });
+    }
+}
+
+/// `?limit=N&before=ID` of a list served newest first: the N after the element `ID`.
+#[derive(Debug, Default, PartialEq)]
+struct Page {
+    limit: Option<usize>,
+    before: Option<String>,
+}
+
+impl Page {
+    fn parse(query: &str) -> Result<Page, String> {
+        let mut p = Page::default();
+        for pair in query.split('&').filter(|s| !s.is_empty()) {
+            match pair.split_once('=') {
+                Some(("limit", n)) => {
+                    p.limit = Some(n.parse().map_err(|_| format!("limit={n} is no count"))?);
+                }
+                Some(("before", id)) => p.before = Some(id.to_string()),
+                _ => {
+                    return Err(format!(
+                        "unknown parameter {pair:?}: try limit=N, before=ID"
+                    ));
+                }
+            }
+        }
+        Ok(p)
+    }
+
+    fn of<T>(&self, items: Vec<T>, id: impl Fn(&T) -> &String) -> Vec<T> {
+        let start = match &self.before {
+            Some(b) => items
+                .iter()
+                .position(|v| id(v) == b)
+                .map_or(items.len(), |i| i + 1),
+            None => 0,
+        };
+        let limit = self.limit.unwrap_or(usize::MAX);
+        items.into_iter().skip(start).take(limit).collect()
     }
 }
 
@@ -338,6 +433,23 @@ mod tests {
             js.headers()[header::CONTENT_TYPE],
             "text/javascript; charset=utf-8"
         );
+    }
+
+    #[test]
+    fn lists_page_newest_first_after_a_cursor() {
+        let p = Page::parse("limit=2&before=b").unwrap();
+        let ids: Vec<String> = ["a", "b", "c", "d", "e"].map(String::from).to_vec();
+        assert_eq!(p.of(ids.clone(), |s| s), ["c", "d"]);
+        assert_eq!(Page::parse("").unwrap().of(ids.clone(), |s| s), ids);
+        // A cursor no longer listed (evicted) gives nothing rather than a repeat.
+        let gone = Page::parse("before=zz").unwrap();
+        assert!(gone.of(ids, |s| s).is_empty());
+        assert!(Page::parse("limit=x").is_err() && Page::parse("order=asc").is_err());
+        let s = state(true);
+        let bad = route(&s, &hyper::Method::GET, "/api/v1/stops?limit=-1", None);
+        assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+        let ok = route(&s, &hyper::Method::GET, "/api/v1/stops?limit=1", None);
+        assert_eq!(ok.status(), StatusCode::OK);
     }
 
     #[test]

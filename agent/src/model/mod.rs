@@ -9,6 +9,7 @@ pub mod identity;
 pub mod loss;
 pub mod observation;
 pub mod start;
+pub mod state;
 pub mod stop;
 pub mod storm;
 pub mod tcp;

@@ -28,7 +28,8 @@ label_value_as_str!(
     Hook,
     Fault,
     ProcfsFile,
-    WatchMap
+    WatchMap,
+    crate::model::state::StateMap
 );
 
 /// Where an event was lost before processing.

@@ -13,6 +13,7 @@ pub mod internal;
 pub mod labels;
 pub mod listeners;
 pub mod starts;
+pub mod state;
 pub mod stops;
 
 use std::sync::Arc;
@@ -36,6 +37,7 @@ pub struct Telemetry {
     pub stops: StopMetrics,
     pub starts: StartMetrics,
     pub listeners: ListenerMetrics,
+    pub state: state::StateMetrics,
     /// The reader's and the pipeline's, for `/healthz`.
     pub heartbeats: heartbeat::Heartbeats,
     limits: internal::Limits,
@@ -50,12 +52,14 @@ impl Telemetry {
         let stops = StopMetrics::register(&mut registry, cap.clone());
         let starts = StartMetrics::register(&mut registry, cap.clone());
         let listeners = ListenerMetrics::register(&mut registry, cap);
+        let state = state::StateMetrics::register(&mut registry);
         Self {
             registry,
             agent,
             stops,
             starts,
             listeners,
+            state,
             heartbeats: heartbeat::Heartbeats::default(),
             limits: internal::Limits::default(),
         }

@@ -1,12 +1,12 @@
-//! A stop's lifecycle: the stop signal and SIGKILL, the main process's exit, and the clock
+//! A stop's lifecycle: its record begun, the stop signal and SIGKILL, the main process's exit, and the clock
 //! that settles stops, forgets gone containers and bounds the number of records.
 
 use super::Tracker;
 use crate::{
     correlate::retries::Decision,
     model::{
-        Emitted, ExitInfo, Mono, SECOND, Sender,
-        stop::{SIGINT, SIGKILL, SIGQUIT, SIGTERM},
+        Emitted, ExitInfo, Loss, Mono, SECOND, Sender,
+        stop::{SIGINT, SIGKILL, SIGQUIT, SIGTERM, Stop},
     },
 };
 
@@ -17,7 +17,7 @@ pub const NO_EXIT_AFTER_KILL: Mono = 30 * SECOND;
 pub const UNKNOWN_GRACE: Mono = 300 * SECOND;
 
 /// When a stop without an exit settles (see the constants above).
-fn no_exit_limit(s: &crate::model::stop::Stop) -> Mono {
+fn no_exit_limit(s: &Stop) -> Mono {
     if let Some(kill) = s.sigkill_at {
         return kill + NO_EXIT_AFTER_KILL;
     }
@@ -33,6 +33,49 @@ fn no_exit_limit(s: &crate::model::stop::Stop) -> Mono {
 const CUT_BEFORE_STOP: Mono = 100_000_000;
 
 impl Tracker {
+    /// The stop in progress of `key`, begun now if none is (its sequence number).
+    pub(super) fn begin_stop(&mut self, key: &str, now: Mono) -> Option<usize> {
+        let c = self.containers.get_mut(key)?;
+        if let Some(i) = c.stop {
+            return Some(i);
+        }
+        c.stops_seen += 1;
+        let short: String = c.identity.id.chars().take(12).collect();
+        let stop = Stop {
+            id: format!("{short}-{}", c.stops_seen),
+            container: c.identity.clone(),
+            sigterm_at: None,
+            stop_signal: None,
+            sigterm_sender: None,
+            sigkill_at: None,
+            exit_at: None,
+            exit: None,
+            cgroup_removed_at: None,
+            listeners: c.listeners.clone(),
+            last_accept_at: c.last_accept_at,
+            connections_at_sigterm: None,
+            connections_at_exit: None,
+            grace_configured_seconds: c.identity.stop_policy.grace_configured_seconds,
+            prestop: c.identity.stop_policy.prestop,
+            loss: Loss::default(),
+            events: Vec::new(),
+            events_dropped: 0,
+            last_routed_at: None,
+            stream_rotation: c.streams.rotation(),
+            complete: true,
+            events_lost: 0,
+            settled: false,
+        };
+        self.emitted.push(Emitted::StopBegan {
+            container: stop.container.clone(),
+            stop_id: stop.id.clone(),
+            at: now,
+        });
+        let seq = self.records.push(stop);
+        c.stop = Some(seq);
+        Some(seq)
+    }
+
     pub(super) fn on_signal(&mut self, now: Mono, key: &str, sig: i32, sender: Sender) {
         let stop_signal = matches!(sig, SIGTERM | SIGINT | SIGQUIT);
         if !stop_signal && sig != SIGKILL {

@@ -15,8 +15,8 @@ use super::{
     retries::{Cut, Matcher},
 };
 use crate::model::{
-    ContainerIdentity, Emitted, HashMap, HashSet, Loss, LossKind, Mono, Observation,
-    ResetDirection, SECOND, UpstreamStep,
+    ContainerIdentity, Emitted, HashMap, HashSet, LossKind, Mono, Observation, ResetDirection,
+    SECOND, UpstreamStep,
     stop::{ListenerTimeline, Stop},
 };
 
@@ -117,6 +117,10 @@ impl Tracker {
         self.records.all()
     }
 
+    pub fn max_stops(&self) -> usize {
+        self.config.max_stops
+    }
+
     /// Settled records evicted at the cap.
     pub fn stops_evicted(&self) -> u64 {
         self.records.evicted
@@ -149,48 +153,6 @@ impl Tracker {
     fn stop_mut(&mut self, key: &str) -> Option<&mut Stop> {
         let seq = self.containers.get(key)?.stop?;
         self.records.get_mut(seq)
-    }
-
-    fn begin_stop(&mut self, key: &str, now: Mono) -> Option<usize> {
-        let c = self.containers.get_mut(key)?;
-        if let Some(i) = c.stop {
-            return Some(i);
-        }
-        c.stops_seen += 1;
-        let short: String = c.identity.id.chars().take(12).collect();
-        let stop = Stop {
-            id: format!("{short}-{}", c.stops_seen),
-            container: c.identity.clone(),
-            sigterm_at: None,
-            stop_signal: None,
-            sigterm_sender: None,
-            sigkill_at: None,
-            exit_at: None,
-            exit: None,
-            cgroup_removed_at: None,
-            listeners: c.listeners.clone(),
-            last_accept_at: c.last_accept_at,
-            connections_at_sigterm: None,
-            connections_at_exit: None,
-            grace_configured_seconds: c.identity.stop_policy.grace_configured_seconds,
-            prestop: c.identity.stop_policy.prestop,
-            loss: Loss::default(),
-            events: Vec::new(),
-            events_dropped: 0,
-            last_routed_at: None,
-            stream_rotation: c.streams.rotation(),
-            complete: true,
-            events_lost: 0,
-            settled: false,
-        };
-        self.emitted.push(Emitted::StopBegan {
-            container: stop.container.clone(),
-            stop_id: stop.id.clone(),
-            at: now,
-        });
-        let seq = self.records.push(stop);
-        c.stop = Some(seq);
-        Some(seq)
     }
 
     /// Counts one loss of `kind` that happened `at` against the container's stop in progress.
