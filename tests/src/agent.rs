@@ -154,6 +154,13 @@ pub fn api(agent: &Agent, path: &str) -> (u64, Value) {
         .find(|(k, _)| k == "x-drainwatch-processed-until-ns")
         .and_then(|(_, v)| v.parse().ok())
         .expect("processed-until header");
+    let offset = headers
+        .iter()
+        .find(|(k, _)| k == "x-drainwatch-clock-offset-ns")
+        .and_then(|(_, v)| v.parse::<i128>().ok());
+    if offset.is_some() {
+        *CLOCK_OFFSET.lock().unwrap() = offset;
+    }
     (processed, serde_json::from_str(&body).expect("JSON"))
 }
 
@@ -213,13 +220,24 @@ pub fn stop_record(agent: &Agent, container_id: &str) -> Value {
     mine.into_iter().next().unwrap()
 }
 
-/// An RFC 3339 time from the API as an `Instant` (through the wall clock, to within a ms).
+/// The agent's wall-minus-monotonic offset, from its latest API answer (see `api`).
+static CLOCK_OFFSET: std::sync::Mutex<Option<i128>> = std::sync::Mutex::new(None);
+
+/// An RFC 3339 time from the API as an `Instant`: through the offset the agent rendered it
+/// with (exact to the millisecond, whatever NTP did to the wall clock meanwhile), else
+/// through this process's wall clock.
 pub fn instant(v: &Value) -> Option<Instant> {
+    let t = humantime::parse_rfc3339(v.as_str()?).ok()?;
+    if let Some(offset) = *CLOCK_OFFSET.lock().unwrap() {
+        let wall = t.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos() as i128;
+        return Some(clock::instant_of_mono_ns(
+            u64::try_from(wall - offset).ok()?,
+        ));
+    }
     // One anchor per test process: converting each timestamp against a fresh `now` pair would
     // let two equal wall times land on instants a few nanoseconds apart, in either order.
     static ANCHOR: std::sync::OnceLock<(SystemTime, Instant)> = std::sync::OnceLock::new();
     let (wall, mono) = *ANCHOR.get_or_init(|| (SystemTime::now(), Instant::now()));
-    let t = humantime::parse_rfc3339(v.as_str()?).ok()?;
     Some(match t.duration_since(wall) {
         Ok(after) => mono + after,
         Err(e) => mono - e.duration(),

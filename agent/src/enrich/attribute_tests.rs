@@ -1409,3 +1409,31 @@ fn a_closing_connection_says_how_long_it_was_quiet_once_the_tick_is_learned() {
     );
     assert!(activity.active() && activity.streaming());
 }
+
+#[test]
+fn a_container_whose_processes_vanished_without_a_cgroup_removal_goes_after_30_s() {
+    let mut e = enricher();
+    e.scan();
+    // Time passes by events (a signal between host processes says nothing else).
+    let at = |e: &mut Enricher<FakeHost>, secs: u64| {
+        let mut m = meta(50, HOST_NS, 0);
+        m.ts_ns = secs * 1_000_000_000;
+        e.on_event(&Event::Signal(Signal {
+            meta: m,
+            sig: 0,
+            target_pid: 1,
+            target_comm: String::new(),
+            group: false,
+            result: 0,
+        }))
+    };
+    at(&mut e, 100);
+    // Its processes are gone, their exits and the cgroup's removal never reported.
+    e.host_mut().procs.retain(|p| p.pid == 50);
+    assert!(e.scan().is_empty());
+    at(&mut e, 129);
+    assert!(e.scan().is_empty(), "29 s: not yet");
+    at(&mut e, 130);
+    assert_eq!(e.scan(), [O::Vanished { key: ID.into() }]);
+    assert!(e.scan().is_empty(), "once");
+}

@@ -104,6 +104,12 @@ impl State {
                 // an event at time T knows the answer includes it once this is >= T.
                 r.headers_mut()
                     .insert("x-drainwatch-processed-until-ns", processed.into());
+                // Wall-clock minus monotonic ns behind every time in the answer: a client on
+                // this host turns them back into monotonic time exactly, however NTP has moved
+                // the wall clock since the agent started.
+                if let Ok(v) = header::HeaderValue::from_str(&self.clock.offset_ns.to_string()) {
+                    r.headers_mut().insert("x-drainwatch-clock-offset-ns", v);
+                }
                 r
             }
             Err(_) => respond(

@@ -149,6 +149,11 @@ pub enum Observation {
     CgroupRemoved {
         key: String,
     },
+    /// No process of it was found for a while, and its cgroup's removal was never seen (the
+    /// event lost, or its path cut): gone, for everything that waits on that.
+    Vanished {
+        key: String,
+    },
     /// What is known about who the container is changed (the Kubernetes API learned its
     /// pod after it was adopted with the runtime's names, or its pod spec changed).
     Identity {
@@ -212,6 +217,7 @@ impl Observation {
             | Observation::Refused { key, .. }
             | Observation::Unreachable { key, .. }
             | Observation::CgroupRemoved { key }
+            | Observation::Vanished { key }
             | Observation::UpstreamOpened { key, .. }
             | Observation::UpstreamClosed { key, .. }
             | Observation::UpstreamRequest { key, .. }

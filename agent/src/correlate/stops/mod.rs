@@ -416,6 +416,11 @@ impl Tracker {
                     c.gone_at.get_or_insert(now);
                 }
             }
+            Observation::Vanished { .. } => {
+                if let Some(c) = self.containers.get_mut(&key) {
+                    c.gone_at.get_or_insert(now);
+                }
+            }
         }
     }
 

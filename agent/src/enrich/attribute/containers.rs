@@ -14,6 +14,10 @@ use crate::{
     model::{ContainerIdentity, HashMap, HashSet, Mono, Observation},
 };
 
+/// A container none of whose processes scans found for this long, its cgroup's removal
+/// unseen, is gone.
+const VANISH_AFTER: Mono = 30 * crate::model::SECOND;
+
 /// How often a refusal may make the enricher look whether an ended container restarted.
 const RECHECK: Mono = 10_000_000;
 
@@ -92,14 +96,47 @@ impl<H: HostView> Enricher<H> {
                 .push(pid);
         }
         let mut out = Vec::new();
+        let now = self.refusals.event_time();
+        self.reconcile(&groups, now, &mut out);
         for (key, (owner, path, pids)) in groups {
             self.scan_group(key, &owner, &path, &pids, &mut out);
         }
         out.extend(self.refresh_identities());
         self.scanned = true;
-        let now = self.refusals.event_time();
         self.replay_unowned(now, &mut out);
         out
+    }
+
+    /// What the scan says no longer exists: pids no container holds any more leave
+    /// `by_pid`; a container none of whose processes was found for [`VANISH_AFTER`], and whose
+    /// cgroup's removal was never seen, is gone.
+    fn reconcile(
+        &mut self,
+        groups: &HashMap<String, (CgroupOwner, String, Vec<u32>)>,
+        now: Mono,
+        out: &mut Vec<Observation>,
+    ) {
+        // Main processes and inits stay until their exit event, which may still be on its way
+        // (its process already gone from /proc): it is what ends their stop.
+        let mut keep: HashSet<u32> = groups.values().flat_map(|g| g.2.iter().copied()).collect();
+        keep.extend(
+            self.containers
+                .values()
+                .flat_map(|c| [c.main_pid, c.init_pid])
+                .flatten(),
+        );
+        self.by_pid.retain(|pid, _| keep.contains(pid));
+        for (key, c) in self.containers.iter_mut() {
+            if c.gone_at.is_some() || groups.contains_key(key) {
+                c.missing_since = None;
+                continue;
+            }
+            let since = *c.missing_since.get_or_insert(now);
+            if now >= since.saturating_add(VANISH_AFTER) {
+                c.gone_at = Some(now);
+                out.push(Observation::Vanished { key: key.clone() });
+            }
+        }
     }
 
     /// One container's processes, as a scan found them: adopted when new or restarted.
@@ -351,6 +388,7 @@ impl<H: HostView> Enricher<H> {
                 run_ended: false,
                 rechecked_at: 0,
                 next_run_at: None,
+                missing_since: None,
             },
         );
         let mut out = vec![Observation::Container {

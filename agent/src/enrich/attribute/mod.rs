@@ -60,6 +60,8 @@ struct Container {
     rechecked_at: crate::model::Mono,
     /// When a new run's PID 1 started, found before the run could be adopted.
     next_run_at: Option<crate::model::Mono>,
+    /// Since when scans have found none of its processes (its cgroup's removal unseen).
+    missing_since: Option<crate::model::Mono>,
 }
 
 /// A container id shared by what points at the container many times over (its connections):
