@@ -228,14 +228,16 @@ static CLOCK_OFFSET: std::sync::Mutex<Option<i128>> = std::sync::Mutex::new(None
 /// through this process's wall clock.
 pub fn instant(v: &Value) -> Option<Instant> {
     let t = humantime::parse_rfc3339(v.as_str()?).ok()?;
-    if let Some(offset) = *CLOCK_OFFSET.lock().unwrap() {
-        let wall = t.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos() as i128;
-        return Some(clock::instant_of_mono_ns(
-            u64::try_from(wall - offset).ok()?,
-        ));
-    }
     // One anchor per test process: converting each timestamp against a fresh `now` pair would
-    // let two equal wall times land on instants a few nanoseconds apart, in either order.
+    // let two equal times land on instants a few nanoseconds apart, in either order.
+    if let Some(offset) = *CLOCK_OFFSET.lock().unwrap() {
+        static MONO: std::sync::OnceLock<(Instant, u64)> = std::sync::OnceLock::new();
+        let (at, at_ns) = *MONO.get_or_init(|| (Instant::now(), clock::mono_ns()));
+        let wall = t.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos() as i128;
+        let mono = i64::try_from(wall - offset - i128::from(at_ns)).ok()?;
+        let d = Duration::from_nanos(mono.unsigned_abs());
+        return Some(if mono >= 0 { at + d } else { at - d });
+    }
     static ANCHOR: std::sync::OnceLock<(SystemTime, Instant)> = std::sync::OnceLock::new();
     let (wall, mono) = *ANCHOR.get_or_init(|| (SystemTime::now(), Instant::now()));
     Some(match t.duration_since(wall) {

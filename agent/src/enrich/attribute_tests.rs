@@ -25,14 +25,18 @@ fn path() -> String {
     format!("/libpod_parent/libpod-{ID}")
 }
 
+#[derive(Default)]
 struct FakeHost {
     procs: Vec<ProcInfo>,
     /// (pid, start in kernel monotonic ns) of the processes whose start is known.
     start_times: Vec<(u32, u64)>,
+    /// Walks of every process (`container_pids`) so far.
+    walks: std::cell::Cell<u32>,
 }
 
 impl HostView for FakeHost {
     fn container_pids(&self) -> Vec<(u32, String)> {
+        self.walks.set(self.walks.get() + 1);
         self.procs
             .iter()
             .filter_map(|p| Some((p.pid, p.cgroup_path.clone()?)))
@@ -111,6 +115,7 @@ fn enricher() -> Enricher<FakeHost> {
             proc(101, 100, "python3", 2, true),
         ],
         start_times: Vec::new(),
+        ..Default::default()
     };
     Enricher::new(host)
 }
@@ -981,6 +986,7 @@ fn a_container_caught_while_runc_creates_it_is_adopted_once_its_pid_1_exists() {
     let mut e = Enricher::new(FakeHost {
         procs: vec![proc(90, 80, "runc:[0:PARENT]", 90, true)],
         start_times: Vec::new(),
+        ..Default::default()
     });
     assert!(e.scan().is_empty(), "nothing adopted while runc bootstraps");
     let exit = Event::Exit(Exit {
@@ -1047,6 +1053,7 @@ fn a_host_network_containers_listeners_are_watched_until_it_is_forgotten() {
             host_proc(101, 100, "python3", 2),
         ],
         start_times: Vec::new(),
+        ..Default::default()
     })
     .with_host_netns(HOST_NS);
     e.scan();
@@ -1089,6 +1096,7 @@ fn a_shim_adopted_before_its_entrypoint_started_gets_its_main_process_at_the_nex
     let mut e = Enricher::new(FakeHost {
         procs: vec![proc(100, 80, "podman-init", 1, true)],
         start_times: Vec::new(),
+        ..Default::default()
     });
     assert!(matches!(e.scan().as_slice(), [O::Container { .. }]));
     e.host_mut().procs = vec![
@@ -1118,6 +1126,7 @@ fn an_entrypoint_that_forks_the_server_and_exits_is_not_the_container_exiting() 
             proc(102, 100, "bash", 2, true),
         ],
         start_times: Vec::new(),
+        ..Default::default()
     });
     assert!(matches!(e.scan().as_slice(), [O::Container { .. }]));
     e.host_mut().procs = vec![
@@ -1436,4 +1445,29 @@ fn a_container_whose_processes_vanished_without_a_cgroup_removal_goes_after_30_s
     at(&mut e, 130);
     assert_eq!(e.scan(), [O::Vanished { key: ID.into() }]);
     assert!(e.scan().is_empty(), "once");
+}
+
+#[test]
+fn a_new_process_of_a_known_container_is_mapped_without_walking_proc() {
+    let mut e = enricher();
+    e.scan();
+    let walks = e.host_mut().walks.get();
+    // A fork-and-kill loop inside the container: each signal names a new pid of it.
+    for pid in 200..210 {
+        e.host_mut().procs.push(proc(pid, 101, "sh", pid, true));
+        let sig = Event::Signal(Signal {
+            meta: meta(50, HOST_NS, 0),
+            sig: 15,
+            target_pid: pid as i32,
+            target_comm: String::new(),
+            group: true,
+            result: 0,
+        });
+        assert!(e.on_event(&sig).is_empty(), "not its main process: no stop");
+    }
+    assert_eq!(
+        e.host_mut().walks.get(),
+        walks,
+        "no walk of /proc per new pid"
+    );
 }

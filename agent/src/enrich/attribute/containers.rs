@@ -413,15 +413,24 @@ impl<H: HostView> Enricher<H> {
         if pid == 0 || self.not_containers.contains(&pid) {
             return None;
         }
-        let in_container = self
+        let owner = self
             .host
             .process(pid)
             .and_then(|p| p.cgroup_path)
-            .and_then(|path| parse_cgroup_path(&path))
-            .is_some();
-        if !in_container {
+            .and_then(|path| parse_cgroup_path(&path));
+        let Some(owner) = owner else {
             self.not_containers.insert(pid);
             return None;
+        };
+        // A new process of a container known and running (a fork, an exec'd probe): no
+        // need to walk /proc for it, which a fork-and-kill loop would make once per event.
+        if self
+            .containers
+            .get(&owner.id)
+            .is_some_and(|c| c.gone_at.is_none() && !c.run_ended)
+        {
+            self.by_pid.insert(pid, owner.id.clone());
+            return Some(owner.id);
         }
         out.extend(self.scan());
         self.by_pid.get(&pid).cloned()
