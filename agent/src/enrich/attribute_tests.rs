@@ -632,10 +632,22 @@ fn failed_connects_to_its_address_and_its_cgroup_removal() {
         e.on_event(&rmdir(path())).as_slice(),
         [O::CgroupRemoved { .. }]
     ));
-    assert!(
-        e.on_event(&rmdir("/system.slice/cron.service".into()))
-            .is_empty()
-    );
+    let other = |id| {
+        Event::CgroupRemoved(CgroupRemoved {
+            id,
+            ..match rmdir("/system.slice/cron.service".into()) {
+                Event::CgroupRemoved(c) => c,
+                _ => unreachable!(),
+            }
+        })
+    };
+    assert!(e.on_event(&other(778)).is_empty(), "another cgroup");
+    // A path cut at 256 bytes: the container's cgroup id still names it.
+    let cut: String = format!("/kubepods.slice/{}", "x".repeat(240));
+    assert!(matches!(
+        e.on_event(&rmdir(cut)).as_slice(),
+        [O::CgroupRemoved { key }] if key == ID
+    ));
 }
 
 #[test]

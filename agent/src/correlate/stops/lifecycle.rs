@@ -1,5 +1,5 @@
-//! A stop's lifecycle: its record begun, the stop signal and SIGKILL, the main process's exit, and the clock
-//! that settles stops, forgets gone containers and bounds the number of records.
+//! A stop's lifecycle: its record begun, the stop signal and SIGKILL, the main process's
+//! exit, and the clock that settles stops, forgets gone containers and bounds the records.
 
 use super::Tracker;
 use crate::{

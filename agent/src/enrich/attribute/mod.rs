@@ -261,11 +261,17 @@ impl<H: HostView> Enricher<H> {
             Event::ResetSent(r) => self.reset_sent(r, &mut out),
             Event::ResetReceived(r) => self.reset_received(r, &mut out),
             Event::CgroupRemoved(c) => {
-                if let Some(owner) = parse_cgroup_path(&c.path)
-                    && let Some(container) = self.containers.get_mut(&owner.id)
+                // By path, else (a path cut at the record's 256 bytes, a nesting the parser
+                // does not know) by the v2 cgroup id the container was adopted with.
+                let key = parse_cgroup_path(&c.path)
+                    .map(|o| o.id)
+                    .filter(|k| self.containers.contains_key(k))
+                    .or_else(|| (c.hierarchy == 0).then(|| self.by_cgroup.get(&c.id).cloned())?);
+                if let Some(key) = key
+                    && let Some(container) = self.containers.get_mut(&key)
                 {
                     container.gone_at.get_or_insert(c.meta.ts_ns);
-                    out.push(Observation::CgroupRemoved { key: owner.id });
+                    out.push(Observation::CgroupRemoved { key });
                 }
             }
             Event::Accepted(a) => self.accepted(a, &mut out),
