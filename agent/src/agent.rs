@@ -239,7 +239,7 @@ fn consume(
     // The kernel keeps host-namespace traffic only for what the pipeline knows of
     // containers: after each step that may have changed it.
     let mut sync_watch = |pipeline: &mut Pipeline<Procfs>| {
-        if let Some(set) = pipeline.watch_update() {
+        if let Some(set) = pipeline.watch_update(monotonic_now()) {
             match watch.apply(&set) {
                 Ok(a) => WatchUpdated {
                     addresses: a.addrs,

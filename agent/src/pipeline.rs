@@ -13,6 +13,41 @@ use crate::{
     telemetry::{ProcfsFile, Telemetry, internal::ProcfsUnreadable},
 };
 
+/// Watch-set rebuilds: this many at once, then one per `WATCH_EVERY` (see
+/// `Pipeline::watch_update`).
+pub const WATCH_BURST: u32 = 20;
+pub const WATCH_EVERY: Mono = 10_000_000;
+
+/// A token bucket: [`WATCH_BURST`] at once, one more per [`WATCH_EVERY`].
+#[derive(Debug)]
+struct Budget {
+    tokens: u32,
+    at: Mono,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Self {
+            tokens: WATCH_BURST,
+            at: 0,
+        }
+    }
+}
+
+impl Budget {
+    fn take(&mut self, now: Mono) -> bool {
+        let earned = now.saturating_sub(self.at) / WATCH_EVERY;
+        if earned > 0 {
+            let earned = u32::try_from(earned).unwrap_or(u32::MAX);
+            self.tokens = self.tokens.saturating_add(earned).min(WATCH_BURST);
+            self.at = now;
+        }
+        let ok = self.tokens > 0;
+        self.tokens = self.tokens.saturating_sub(1);
+        ok
+    }
+}
+
 /// The correlator, shared with the HTTP server, which reads its stops and storms.
 pub type SharedCorrelator = Arc<Mutex<Correlator>>;
 
@@ -23,6 +58,8 @@ pub struct Pipeline<H> {
     retention: Mono,
     ticks: u64,
     watch_generation: Option<u64>,
+    /// Rebuilds of the watch set it may do at once (`watch_update`).
+    watch_budget: Budget,
 }
 
 impl<H: HostView> Pipeline<H> {
@@ -39,6 +76,7 @@ impl<H: HostView> Pipeline<H> {
             retention,
             ticks: 0,
             watch_generation: None,
+            watch_budget: Budget::default(),
         }
     }
 
@@ -48,10 +86,17 @@ impl<H: HostView> Pipeline<H> {
         self.correlate(monotonic_now(), obs, false);
     }
 
-    /// The host-namespace watch set, when it may have changed since the last call.
-    pub fn watch_update(&mut self) -> Option<WatchSet> {
+    /// The host-namespace watch set, when it may have changed since the last call. At once
+    /// (a new listener's first connection must be kept) up to [`WATCH_BURST`] times, then
+    /// once per [`WATCH_EVERY`]: a `listen; close` loop in a pod rebuilds it 100 times a
+    /// second, not once per event; a change held back goes at the next call (the tick's, at
+    /// the latest).
+    pub fn watch_update(&mut self, now: Mono) -> Option<WatchSet> {
         let generation = self.enricher.watch_generation();
         if self.watch_generation == Some(generation) {
+            return None;
+        }
+        if !self.watch_budget.take(now) {
             return None;
         }
         self.watch_generation = Some(generation);
@@ -138,5 +183,23 @@ impl<H: HostView> Pipeline<H> {
         for e in emitted {
             self.telemetry.record(e);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watch_rebuilds_go_at_once_in_bursts_then_at_a_bounded_rate() {
+        let mut b = Budget::default();
+        let t0 = 1_000 * crate::model::SECOND;
+        let at_once = (0..100).filter(|_| b.take(t0)).count();
+        assert_eq!(at_once, WATCH_BURST as usize);
+        // A loop of changes for a second: one rebuild per 10 ms.
+        let per_ms = (1..=1000).filter(|ms| b.take(t0 + ms * 1_000_000)).count();
+        assert_eq!(per_ms, 100);
+        // After a quiet spell, at once again.
+        assert!(b.take(t0 + 10 * crate::model::SECOND));
     }
 }
