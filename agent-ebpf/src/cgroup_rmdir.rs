@@ -13,7 +13,7 @@ use drainwatch_common::{
 
 use crate::{
     fault::fault,
-    util::{CONFIG, Record, cfg, fill_header, reserve, submit, task_netns},
+    util::{CONFIG, Record, cfg, fill_header, reserve, submit_lifecycle, task_netns},
 };
 
 const KIND: EventKind = EventKind::CgroupRmdir;
@@ -50,6 +50,6 @@ fn try_cgroup_rmdir(ctx: &TracePointContext) -> Option<()> {
             fault(KIND, FaultKind::PathTruncated);
         }
     }
-    submit(entry);
+    submit_lifecycle(entry);
     Some(())
 }

@@ -7,7 +7,7 @@ use drainwatch_common::{
     signal_generate::{Event, Fields, SIGNALS},
 };
 
-use crate::util::{CONFIG, Record, cfg, fill_header, reserve, submit, task_netns};
+use crate::util::{CONFIG, Record, cfg, fill_header, reserve, submit_lifecycle, task_netns};
 
 #[tracepoint]
 pub fn signal_generate(ctx: TracePointContext) -> u32 {
@@ -39,6 +39,6 @@ fn try_signal_generate(ctx: &TracePointContext) -> Option<()> {
     ev.code = rec.get::<i32>(f.code).unwrap_or(0);
     ev._pad = 0;
     ev.target_comm = rec.get::<[u8; 16]>(f.comm).unwrap_or([0; 16]);
-    submit(entry);
+    submit_lifecycle(entry);
     Some(())
 }

@@ -23,9 +23,30 @@ use drainwatch_common::{
 
 use crate::fault::fault;
 
-/// Overridden by the agent before load (`--ring-buffer-bytes`).
+/// Packet-path records. Overridden by the agent before load (`--ring-buffer-bytes`).
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// Lifecycle records (`EventKind::lifecycle`): a ring of their own, which no flood of
+/// packet-path records can fill.
+#[map]
+pub static LIFECYCLE: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// Packet-path records shed by the per-CPU budget (`Config::packet_events_per_sec`), per
+/// kind, per CPU.
+#[map]
+pub static SHED: PerCpuArray<u64> = PerCpuArray::with_max_entries(EventKind::COUNT, 0);
+
+/// What a CPU has spent of a kind's budget in the current second.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Budget {
+    second: u64,
+    used: u64,
+}
+
+#[map]
+static BUDGET: PerCpuArray<Budget> = PerCpuArray::with_max_entries(EventKind::COUNT, 0);
 
 /// Reserve failures (ring buffer full), per event kind, per CPU.
 #[map]
@@ -77,9 +98,7 @@ pub fn watched_addr(family: u16, a: &[u8; 16]) -> bool {
 
 #[inline(always)]
 pub fn count_filtered(kind: EventKind) {
-    if let Some(n) = FILTERED.get_ptr_mut(kind.index() as u32) {
-        unsafe { *n += 1 };
-    }
+    count(&FILTERED, kind);
 }
 
 /// Drops (and counts) an event in the host namespace whose connection touches no container:
@@ -130,16 +149,62 @@ pub fn cfg<T: Copy>(p: *const T) -> T {
     unsafe { core::ptr::read_volatile(p) }
 }
 
-/// Reserves a record, counting the failure when the ring buffer is full.
 #[inline(always)]
-pub fn reserve<T: 'static>(kind: EventKind) -> Option<RingBufEntry<T>> {
-    let entry = EVENTS.reserve::<T>(0);
-    if entry.is_none()
-        && let Some(n) = LOST.get_ptr_mut(kind.index() as u32)
-    {
+fn count(counters: &PerCpuArray<u64>, kind: EventKind) {
+    if let Some(n) = counters.get_ptr_mut(kind.index() as u32) {
         unsafe { *n += 1 };
     }
+}
+
+/// Whether this CPU has spent `kind`'s budget for the current second: the record is then
+/// shed, and counted. A fixed one-second window per CPU: two helper calls, no lock (programs
+/// on one CPU do not preempt each other's map update here but for an interrupt, which at worst
+/// lets one record more through).
+#[inline(always)]
+fn over_budget(kind: EventKind) -> bool {
+    let limit = u64::from(cfg(&CONFIG.packet_events_per_sec));
+    if limit == 0 {
+        return false;
+    }
+    let Some(b) = BUDGET.get_ptr_mut(kind.index() as u32) else {
+        return false;
+    };
+    let second = unsafe { bpf_ktime_get_ns() } / 1_000_000_000;
+    let b = unsafe { &mut *b };
+    if b.second != second {
+        b.second = second;
+        b.used = 0;
+    }
+    if b.used < limit {
+        b.used += 1;
+        return false;
+    }
+    count(&SHED, kind);
+    true
+}
+
+/// Reserves a record on its kind's ring, counting the failure when the ring is full; a
+/// packet-path record past its CPU's budget is shed (and counted) first.
+#[inline(always)]
+pub fn reserve<T: 'static>(kind: EventKind) -> Option<RingBufEntry<T>> {
+    let entry = if kind.lifecycle() {
+        LIFECYCLE.reserve::<T>(0)
+    } else if over_budget(kind) {
+        return None;
+    } else {
+        EVENTS.reserve::<T>(0)
+    };
+    if entry.is_none() {
+        count(&LOST, kind);
+    }
     entry
+}
+
+/// Commits a lifecycle record, waking the reader if it is waiting: they are few, and a stop's
+/// SIGTERM is worth reading at once.
+#[inline(always)]
+pub fn submit_lifecycle<T>(entry: RingBufEntry<T>) {
+    entry.submit(0);
 }
 
 const BPF_RB_NO_WAKEUP: u64 = 1;

@@ -14,8 +14,10 @@ use tokio::{
 };
 
 use crate::{
-    capture::{self, Capture, event::Event, plan::SignalStatus, reader::Reader, watch::Watch},
+    capture::{self, Capture, plan::SignalStatus, reader::Reader},
+    checkpoint::{CheckpointError, StateDir},
     cli::{Cli, HostTraffic},
+    consumer::consume,
     correlate::{Correlator, stops, storms},
     enrich::{
         Enricher,
@@ -23,13 +25,10 @@ use crate::{
         kube::{self, KubeMetrics, Store},
     },
     export::http,
-    model::{SECOND, monotonic_now},
+    model::{SECOND, monotonic_now, stop::AgentGap},
     pipeline::Pipeline,
     queue,
-    telemetry::{
-        Attach, Telemetry,
-        internal::{WatchUpdateFailed, WatchUpdated},
-    },
+    telemetry::{Attach, Telemetry},
 };
 
 /// Start-up failures: each renders as one sentence, and the binary exits 2.
@@ -58,6 +57,8 @@ pub enum StartupError {
     HostNetns { path: PathBuf, detail: String },
     #[error("no probe could attach on this kernel; see the lines above for why")]
     NothingAttached,
+    #[error("--state-dir: {0}")]
+    StateDir(#[from] CheckpointError),
     #[error(transparent)]
     Kube(#[from] kube::KubeError),
 }
@@ -197,19 +198,6 @@ fn kernel_release(procfs_root: &Path) -> String {
 
 /// Hands the allocator's free pages back to the kernel, once start-up is over (the capture
 /// is loaded before the pipeline thread starts, and this runs after its first scan).
-/// Start-up parses the kernel's BTF twice (ours for the offsets, aya's own in
-/// `EbpfLoader::new`) and loads the object: tens of MiB allocated and freed, which glibc
-/// keeps, because the few allocations that stay live are scattered through its heap and a
-/// heap only shrinks by itself from its top. Measured: 26 of the 38 MiB the agent held at
-/// rest. `malloc_trim(0)` returns every whole free page of every arena, wherever it lies.
-fn release_free_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim has no preconditions; it only walks the allocator's free lists.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// A signal's attach result as telemetry records it.
 fn attach(st: &SignalStatus) -> Attach<'_> {
     Attach {
@@ -220,77 +208,6 @@ fn attach(st: &SignalStatus) -> Attach<'_> {
             .map(|(hook, r)| (hook.as_str(), r.is_ok()))
             .collect(),
         degraded: !st.degraded.is_empty(),
-    }
-}
-
-/// How often the pipeline's periodic work runs.
-const TICK: Duration = Duration::from_millis(100);
-
-/// Runs the pipeline on its own thread: its procfs reads block (a namespace's TCP table can
-/// take the kernel most of a second to print), and must hold up neither the reader, which
-/// would leave events in the ring buffer until it overflows, nor the HTTP server.
-fn consume(
-    rx: queue::Receiver<Event>,
-    mut pipeline: Pipeline<Procfs>,
-    mut watch: Watch,
-    telemetry: Arc<Telemetry>,
-) {
-    use queue::RecvTimeoutError;
-    // The kernel keeps host-namespace traffic only for what the pipeline knows of
-    // containers: after each step that may have changed it.
-    let mut sync_watch = |pipeline: &mut Pipeline<Procfs>| {
-        if let Some(set) = pipeline.watch_update(monotonic_now()) {
-            match watch.apply(&set) {
-                Ok(a) => WatchUpdated {
-                    addresses: a.addrs,
-                    ports: a.ports,
-                    refused: a.refused,
-                }
-                .emit(&telemetry),
-                Err(error) => WatchUpdateFailed { error }.emit(&telemetry),
-            }
-        }
-        let follow = pipeline.take_follow();
-        if !follow.is_empty()
-            && let Err(error) = watch.follow(&follow)
-        {
-            WatchUpdateFailed { error }.emit(&telemetry);
-        }
-    };
-    pipeline.start();
-    sync_watch(&mut pipeline);
-    tracing::info!(
-        containers = pipeline.container_count(),
-        "containers found at start-up"
-    );
-    release_free_memory();
-    let mut next_tick = Instant::now() + TICK;
-    loop {
-        match rx.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
-            Ok(ev) => {
-                pipeline.event(&ev);
-                // A new container or listener widens the watch at once, not a tick later.
-                sync_watch(&mut pipeline);
-                if Instant::now() < next_tick {
-                    continue;
-                }
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => break,
-        }
-        // The periodic work sees the events already queued first, so arrivals waiting in the
-        // queue do not make a storm look over; a pipeline that cannot catch up still ticks,
-        // at most a second late.
-        while Instant::now() < next_tick + Duration::from_secs(1) {
-            match rx.try_recv() {
-                Ok(ev) => pipeline.event(&ev),
-                Err(_) => break,
-            }
-        }
-        pipeline.tick(monotonic_now());
-        sync_watch(&mut pipeline);
-        telemetry.heartbeats.pipeline.beat();
-        next_tick = Instant::now() + TICK;
     }
 }
 
@@ -317,6 +234,12 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         .as_ref()
         .map(|_| KubeMetrics::register(telemetry.registry_mut()));
     let telemetry = Arc::new(telemetry);
+    let state_dir = cli
+        .state_dir
+        .as_deref()
+        .map(|d| StateDir::open(d, &cli.procfs_root, telemetry.checkpoint.clone()))
+        .transpose()?;
+    let previous = state_dir.as_ref().and_then(StateDir::load);
     let correlator = Arc::new(std::sync::Mutex::new(Correlator::new(
         stops::Config {
             retention: cli.retention_seconds * SECOND,
@@ -360,6 +283,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         skip_hooks: cli.skip_hooks.clone(),
         attach_only: cli.attach_only,
         retry_window: capture::RETRY_WINDOW,
+        packet_events_per_cpu: cli.packet_events_per_cpu,
     })?;
     if cli.attach_only {
         tracing::warn!("--attach-only: the programs return at once, nothing is captured");
@@ -396,6 +320,22 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
     .with_faults(capture.take_faults()?);
     let watch = capture.take_watch()?;
     let reader = tokio::spawn(reader.run(shutdown_rx.clone()));
+    // Watching again from here: a previous run's open stops go on, with the gap marked.
+    if let Some(p) = previous
+        && let Ok(mut c) = correlator.lock()
+    {
+        let gap = AgentGap {
+            from: p.written_at.min(monotonic_now()),
+            to: monotonic_now(),
+        };
+        let stops = p.checkpoint.tracker.stops.len();
+        c.resume(p.checkpoint, gap);
+        tracing::info!(
+            stops,
+            gap_seconds = gap.seconds(),
+            "resumed from the checkpoint"
+        );
+    }
     let mut enricher = Enricher::new(Procfs {
         proc_root: cli.procfs_root.clone(),
         cgroup_root: cli.cgroupfs_root.clone(),
@@ -425,7 +365,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         .name("pipeline".into())
         .spawn({
             let telemetry = telemetry.clone();
-            move || consume(rx, pipeline, watch, telemetry)
+            move || consume(rx, pipeline, watch, telemetry, state_dir)
         })
         .map_err(StartupError::Thread)?;
     state.ready.store(true, Ordering::Relaxed);

@@ -78,10 +78,20 @@ pub struct Cli {
     #[arg(long, env = "DRAINWATCH_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
-    /// Size of the kernel-to-agent ring buffer in bytes: a power of two, at least 4096. Events
-    /// that do not fit are counted in drainwatch_events_lost_total{stage="ringbuf"}.
+    /// Size of the kernel-to-agent ring buffer for packet-path events in bytes: a power of
+    /// two, at least 4096; lifecycle events (signals, exits, cgroup removals) have one of their
+    /// own, a quarter of this size. Events that do not fit are counted in
+    /// drainwatch_events_lost_total{stage="ringbuf"}.
     #[arg(long, env = "DRAINWATCH_RING_BUFFER_BYTES", default_value_t = 1 << 20)]
     pub ring_buffer_bytes: u32,
+
+    /// Events each packet-path hook may emit per CPU per second; past it they are shed in the
+    /// kernel and counted (drainwatch_events_shed_total, and in
+    /// drainwatch_events_lost_total{stage="shed"}), so that a scan or a flood cannot swamp the
+    /// agent. Lifecycle events (signals, exits, cgroup removals) have a ring buffer of their
+    /// own and no limit. 0: no limit.
+    #[arg(long, env = "DRAINWATCH_PACKET_EVENTS_PER_CPU", default_value_t = crate::capture::PACKET_EVENTS_PER_CPU)]
+    pub packet_events_per_cpu: u32,
 
     /// Which connections of the host's own network namespace to capture (containers'
     /// namespaces are always captured whole).
@@ -118,6 +128,13 @@ pub struct Cli {
     /// events (refused and unreachable connection attempts) still resolve.
     #[arg(long, env = "DRAINWATCH_RETENTION_SECONDS", default_value_t = 300)]
     pub retention_seconds: u64,
+
+    /// A directory for the agent's checkpoint (open stops with their timelines, recent
+    /// records, learned check schedules), written at most once a second: a restarted agent
+    /// resumes the stops it had open, marking the gap it was down. Off when unset; the
+    /// DaemonSet sets it to a hostPath.
+    #[arg(long, env = "DRAINWATCH_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
 
     /// Seconds after a stopped container's cgroup is removed before its stop record is final
     /// and counted in drainwatch_container_stops_total.

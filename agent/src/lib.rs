@@ -4,7 +4,9 @@
 
 pub mod agent;
 pub mod capture;
+pub mod checkpoint;
 pub mod cli;
+pub mod consumer;
 pub mod correlate;
 pub mod enrich;
 pub mod export;

@@ -109,6 +109,11 @@ impl<H: HostView> Pipeline<H> {
         self.enricher.take_follow()
     }
 
+    /// What a restarted agent would resume from (`crate::checkpoint`).
+    pub fn checkpoint(&self) -> crate::correlate::Checkpoint {
+        self.with_correlator(|c| c.checkpoint())
+    }
+
     pub fn container_count(&self) -> usize {
         self.enricher.container_count()
     }

@@ -30,6 +30,10 @@ macro_rules! config {
             /// How soon after a cut the same worker's next upstream action counts as its retry
             /// (`sock_length`), in microseconds.
             pub retry_window_us: u32,
+            /// Records each packet-path hook may emit per CPU per second; the rest is shed and
+            /// counted (`SHED`). Lifecycle hooks (`EventKind::lifecycle`) have no budget. 0: no
+            /// limit.
+            pub packet_events_per_sec: u32,
         }
 
         impl Config {
@@ -40,6 +44,7 @@ macro_rules! config {
                 host_netns: 0,
                 attach_only: 0,
                 retry_window_us: 0,
+                packet_events_per_sec: 0,
             };
         }
     };
@@ -50,4 +55,4 @@ crate::for_each_hook!(config);
 pod!(Config);
 
 // No implicit padding: the agent writes these bytes verbatim into the program's global.
-const _: () = assert!(core::mem::size_of::<Config>() == 332);
+const _: () = assert!(core::mem::size_of::<Config>() == 336);

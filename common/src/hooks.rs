@@ -103,6 +103,18 @@ macro_rules! event_kinds {
 
 for_each_hook!(event_kinds);
 
+impl EventKind {
+    /// A container's lifecycle (signals, exits, cgroup removals): what every stop record is
+    /// built on, rare next to packet-path records. Their records have a ring buffer of their
+    /// own and no per-CPU budget, so that a flood of packets cannot crowd them out.
+    pub const fn lifecycle(self) -> bool {
+        matches!(
+            self,
+            EventKind::SignalGenerate | EventKind::SchedProcessExit | EventKind::CgroupRmdir
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

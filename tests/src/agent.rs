@@ -136,6 +136,11 @@ impl Agent {
             .find_map(|l| l.strip_prefix(name_and_labels))
             .and_then(|v| v.trim().parse().ok())
     }
+
+    /// The sum of `family`'s series whose labels include every `(name, value)` given.
+    pub fn metric_sum(&self, family: &str, want: &[(&str, &str)]) -> f64 {
+        metric_sum(&self.metrics_text(), family, want)
+    }
 }
 
 impl Drop for Agent {
@@ -143,6 +148,22 @@ impl Drop for Agent {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The sum of a counter family's series whose labels include every `(name, value)` given.
+pub fn metric_sum(metrics: &str, family: &str, want: &[(&str, &str)]) -> f64 {
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix(family)?.strip_prefix('{'))
+        .filter_map(|rest| {
+            let (labels, value) = rest.rsplit_once("} ")?;
+            let has =
+                |(k, v): &(&str, &str)| labels.split(',').any(|l| l == format!("{k}=\"{v}\""));
+            want.iter()
+                .all(has)
+                .then(|| value.trim().parse::<f64>().ok())?
+        })
+        .sum()
 }
 
 /// The agent's answer to `path` and how far its event processing had got (kernel monotonic ns).

@@ -43,12 +43,23 @@ impl Harness {
 
     /// As `start`, without trying the hooks labelled `skip` (to reach a fallback).
     pub fn start_skipping(only: &[&'static str], ring_bytes: u32, skip: &[&'static str]) -> Self {
-        Self::start_full(only, ring_bytes, 1 << 20, skip)
+        Self::start_full(
+            only,
+            ring_bytes,
+            1 << 20,
+            skip,
+            capture::PACKET_EVENTS_PER_CPU,
+        )
+    }
+
+    /// As `start`, with a per-CPU budget of `per_cpu` packet-path events a second.
+    pub fn start_budget(only: &[&'static str], per_cpu: u32) -> Self {
+        Self::start_full(only, 1 << 22, 1 << 20, &[], per_cpu)
     }
 
     /// As `start`, with a queue of `queue` events between reader and consumer.
     pub fn start_with_queue(only: &[&'static str], ring_bytes: u32, queue: usize) -> Self {
-        Self::start_full(only, ring_bytes, queue, &[])
+        Self::start_full(only, ring_bytes, queue, &[], capture::PACKET_EVENTS_PER_CPU)
     }
 
     fn start_full(
@@ -56,6 +67,7 @@ impl Harness {
         ring_bytes: u32,
         queue: usize,
         skip: &[&'static str],
+        per_cpu: u32,
     ) -> Self {
         require_root();
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -67,6 +79,7 @@ impl Harness {
             ring_buffer_bytes: ring_bytes,
             only: Some(only.to_vec()),
             skip_hooks: skip.iter().map(|s| s.to_string()).collect(),
+            packet_events_per_cpu: per_cpu,
             ..Default::default()
         })
         .expect("loading the eBPF programs");
@@ -97,6 +110,26 @@ impl Harness {
         }
         out
     }
+}
+
+/// One field of the namespace's `Tcp:` line in `/proc/<pid>/net/snmp`.
+pub fn snmp_tcp(pid: u32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/net/snmp")).expect("read net/snmp");
+    let mut tcp = text.lines().filter(|l| l.starts_with("Tcp:"));
+    let (names, values) = (
+        tcp.next().expect("Tcp: names"),
+        tcp.next().expect("Tcp: values"),
+    );
+    let i = names
+        .split_whitespace()
+        .position(|n| n == field)
+        .unwrap_or_else(|| panic!("no Tcp: {field} in {names}"));
+    values
+        .split_whitespace()
+        .nth(i)
+        .expect("a value")
+        .parse()
+        .expect("a number")
 }
 
 /// The inode of this process's network namespace, as the programs report it.

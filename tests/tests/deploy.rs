@@ -299,7 +299,8 @@ fn the_daemonset_is_least_privilege_and_complete() {
         let v = volumes.iter().find(|v| v["name"] == m["name"]).unwrap();
         v["hostPath"]["path"].as_str().unwrap().to_string()
     };
-    for m in mounts {
+    // Read-only, but for the agent's own state directory (its checkpoint, --state-dir).
+    for m in mounts.iter().filter(|m| m["name"] != "state") {
         assert_eq!(m["readOnly"], true, "{} read-only", m["name"]);
     }
     let env: Vec<(String, Value)> = c["env"]
@@ -326,6 +327,17 @@ fn the_daemonset_is_least_privilege_and_complete() {
     assert_eq!(
         host_path_at(btf.strip_suffix("/vmlinux").unwrap()),
         "/sys/kernel/btf"
+    );
+    assert_eq!(
+        host_path_at(&var("DRAINWATCH_STATE_DIR")),
+        "/var/lib/drainwatch",
+        "the checkpoint outlives the pod"
+    );
+    let strategy = &object(&docs, "DaemonSet", None)["spec"]["updateStrategy"];
+    assert_eq!(strategy["type"], "RollingUpdate");
+    assert_eq!(
+        strategy["rollingUpdate"]["maxSurge"], 0,
+        "never two agents on a node"
     );
     // The agent (and aya) look for tracefs at /sys/kernel/tracing only.
     assert_eq!(host_path_at("/sys/kernel/tracing"), "/sys/kernel/tracing");

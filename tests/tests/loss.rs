@@ -87,3 +87,43 @@ fn a_full_queue_counts_exactly_what_it_dropped() {
     assert_eq!(h.metrics.lost_count(LossStage::Queue), N - QUEUE as u64);
     assert_eq!(h.metrics.lost_count(LossStage::Ringbuf), 0);
 }
+
+#[test]
+fn a_packet_flood_past_the_budget_is_shed_and_counted_exactly() {
+    const N: u64 = 3000;
+    const PER_CPU: u32 = 50;
+    // Socket-less RSTs (connects to a closed loopback port): a packet-path hook with a
+    // budget. Ground truth is the kernel's own count of RSTs it sent (`Tcp: OutRsts`).
+    let mut h = Harness::start_budget(&["resets_sent"], PER_CPU);
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = closed.local_addr().expect("addr");
+    drop(closed);
+    let me = std::process::id();
+    let before = drainwatch_tests::snmp_tcp(me, "OutRsts");
+    let began = std::time::Instant::now();
+    for _ in 0..N {
+        let e = std::net::TcpStream::connect(addr).expect_err("nothing listens");
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
+    }
+    let secs = began.elapsed().as_secs() + 1;
+    let sent = drainwatch_tests::snmp_tcp(me, "OutRsts") - before;
+    let received = h.events().len() as u64;
+    let shed = h.metrics.lost_count(LossStage::Shed);
+    println!("OutRsts +{sent}; received {received}, shed {shed}, in {secs} s");
+    assert!(sent >= N, "the kernel sent a RST per connect: {sent}");
+    assert!(
+        shed > 0,
+        "{N} in {secs} s is past {PER_CPU} a second per CPU"
+    );
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    assert!(
+        received <= u64::from(PER_CPU) * cpus * (secs + 1),
+        "the budget held: {received} received"
+    );
+    assert_eq!(
+        received + shed,
+        sent,
+        "received + shed = the kernel's OutRsts"
+    );
+    assert_eq!(h.metrics.lost_count(LossStage::Ringbuf), 0);
+}

@@ -9,48 +9,13 @@
 
 use std::{fs, time::Duration};
 
+use drainwatch_tests::agent::metric_sum as sum;
 use drainwatch_tests::{
     agent::{Agent, sync, wait_for},
     lab::container::{Backend, BackendOpts, Mode, lab_python, podman},
-    require_root,
+    require_root, snmp_tcp,
 };
 use serde_json::Value;
-
-/// One field of the namespace's `Tcp:` line in `/proc/<pid>/net/snmp`.
-fn snmp_tcp(pid: u32, field: &str) -> u64 {
-    let text = fs::read_to_string(format!("/proc/{pid}/net/snmp")).expect("read net/snmp");
-    let mut tcp = text.lines().filter(|l| l.starts_with("Tcp:"));
-    let (names, values) = (
-        tcp.next().expect("Tcp: names"),
-        tcp.next().expect("Tcp: values"),
-    );
-    let i = names
-        .split_whitespace()
-        .position(|n| n == field)
-        .unwrap_or_else(|| panic!("no Tcp: {field} in {names}"));
-    values
-        .split_whitespace()
-        .nth(i)
-        .expect("a value")
-        .parse()
-        .expect("a number")
-}
-
-/// The sum of a counter family's series whose labels include every `(name, value)` given.
-fn sum(metrics: &str, family: &str, want: &[(&str, &str)]) -> f64 {
-    metrics
-        .lines()
-        .filter_map(|l| l.strip_prefix(family)?.strip_prefix('{'))
-        .filter_map(|rest| {
-            let (labels, value) = rest.rsplit_once("} ")?;
-            let has =
-                |(k, v): &(&str, &str)| labels.split(',').any(|l| l == format!("{k}=\"{v}\""));
-            want.iter()
-                .all(has)
-                .then(|| value.trim().parse::<f64>().ok())?
-        })
-        .sum()
-}
 
 struct Counts {
     out_rsts: u64,

@@ -106,15 +106,6 @@ fn starts_of(agent: &Agent, id: &str) -> Vec<Value> {
     mine
 }
 
-fn metric_for(agent: &Agent, family: &str, container: &str) -> f64 {
-    let text = agent.metrics_text();
-    let want = format!("container=\"{container}\"");
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{family}{{")) && l.contains(&want))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
-}
-
 /// Waits until the record has settled (10 s after its first listen) and the agent has
 /// processed everything before; returns it.
 fn settled_start(agent: &Agent, id: &str, n: usize) -> Value {
@@ -198,15 +189,17 @@ fn a_slow_start_is_charged_every_connect_refused_before_it_listened() {
         "{verdict}"
     );
     assert_eq!(
-        metric_for(
-            &agent,
+        agent.metric_sum(
             "drainwatch_start_refused_before_listen_total",
-            &b.container
+            &[("container", &b.container)]
         ),
         served.refused.len() as f64
     );
     assert_eq!(
-        metric_for(&agent, "drainwatch_refused_connections_total", &b.container),
+        agent.metric_sum(
+            "drainwatch_refused_connections_total",
+            &[("container", &b.container)]
+        ),
         (served.refused.len() + elsewhere.refused.len()) as f64,
         "every refused connect, at any port"
     );

@@ -181,6 +181,12 @@ macro_rules! events {
             }
         }
 
+        impl super::merge::Stamped for Event {
+            fn stamp(&self) -> u64 {
+                self.meta().ts_ns
+            }
+        }
+
         /// Decodes one raw ring-buffer record.
         pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<Event, DecodeError> {
             // Exhaustive: a kind of the common table without a line here does not build.

@@ -6,10 +6,14 @@ pub mod event;
 pub mod faults;
 pub mod hooks;
 pub mod jiffies;
+pub mod merge;
+mod options;
 pub mod plan;
 pub mod reader;
 pub mod tracefs;
 pub mod watch;
+
+pub use options::{Options, PACKET_EVENTS_PER_CPU, RETRY_WINDOW, lifecycle_ring_bytes};
 
 use std::{collections::BTreeMap, path::PathBuf};
 
@@ -50,41 +54,6 @@ pub enum CaptureError {
     Io(#[from] std::io::Error),
     #[error("--ring-buffer-bytes must be a power of two of at least 4096, got {0}")]
     RingSize(u32),
-}
-
-pub struct Options {
-    pub ring_buffer_bytes: u32,
-    pub btf_path: String,
-    /// Only these signals (plan names); all when `None`. Tests use it to isolate one hook.
-    pub only: Option<Vec<&'static str>>,
-    /// The host's network namespace inode: its connections that touch no container are
-    /// dropped in the kernel (the `watch` maps say which do). `None` keeps everything.
-    pub host_netns: Option<u32>,
-    /// Hooks (by label) not to try: tests use it to exercise a fallback the kernel would
-    /// not otherwise need.
-    pub skip_hooks: Vec<String>,
-    /// Programs return at once (the benchmark's floor; see `Config::attach_only`).
-    pub attach_only: bool,
-    /// How soon after a cut its worker's next upstream action counts as its retry.
-    pub retry_window: std::time::Duration,
-}
-
-/// nginx re-sends from the failed read's handler, tens of microseconds after the cut; the
-/// window only bounds a chain the worker never continued (no other socket I/O ends it first).
-pub const RETRY_WINDOW: std::time::Duration = std::time::Duration::from_millis(5);
-
-impl Default for Options {
-    fn default() -> Self {
-        Self {
-            ring_buffer_bytes: 1 << 20,
-            btf_path: "/sys/kernel/btf/vmlinux".into(),
-            only: None,
-            host_netns: None,
-            skip_hooks: Vec::new(),
-            attach_only: false,
-            retry_window: RETRY_WINDOW,
-        }
-    }
 }
 
 /// What one tracepoint's format file told us.
@@ -223,12 +192,14 @@ impl Capture {
         config.host_netns = opts.host_netns.unwrap_or(0);
         config.attach_only = u32::from(opts.attach_only);
         config.retry_window_us = u32::try_from(opts.retry_window.as_micros()).unwrap_or(u32::MAX);
+        config.packet_events_per_sec = opts.packet_events_per_cpu;
         let mut names = KernelNames::default();
         let (infos, res) = resolve_tracepoints(&events_dir, &mut config, &mut names);
 
         let mut ebpf = EbpfLoader::new()
             .override_global("CONFIG", &config, true)
             .map_max_entries("EVENTS", size)
+            .map_max_entries("LIFECYCLE", lifecycle_ring_bytes(size))
             .load(EBPF_OBJECT)
             .map_err(CaptureError::Load)?;
         let log = faults::LogDrain::start(&mut ebpf);

@@ -1,7 +1,8 @@
-//! The ring-buffer reader: drains records, decodes them and hands them on through a bounded
-//! queue. Every record that does not make it is counted by stage: `ringbuf` (the kernel could
-//! not reserve space; per-CPU counters in the `LOST` map), `decode` (a malformed record),
-//! `queue` (the consumer fell behind).
+//! The ring-buffer reader: drains both rings (lifecycle and packet path, see `merge`), decodes
+//! the records and hands them on in time order through a bounded queue. Every record that does
+//! not make it is counted by stage: `shed` (past its CPU's budget in the kernel; per-CPU
+//! counters in `SHED`), `ringbuf` (the kernel could not reserve space; `LOST`), `decode` (a
+//! malformed record), `queue` (the consumer fell behind).
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use drainwatch_common::EventKind;
@@ -10,6 +11,7 @@ use tokio::{io::unix::AsyncFd, sync::watch};
 use super::{
     CaptureError,
     event::{self, Event, KernelNames},
+    merge::Merge,
 };
 use crate::telemetry::{
     LossStage, Telemetry,
@@ -18,35 +20,49 @@ use crate::telemetry::{
 
 pub struct Maps {
     pub ring: RingBuf<MapData>,
+    pub lifecycle: RingBuf<MapData>,
     pub lost: PerCpuArray<MapData, u64>,
+    /// Packet-path records shed by the kernel's per-CPU budget, per kind.
+    pub shed: PerCpuArray<MapData, u64>,
     /// Events dropped in the kernel as out of scope, per kind (not a loss: counted apart).
     pub filtered: PerCpuArray<MapData, u64>,
 }
 
 impl Maps {
     pub(super) fn take(ebpf: &mut aya::Ebpf) -> Result<Self, CaptureError> {
-        let ring = ebpf
-            .take_map("EVENTS")
-            .ok_or(CaptureError::NoMap("EVENTS"))?;
-        let lost = ebpf.take_map("LOST").ok_or(CaptureError::NoMap("LOST"))?;
-        let filtered = ebpf
-            .take_map("FILTERED")
-            .ok_or(CaptureError::NoMap("FILTERED"))?;
+        let mut take = |name: &'static str| ebpf.take_map(name).ok_or(CaptureError::NoMap(name));
         Ok(Self {
-            ring: RingBuf::try_from(ring)?,
-            lost: PerCpuArray::try_from(lost)?,
-            filtered: PerCpuArray::try_from(filtered)?,
+            ring: RingBuf::try_from(take("EVENTS")?)?,
+            lifecycle: RingBuf::try_from(take("LIFECYCLE")?)?,
+            lost: PerCpuArray::try_from(take("LOST")?)?,
+            shed: PerCpuArray::try_from(take("SHED")?)?,
+            filtered: PerCpuArray::try_from(take("FILTERED")?)?,
         })
     }
 
-    /// Records the kernel could not reserve, summed over kinds and CPUs.
+    /// Records the kernel could not reserve or shed, summed over kinds and CPUs.
     pub fn lost_total(&self) -> u64 {
-        self.lost
-            .iter()
-            .filter_map(Result::ok)
-            .map(|per_cpu| per_cpu.iter().sum::<u64>())
-            .sum()
+        sum(&self.lost) + sum(&self.shed)
     }
+}
+
+fn sum(counters: &PerCpuArray<MapData, u64>) -> u64 {
+    counters
+        .iter()
+        .filter_map(Result::ok)
+        .map(|per_cpu| per_cpu.iter().sum::<u64>())
+        .sum()
+}
+
+/// A per-kind counter array's totals over CPUs (zeros for entries that cannot be read).
+fn per_kind(counters: &PerCpuArray<MapData, u64>) -> [u64; EventKind::COUNT as usize] {
+    let mut out = [0; EventKind::COUNT as usize];
+    for (i, n) in out.iter_mut().enumerate() {
+        if let Ok(per_cpu) = counters.get(&(i as u32), 0) {
+            *n = per_cpu.iter().sum();
+        }
+    }
+    out
 }
 
 /// How long a record may wait in the ring buffer when the host is quiet.
@@ -54,8 +70,12 @@ pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis
 
 pub struct Reader {
     ring: AsyncFd<RingBuf<MapData>>,
+    lifecycle: AsyncFd<RingBuf<MapData>>,
+    merge: Merge<Event>,
     lost: PerCpuArray<MapData, u64>,
     lost_seen: u64,
+    shed: PerCpuArray<MapData, u64>,
+    shed_seen: [u64; EventKind::COUNT as usize],
     filtered: PerCpuArray<MapData, u64>,
     filtered_seen: [u64; EventKind::COUNT as usize],
     names: KernelNames,
@@ -73,11 +93,16 @@ impl Reader {
         tx: crate::queue::Sender<Event>,
     ) -> Result<Self, CaptureError> {
         Ok(Self {
-            // SAFETY: the RingBuf owns its map fd and keeps it open, unchanged, for as long as
+            // SAFETY: each RingBuf owns its map fd and keeps it open, unchanged, for as long as
             // the AsyncFd holds it.
             ring: unsafe { AsyncFd::register(maps.ring) }.map_err(std::io::Error::from)?,
+            lifecycle: unsafe { AsyncFd::register(maps.lifecycle) }
+                .map_err(std::io::Error::from)?,
+            merge: Merge::default(),
             lost: maps.lost,
             lost_seen: 0,
+            shed: maps.shed,
+            shed_seen: [0; EventKind::COUNT as usize],
             filtered: maps.filtered,
             filtered_seen: [0; EventKind::COUNT as usize],
             names,
@@ -93,51 +118,56 @@ impl Reader {
         self
     }
 
-    /// Reads every record available now; returns how many were read.
+    /// Reads every record available now and sends on, in time order, those stamped before
+    /// the drain began (see `merge`); returns how many were read.
     pub fn drain(&mut self) -> usize {
-        let mut n = 0;
-        let ring = self.ring.get_mut();
-        while let Some(item) = ring.next() {
-            n += 1;
-            match event::decode(&item, &self.names) {
-                Ok(ev) => {
-                    self.telemetry.agent.event_received(ev.kind());
-                    if self.tx.try_send(ev).is_err() {
-                        EventsLost {
-                            stage: LossStage::Queue,
-                            n: 1,
-                        }
-                        .emit(&self.telemetry);
-                    }
-                }
-                Err(error) => DecodeFailed { error }.emit(&self.telemetry),
-            }
-        }
+        let watermark = crate::model::monotonic_now();
+        let lifecycle = read(self.lifecycle.get_mut(), &self.names, &self.telemetry);
+        let packet = read(self.ring.get_mut(), &self.names, &self.telemetry);
+        let n = lifecycle.len() + packet.len();
+        let mut out = Vec::with_capacity(n);
+        self.merge.drain(watermark, lifecycle, packet, &mut out);
+        self.send(out);
         n
     }
 
-    /// Brings the `ringbuf` loss counter and the filtered counters up to the kernel's
-    /// per-CPU totals.
-    pub fn poll_lost(&mut self) {
-        for kind in EventKind::ALL {
-            let i = kind.index();
-            let Ok(per_cpu) = self.filtered.get(&(i as u32), 0) else {
-                continue;
-            };
-            let total: u64 = per_cpu.iter().sum();
-            if total > self.filtered_seen[i] {
-                self.telemetry
-                    .agent
-                    .filtered(kind, total - self.filtered_seen[i]);
-                self.filtered_seen[i] = total;
+    fn send(&self, events: Vec<Event>) {
+        for ev in events {
+            if self.tx.try_send(ev).is_err() {
+                EventsLost {
+                    stage: LossStage::Queue,
+                    n: 1,
+                }
+                .emit(&self.telemetry);
             }
         }
-        let total: u64 = self
-            .lost
-            .iter()
-            .filter_map(Result::ok)
-            .map(|per_cpu| per_cpu.iter().sum::<u64>())
-            .sum();
+    }
+
+    /// Brings the `ringbuf` and `shed` loss counters and the filtered counters up to the
+    /// kernel's per-CPU totals.
+    pub fn poll_lost(&mut self) {
+        let filtered = per_kind(&self.filtered);
+        let shed = per_kind(&self.shed);
+        for kind in EventKind::ALL {
+            let i = kind.index();
+            if filtered[i] > self.filtered_seen[i] {
+                self.telemetry
+                    .agent
+                    .filtered(kind, filtered[i] - self.filtered_seen[i]);
+                self.filtered_seen[i] = filtered[i];
+            }
+            if shed[i] > self.shed_seen[i] {
+                let n = shed[i] - self.shed_seen[i];
+                self.telemetry.agent.shed(kind, n);
+                EventsLost {
+                    stage: LossStage::Shed,
+                    n,
+                }
+                .emit(&self.telemetry);
+                self.shed_seen[i] = shed[i];
+            }
+        }
+        let total = sum(&self.lost);
         for (kind, fault, n) in self.faults.iter().flat_map(|f| f.read()) {
             self.telemetry.agent.ebpf_faults(kind, fault, n);
         }
@@ -162,14 +192,14 @@ impl Reader {
             self.telemetry.heartbeats.reader.beat();
             tokio::select! {
                 guard = self.ring.readable_mut() => {
-                    match guard {
-                        Ok(mut g) => {
-                            g.clear_ready();
-                        }
-                        Err(e) => {
-                            tracing::error!(error = %e, "ring buffer poll failed; capture stops");
-                            break;
-                        }
+                    if !ready(guard) {
+                        break;
+                    }
+                    self.drain();
+                }
+                guard = self.lifecycle.readable_mut() => {
+                    if !ready(guard) {
+                        break;
                     }
                     self.drain();
                 }
@@ -181,6 +211,40 @@ impl Reader {
             }
         }
         self.drain();
+        let mut rest = Vec::new();
+        self.merge.flush(&mut rest);
+        self.send(rest);
         self.poll_lost();
     }
+}
+
+/// Clears a ring's readiness; false when polling it failed (capture stops).
+fn ready(
+    guard: std::io::Result<tokio::io::unix::AsyncFdReadyMutGuard<'_, RingBuf<MapData>>>,
+) -> bool {
+    match guard {
+        Ok(mut g) => {
+            g.clear_ready();
+            true
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "ring buffer poll failed; capture stops");
+            false
+        }
+    }
+}
+
+/// Every record `ring` holds now, decoded (counted as received, or as a decode failure).
+fn read(ring: &mut RingBuf<MapData>, names: &KernelNames, telemetry: &Telemetry) -> Vec<Event> {
+    let mut out = Vec::new();
+    while let Some(item) = ring.next() {
+        match event::decode(&item, names) {
+            Ok(ev) => {
+                telemetry.agent.event_received(ev.kind());
+                out.push(ev);
+            }
+            Err(error) => DecodeFailed { error }.emit(telemetry),
+        }
+    }
+    out
 }

@@ -29,7 +29,30 @@ pub struct Correlator {
     lost_seen: u64,
 }
 
+/// What a restarted agent resumes from (see `stops::StopsCheckpoint`): serialized by
+/// `crate::checkpoint`.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Checkpoint {
+    pub tracker: stops::StopsCheckpoint,
+    /// The newest settled start records.
+    pub starts: Vec<Start>,
+}
+
 impl Correlator {
+    pub fn checkpoint(&self) -> Checkpoint {
+        Checkpoint {
+            tracker: self.tracker.checkpoint(),
+            starts: self.starts.checkpoint(stops::RECENT_SETTLED),
+        }
+    }
+
+    /// Takes up a previous run's checkpoint, before any observation of this run; `gap` is
+    /// when the agent was not watching.
+    pub fn resume(&mut self, cp: Checkpoint, gap: crate::model::stop::AgentGap) {
+        self.tracker.resume(cp.tracker, gap);
+        self.starts.resume(cp.starts);
+    }
+
     pub fn new(tracker: stops::Config, storms: storms::Config) -> Self {
         Self {
             tracker: stops::Tracker::new(tracker),

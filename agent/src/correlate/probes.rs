@@ -51,8 +51,8 @@ struct Upstream {
     class: Option<Option<ProbeSource>>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Learned {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Learned {
     interval: Mono,
     size: u64,
     /// The last check's open time: the phase of the schedule.
@@ -363,6 +363,21 @@ impl Probes {
                 last: l.last,
             })
             .collect()
+    }
+
+    /// The schedules learned, by (proxy process, backend), for a checkpoint.
+    pub fn learned(&self) -> Vec<(u32, String, Learned)> {
+        let routes = self.routes.iter();
+        routes
+            .filter_map(|((pid, b), r)| Some((*pid, b.clone(), r.learned?)))
+            .collect()
+    }
+
+    /// Schedules a previous run of the agent learned: checks go on being told apart at once.
+    pub fn restore(&mut self, learned: Vec<(u32, String, Learned)>) {
+        for (pid, backend, l) in learned {
+            self.routes.entry((pid, backend)).or_default().learned = Some(l);
+        }
     }
 
     /// Forgets the routes to a container that is gone.

@@ -61,6 +61,26 @@ pub struct Starts {
 }
 
 impl Starts {
+    /// The newest settled records, for a checkpoint: an open start does not survive a
+    /// restart (the restarted agent's scan sees its container as running).
+    pub fn checkpoint(&self, max: usize) -> Vec<Start> {
+        let settled: Vec<&Start> = self.records.iter().filter(|s| s.settled).collect();
+        let skip = settled.len().saturating_sub(max);
+        settled.into_iter().skip(skip).cloned().collect()
+    }
+
+    /// Takes up a previous run's settled records, before any observation of this run.
+    pub fn resume(&mut self, starts: Vec<Start>) {
+        for s in starts.into_iter().take(MAX_STARTS) {
+            let n =
+                s.id.rsplit_once('-')
+                    .and_then(|(_, n)| n.parse::<u64>().ok());
+            let seen = self.seen.entry(s.container.id.clone()).or_default();
+            *seen = (*seen).max(n.unwrap_or(0));
+            self.records.push(s);
+        }
+    }
+
     pub fn starts(&self) -> &[Start] {
         &self.records
     }

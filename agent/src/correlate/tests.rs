@@ -346,6 +346,31 @@ fn an_exit_without_a_stop_signal_is_a_crash() {
 }
 
 #[test]
+fn a_handshake_seen_after_the_scan_found_its_connection_is_an_accept() {
+    let mut t = running(1);
+    t.observe(
+        ms(0),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    // The scan found socket 1 before its handshake's event came (an agent starting up).
+    for _ in 0..2 {
+        t.observe(
+            ms(10),
+            O::InboundEstablished {
+                key: key(),
+                sock: 1,
+                upstream: None,
+            },
+        );
+    }
+    assert_eq!(only_stop(&t).loss.accepted_after_sigterm, 1, "once");
+}
+
+#[test]
 fn duplicates_and_out_of_order_events_do_not_double_count() {
     let mut t = running(2);
     // A duplicate close of the same socket, and a close seen before the signal is processed.
@@ -415,7 +440,7 @@ fn duplicates_and_out_of_order_events_do_not_double_count() {
             sock: 2,
             upstream: None,
         },
-    ); // already known: duplicate
+    ); // found by the scan, its handshake seen after the exit: no accept after SIGTERM
     // A peer closing its side is not the container's doing.
     t.observe(
         ms(8),

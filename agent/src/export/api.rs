@@ -14,8 +14,8 @@ use crate::model::{
 use super::{
     verdict,
     view::{
-        ContainerView, DeployView, ListenerView, LossEventView, SenderView, StartView, StopView,
-        StormView,
+        ContainerView, DeployView, GapView, ListenerView, LossEventView, SenderView, StartView,
+        StopView, StormView,
     },
 };
 
@@ -112,6 +112,11 @@ pub fn start_views(starts: &[Start], clock: &Clock) -> Vec<StartView> {
 
 pub fn stop_view(s: &Stop, clock: &Clock) -> StopView {
     StopView {
+        agent_gap: s.agent_gap.map(|g| GapView {
+            from: clock.rfc3339(g.from),
+            to: clock.rfc3339(g.to),
+            seconds: round3(g.seconds()),
+        }),
         cgroup_removed_at: clock.opt(s.cgroup_removed_at),
         complete: s.complete,
         connections_at_exit: s.connections_at_exit,
@@ -156,6 +161,7 @@ pub fn stop_view(s: &Stop, clock: &Clock) -> StopView {
         }),
         storm_clients: None,
         stream_rotation_seconds: s.stream_rotation_seconds().map(round3),
+        verdict: String::new(),
     }
 }
 
@@ -228,6 +234,7 @@ pub fn stop_views(stops: &[Stop], storms: &[Storm], clock: &Clock) -> Vec<StopVi
             let mut view = stop_view(s, clock);
             let mine = storms.iter().filter(|st| st.stop_id == s.id);
             view.storm_clients = mine.map(|st| st.clients).reduce(|a, b| a + b);
+            view.verdict = verdict::stop(&view).text;
             view
         })
         .collect()
@@ -255,36 +262,24 @@ mod tests {
 
     fn sample_stop() -> Stop {
         Stop {
-            id: "abc-1".into(),
-            container: ContainerIdentity {
-                id: "abc".into(),
-                runtime: "podman".into(),
-                name: "web-1".into(),
-                workload: "web".into(),
-                ..Default::default()
-            },
             sigterm_at: Some(10 * SECOND),
             stop_signal: Some(15),
             sigterm_sender: Some(Sender {
                 pid: 7,
                 comm: "runc".into(),
             }),
-            sigkill_at: None,
             exit_at: Some(10 * SECOND + 2_500_000),
             exit: Some(ExitInfo {
                 code: Some(143),
                 signal: Some(15),
             }),
-            cgroup_removed_at: None,
             listeners: vec![ListenerTimeline {
                 address: "10.88.0.2:8080".parse().unwrap(),
                 closed_at: Some(10 * SECOND + 2_600_000),
             }],
-            last_accept_at: None,
             connections_at_sigterm: Some(2),
             connections_at_exit: Some(2),
             grace_configured_seconds: Some(30),
-            prestop: None,
             loss: Loss {
                 inflight_cut: 2,
                 ..Default::default()
@@ -294,12 +289,17 @@ mod tests {
                 kind: LossKind::InflightCut,
                 open_for: Some(1_250_000_000),
             }],
-            events_dropped: 0,
             last_routed_at: Some(13 * SECOND + 800_000_000),
-            stream_rotation: None,
-            complete: true,
-            events_lost: 0,
-            settled: false,
+            ..Stop::new(
+                "abc-1".into(),
+                ContainerIdentity {
+                    id: "abc".into(),
+                    runtime: "podman".into(),
+                    name: "web-1".into(),
+                    workload: "web".into(),
+                    ..Default::default()
+                },
+            )
         }
     }
 
@@ -329,6 +329,7 @@ mod tests {
             "loss_events",
             "loss_events_dropped",
             "outcome",
+            "verdict",
         ] {
             assert!(keys.iter().any(|x| x == k), "missing {k}");
         }

@@ -364,7 +364,13 @@ pub fn stop(stop: &StopView) -> Verdict {
     parts.extend(streams_cut(stop));
     common_findings(stop, &mut parts);
     parts.extend(lost_note(stop.events_lost));
-    if stop.events_lost > 0 && level == Level::Good {
+    if let Some(gap) = &stop.agent_gap {
+        parts.push(format!(
+            "may be incomplete: the agent was not watching for {} s while it was open (it restarted; agent_gap)",
+            secs(gap.seconds)
+        ));
+    }
+    if (stop.events_lost > 0 || stop.agent_gap.is_some()) && level == Level::Good {
         level = Level::Warning; // "nothing lost" is not known
     }
     Verdict {

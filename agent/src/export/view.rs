@@ -21,6 +21,8 @@ use crate::model::{LossKind, stop::Outcome};
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct StopView {
+    /// The agent restarted while it was open: the gap it was down.
+    pub agent_gap: Option<GapView>,
     pub cgroup_removed_at: Option<String>,
     /// False when it settled without an exit (outcome unknown); true when read from an agent
     /// that predates the field.
@@ -61,6 +63,8 @@ pub struct StopView {
     pub storm_clients: Option<u64>,
     /// The stream rotation learned on its listeners before the stop.
     pub stream_rotation_seconds: Option<f64>,
+    /// The verdict with its fix (as the page and the report say it).
+    pub verdict: String,
 }
 
 fn yes() -> bool {
@@ -90,6 +94,16 @@ pub struct ContainerView {
     pub runtime: String,
     pub workload: String,
     pub workload_kind: String,
+}
+
+/// When the agent was not watching while the stop was open (it restarted): what happened then
+/// is not in the record.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GapView {
+    pub from: String,
+    pub to: String,
+    pub seconds: f64,
 }
 
 /// The process outside the container that sent the stop signal.

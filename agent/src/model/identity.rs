@@ -58,7 +58,7 @@ pub struct Sender {
 }
 
 /// How a container's main process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExitInfo {
     /// The shell's convention: exit code, or 128 + signal.
     pub code: Option<i32>,

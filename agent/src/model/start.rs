@@ -30,7 +30,8 @@ pub struct StartProbes {
     pub refused: u64,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// Serialized only into the agent's own checkpoint; the API has its own view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Start {
     pub id: String,
     pub container: ContainerIdentity,

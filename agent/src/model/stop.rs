@@ -53,7 +53,7 @@ pub const MAX_LOSS_EVENTS: usize = 500;
 
 /// One counted loss (or connection routed to a stopping container), when it happened: what the
 /// deploy page draws on a stop's timeline and the verdict reads evidence from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LossEvent {
     pub at: Mono,
     /// Any kind but `idle_closed` and `resets_sent` (see [`LossKind::on_timeline`]); retry
@@ -64,14 +64,29 @@ pub struct LossEvent {
     pub open_for: Option<Mono>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ListenerTimeline {
     pub address: SocketAddr,
     pub closed_at: Option<Mono>,
 }
 
-/// One container stop. Times are kernel monotonic; the export layer renders them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// When the agent was not watching (a restart) while a stop was open: from its last checkpoint
+/// to the restarted agent's first event. What happened then is not in the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentGap {
+    pub from: Mono,
+    pub to: Mono,
+}
+
+impl AgentGap {
+    pub fn seconds(&self) -> f64 {
+        secs(self.to.saturating_sub(self.from))
+    }
+}
+
+/// One container stop. Times are kernel monotonic; the export layer renders them. Serialized
+/// only into the agent's own checkpoint (`correlate::checkpoint`); the API has its own view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stop {
     pub id: String,
     pub container: ContainerIdentity,
@@ -109,9 +124,42 @@ pub struct Stop {
     pub events_lost: u64,
     /// Set once the record will not change any more (see `Tracker::tick`).
     pub settled: bool,
+    /// The agent restarted while it was open (see `AgentGap`); it is then incomplete.
+    #[serde(default)]
+    pub agent_gap: Option<AgentGap>,
 }
 
 impl Stop {
+    /// A record with nothing observed yet.
+    pub fn new(id: String, container: ContainerIdentity) -> Self {
+        Self {
+            id,
+            container,
+            sigterm_at: None,
+            stop_signal: None,
+            sigterm_sender: None,
+            sigkill_at: None,
+            exit_at: None,
+            exit: None,
+            cgroup_removed_at: None,
+            listeners: Vec::new(),
+            last_accept_at: None,
+            connections_at_sigterm: None,
+            connections_at_exit: None,
+            grace_configured_seconds: None,
+            prestop: None,
+            loss: Loss::default(),
+            events: Vec::new(),
+            events_dropped: 0,
+            last_routed_at: None,
+            stream_rotation: None,
+            complete: true,
+            events_lost: 0,
+            settled: false,
+            agent_gap: None,
+        }
+    }
+
     /// SIGTERM → SIGKILL, as observed.
     pub fn grace_seconds(&self) -> Option<f64> {
         Some(secs(self.sigkill_at?.checked_sub(self.sigterm_at?)?))
@@ -215,32 +263,15 @@ mod tests {
     fn stop(drain: Mono, exit: ExitInfo, closed: Option<Mono>) -> Stop {
         let term = SECOND;
         Stop {
-            id: "c-1".into(),
-            container: ContainerIdentity::default(),
             sigterm_at: Some(term),
             stop_signal: Some(SIGTERM),
-            sigterm_sender: None,
-            sigkill_at: None,
             exit_at: Some(term + drain),
             exit: Some(exit),
-            cgroup_removed_at: None,
             listeners: vec![ListenerTimeline {
                 address: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 8080)),
                 closed_at: closed,
             }],
-            last_accept_at: None,
-            connections_at_sigterm: None,
-            connections_at_exit: None,
-            grace_configured_seconds: None,
-            prestop: None,
-            loss: Loss::default(),
-            events: Vec::new(),
-            events_dropped: 0,
-            last_routed_at: None,
-            stream_rotation: None,
-            complete: true,
-            events_lost: 0,
-            settled: false,
+            ..Stop::new("c-1".into(), ContainerIdentity::default())
         }
     }
 

@@ -38,6 +38,7 @@ impl Attach<'_> {
 pub struct AgentMetrics {
     events: [Counter; KINDS],
     filtered: [Counter; KINDS],
+    shed: [Counter; KINDS],
     lost: [Counter; LossStage::ALL.len()],
     watch_refused: Counter,
     watch_entries: [Gauge; WatchMap::ALL.len()],
@@ -53,6 +54,7 @@ impl AgentMetrics {
     pub fn register(registry: &mut Registry, kernel: &str) -> Self {
         let events = Family::<KindLabels, Counter>::default();
         let filtered = Family::<KindLabels, Counter>::default();
+        let shed = Family::<KindLabels, Counter>::default();
         let watch_refused = Counter::default();
         let watch_entries = Family::<MapLabels, Gauge>::default();
         let watch_failures = Counter::default();
@@ -72,6 +74,11 @@ impl AgentMetrics {
             filtered.clone(),
         );
         registry.register(
+            "drainwatch_events_shed",
+            "Packet-path events shed in the kernel, by hook: past the per-CPU budget (--packet-events-per-cpu); also in drainwatch_events_lost_total{stage=\"shed\"}. Lifecycle events (signals, exits, cgroup removals) are never shed",
+            shed.clone(),
+        );
+        registry.register(
             "drainwatch_watch_map_full",
             "Container addresses the kernel's watch map had no room for: host-side traffic to them is not captured",
             watch_refused.clone(),
@@ -88,7 +95,7 @@ impl AgentMetrics {
         );
         registry.register(
             "drainwatch_events_lost",
-            "Events lost before processing, by stage: ringbuf (kernel could not reserve), queue (consumer behind), decode (malformed record)",
+            "Events lost before processing, by stage: shed (past the kernel's per-CPU budget), ringbuf (kernel could not reserve), queue (consumer behind), decode (malformed record)",
             lost.clone(),
         );
         registry.register(
@@ -126,6 +133,7 @@ impl AgentMetrics {
         Self {
             events: per_kind(&events),
             filtered: per_kind(&filtered),
+            shed: per_kind(&shed),
             lost: LossStage::ALL.map(|stage| lost.get_or_create_owned(&StageLabels { stage })),
             watch_refused,
             watch_entries: WatchMap::ALL
@@ -157,6 +165,10 @@ impl AgentMetrics {
     /// Events the kernel dropped as out of scope since the last poll.
     pub fn filtered(&self, kind: EventKind, n: u64) {
         self.filtered[kind.index()].inc_by(n);
+    }
+
+    pub fn shed(&self, kind: EventKind, n: u64) {
+        self.shed[kind.index()].inc_by(n);
     }
 
     /// Brings a (hook, fault) counter up to the kernel's total since load.

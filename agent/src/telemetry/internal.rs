@@ -66,8 +66,8 @@ macro_rules! log_limited {
     };
 }
 
-/// Records the kernel could not reserve (`ringbuf`), or the pipeline had no room for
-/// (`queue`). Malformed records are [`DecodeFailed`].
+/// Records the kernel shed (`shed`) or could not reserve (`ringbuf`), or the pipeline had no
+/// room for (`queue`). Malformed records are [`DecodeFailed`].
 pub struct EventsLost {
     pub stage: LossStage,
     pub n: u64,
@@ -77,6 +77,9 @@ impl EventsLost {
     pub fn emit(&self, t: &Telemetry) {
         t.agent.lost(self.stage, self.n);
         let why = match self.stage {
+            LossStage::Shed => {
+                "packet-path events past the kernel's per-CPU budget were shed (--packet-events-per-cpu)"
+            }
             LossStage::Ringbuf => "the kernel found the ring buffer full (--ring-buffer-bytes)",
             LossStage::Queue => "the pipeline fell behind and its queue was full (--queue-events)",
             LossStage::Decode => "malformed records",

@@ -21,6 +21,7 @@ macro_rules! label_value_as_str {
 }
 
 label_value_as_str!(
+    super::checkpoint::Discard,
     Outcome,
     ProbeResult,
     ResetDirection,
@@ -35,6 +36,8 @@ label_value_as_str!(
 /// Where an event was lost before processing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LossStage {
+    /// Past its CPU's budget in the kernel (per-CPU counters in `SHED`).
+    Shed,
     /// The kernel could not reserve ring-buffer space (per-CPU counters in `LOST`).
     Ringbuf,
     /// The pipeline fell behind and the queue was full.
@@ -44,10 +47,16 @@ pub enum LossStage {
 }
 
 impl LossStage {
-    pub const ALL: [LossStage; 3] = [LossStage::Ringbuf, LossStage::Queue, LossStage::Decode];
+    pub const ALL: [LossStage; 4] = [
+        LossStage::Shed,
+        LossStage::Ringbuf,
+        LossStage::Queue,
+        LossStage::Decode,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
+            LossStage::Shed => "shed",
             LossStage::Ringbuf => "ringbuf",
             LossStage::Queue => "queue",
             LossStage::Decode => "decode",
@@ -57,9 +66,10 @@ impl LossStage {
     /// Position in [`LossStage::ALL`], for per-stage arrays.
     pub const fn index(self) -> usize {
         match self {
-            LossStage::Ringbuf => 0,
-            LossStage::Queue => 1,
-            LossStage::Decode => 2,
+            LossStage::Shed => 0,
+            LossStage::Ringbuf => 1,
+            LossStage::Queue => 2,
+            LossStage::Decode => 3,
         }
     }
 }

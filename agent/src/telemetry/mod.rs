@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod cap;
+pub mod checkpoint;
 pub mod heartbeat;
 pub mod internal;
 pub mod labels;
@@ -38,6 +39,7 @@ pub struct Telemetry {
     pub starts: StartMetrics,
     pub listeners: ListenerMetrics,
     pub state: state::StateMetrics,
+    pub checkpoint: checkpoint::CheckpointMetrics,
     /// The reader's and the pipeline's, for `/healthz`.
     pub heartbeats: heartbeat::Heartbeats,
     limits: internal::Limits,
@@ -53,6 +55,7 @@ impl Telemetry {
         let starts = StartMetrics::register(&mut registry, cap.clone());
         let listeners = ListenerMetrics::register(&mut registry, cap);
         let state = state::StateMetrics::register(&mut registry);
+        let checkpoint = checkpoint::CheckpointMetrics::register(&mut registry);
         Self {
             registry,
             agent,
@@ -60,6 +63,7 @@ impl Telemetry {
             starts,
             listeners,
             state,
+            checkpoint,
             heartbeats: heartbeat::Heartbeats::default(),
             limits: internal::Limits::default(),
         }

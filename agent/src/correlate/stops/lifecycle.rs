@@ -5,7 +5,7 @@ use super::Tracker;
 use crate::{
     correlate::retries::Decision,
     model::{
-        Emitted, ExitInfo, Loss, Mono, SECOND, Sender,
+        Emitted, ExitInfo, Mono, SECOND, Sender,
         stop::{SIGINT, SIGKILL, SIGQUIT, SIGTERM, Stop},
     },
 };
@@ -42,29 +42,12 @@ impl Tracker {
         c.stops_seen += 1;
         let short: String = c.identity.id.chars().take(12).collect();
         let stop = Stop {
-            id: format!("{short}-{}", c.stops_seen),
-            container: c.identity.clone(),
-            sigterm_at: None,
-            stop_signal: None,
-            sigterm_sender: None,
-            sigkill_at: None,
-            exit_at: None,
-            exit: None,
-            cgroup_removed_at: None,
             listeners: c.listeners.clone(),
             last_accept_at: c.last_accept_at,
-            connections_at_sigterm: None,
-            connections_at_exit: None,
             grace_configured_seconds: c.identity.stop_policy.grace_configured_seconds,
             prestop: c.identity.stop_policy.prestop,
-            loss: Loss::default(),
-            events: Vec::new(),
-            events_dropped: 0,
-            last_routed_at: None,
             stream_rotation: c.streams.rotation(),
-            complete: true,
-            events_lost: 0,
-            settled: false,
+            ..Stop::new(format!("{short}-{}", c.stops_seen), c.identity.clone())
         };
         self.emitted.push(Emitted::StopBegan {
             container: stop.container.clone(),
@@ -149,6 +132,7 @@ impl Tracker {
         for (_, s) in self.records.iter_mut() {
             if !s.settled {
                 s.events_lost += new;
+                s.complete = false;
             }
         }
     }

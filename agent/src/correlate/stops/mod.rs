@@ -3,11 +3,13 @@
 //! connection loss to it. Signals, exits and the clock (settling, retention, the record cap)
 //! are in `lifecycle`.
 
+mod checkpoint;
 mod held;
 mod lifecycle;
 mod records;
 mod streams;
 
+pub use checkpoint::{RECENT_SETTLED, StopsCheckpoint};
 pub use lifecycle::{NO_EXIT_AFTER_KILL, UNKNOWN_GRACE};
 
 use super::{
@@ -217,6 +219,17 @@ impl Tracker {
             }
             return;
         }
+        if let Observation::RefusedAt {
+            container,
+            upstream,
+            ..
+        } = &obs
+        {
+            // Counted for whoever attribution named: a pod as a whole too, which is never
+            // announced (a refusal at a port no container of the pod holds).
+            self.refused_elsewhere(container, *upstream);
+            return;
+        }
         if !self.containers.contains_key(&key) {
             // Attribution only names containers it announced; anything else is ignored.
             return;
@@ -313,7 +326,10 @@ impl Tracker {
                 let Some(c) = self.containers.get_mut(&key) else {
                     return;
                 };
-                if c.inbound.contains_key(&sock) {
+                // A scan may have found it first (its handshake came between the programs'
+                // attach and the scan, or while the event waited in the queue): the
+                // handshake is the accept all the same.
+                if c.inbound.get(&sock).is_some_and(|o| o.at().is_some()) {
                     return; // duplicate
                 }
                 c.inbound.insert(sock, Opened(now));
@@ -385,11 +401,7 @@ impl Tracker {
                 let probe = self.probes.classify(upstream, None);
                 self.refusal(&key, at, probe);
             }
-            Observation::RefusedAt {
-                container,
-                upstream,
-                ..
-            } => self.refused_elsewhere(&container, upstream),
+            Observation::RefusedAt { .. } => {}
             Observation::Unreachable { upstream, .. } => {
                 let gone = self
                     .containers

@@ -60,29 +60,8 @@ mod tests {
 
     fn stop(id: &str, settled: bool) -> Stop {
         Stop {
-            id: id.into(),
-            container: Default::default(),
-            sigterm_at: None,
-            stop_signal: None,
-            sigterm_sender: None,
-            sigkill_at: None,
-            exit_at: None,
-            exit: None,
-            cgroup_removed_at: None,
-            listeners: Vec::new(),
-            last_accept_at: None,
-            connections_at_sigterm: None,
-            connections_at_exit: None,
-            grace_configured_seconds: None,
-            prestop: None,
-            loss: Default::default(),
-            events: Vec::new(),
-            events_dropped: 0,
-            last_routed_at: None,
-            stream_rotation: None,
-            complete: true,
-            events_lost: 0,
             settled,
+            ..Stop::new(id.into(), Default::default())
         }
     }
 

@@ -1,0 +1,50 @@
+//! What the agent asks of capture: ring sizes, budgets, filters, hooks to skip.
+
+pub struct Options {
+    pub ring_buffer_bytes: u32,
+    pub btf_path: String,
+    /// Only these signals (plan names); all when `None`. Tests use it to isolate one hook.
+    pub only: Option<Vec<&'static str>>,
+    /// The host's network namespace inode: its connections that touch no container are
+    /// dropped in the kernel (the `watch` maps say which do). `None` keeps everything.
+    pub host_netns: Option<u32>,
+    /// Hooks (by label) not to try: tests use it to exercise a fallback the kernel would
+    /// not otherwise need.
+    pub skip_hooks: Vec<String>,
+    /// Programs return at once (the benchmark's floor; see `Config::attach_only`).
+    pub attach_only: bool,
+    /// How soon after a cut its worker's next upstream action counts as its retry.
+    pub retry_window: std::time::Duration,
+    /// Records each packet-path hook may emit per CPU per second (0: no limit).
+    pub packet_events_per_cpu: u32,
+}
+
+/// nginx re-sends from the failed read's handler, tens of microseconds after the cut; the
+/// window only bounds a chain the worker never continued (no other socket I/O ends it first).
+pub const RETRY_WINDOW: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Far above what pod traffic makes on one CPU (a busy node's kept records are a few thousand
+/// a second, spread over its CPUs), far below what would keep the reader from the lifecycle
+/// ring or the pipeline from its queue: a scan or a flood is shed, counted, not queued.
+pub const PACKET_EVENTS_PER_CPU: u32 = 20_000;
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            ring_buffer_bytes: 1 << 20,
+            btf_path: "/sys/kernel/btf/vmlinux".into(),
+            only: None,
+            host_netns: None,
+            skip_hooks: Vec::new(),
+            attach_only: false,
+            retry_window: RETRY_WINDOW,
+            packet_events_per_cpu: PACKET_EVENTS_PER_CPU,
+        }
+    }
+}
+
+/// The lifecycle ring's size for a packet ring of `packet` bytes: a quarter, at least a page.
+/// Its records are few (a stop is a handful) but come in bursts when a node drains.
+pub fn lifecycle_ring_bytes(packet: u32) -> u32 {
+    (packet / 4).max(4096)
+}
