@@ -317,7 +317,13 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         telemetry.clone(),
         tx,
     )?
-    .with_faults(capture.take_faults()?);
+    .with_faults(capture.take_faults()?)
+    .dropping(
+        drainwatch_common::EventKind::ALL
+            .into_iter()
+            .filter(|k| cli.test_drop_events.iter().any(|n| n == k.name()))
+            .collect(),
+    );
     let watch = capture.take_watch()?;
     let reader = tokio::spawn(reader.run(shutdown_rx.clone()));
     // Watching again from here: a previous run's open stops go on, with the gap marked.

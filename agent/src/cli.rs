@@ -114,6 +114,16 @@ pub struct Cli {
     #[arg(long, env = "DRAINWATCH_ATTACH_ONLY", hide = true)]
     pub attach_only: bool,
 
+    /// Drop every event of these hooks (by stem, e.g. sched_process_exit) in the reader,
+    /// counted as lost in the ring buffer. Only for tests of what a lost event does.
+    #[arg(
+        long = "test-drop-events",
+        env = "DRAINWATCH_TEST_DROP_EVENTS",
+        value_delimiter = ',',
+        hide = true
+    )]
+    pub test_drop_events: Vec<String>,
+
     /// Capacity of the queue between the ring-buffer reader and the pipeline, in events
     /// (memory is taken for the events queued, not for the whole capacity up front).
     #[arg(long, env = "DRAINWATCH_QUEUE_EVENTS", default_value_t = 65536)]

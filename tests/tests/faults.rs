@@ -6,6 +6,11 @@
 //! the checkpoint, and the record is exact against the lab's truth but for the gap, which it
 //! marks (`agent_gap`, `complete: false`).
 //!
+//! An HTTP flood of the agent during a stop (hundreds of idle and slow connections, clients
+//! looping the page and the API): nothing is lost, the record is exact, and `/healthz`
+//! answers within a second throughout (the agent closes the connections idle longest to make
+//! room).
+//!
 //! A port scan of the stopping backend's address from the host (connects to ports it never
 //! listened on, each refused by a socket-less RST from its namespace).
 //!
@@ -16,7 +21,7 @@
 //! incomplete.
 
 use std::{
-    io::ErrorKind,
+    io::{ErrorKind, Write},
     net::{SocketAddr, SocketAddrV4, TcpStream},
     sync::{
         Arc,
@@ -29,7 +34,7 @@ use std::{
 use drainwatch_tests::{
     accuracy::stop,
     agent::{Agent, instant, stop_record},
-    lab::{Lab, Mode, ScenarioRun, ScenarioSpec, Trigger},
+    lab::{Backend, BackendOpts, Lab, Mode, ScenarioRun, ScenarioSpec, Trigger},
 };
 use serde_json::Value;
 
@@ -197,6 +202,155 @@ fn an_agent_restarted_between_sigterm_and_sigkill_sees_the_kill() {
     assert_exact_but_the_gap(&lab, &run, &stop);
     assert_eq!(stop["outcome"], "killed_at_deadline", "{stop:#}");
     assert!(stop["sigkill_at"].is_string(), "{stop:#}");
+}
+
+#[test]
+fn a_stop_whose_exit_event_was_lost_settles_incomplete() {
+    // The test hook drops every exit event in the reader, counted as lost in the ring buffer.
+    let agent = Agent::start(&["--test-drop-events", "sched_process_exit"]);
+    let b = Backend::start("lostexit", Mode::NoHandler, BackendOpts::default());
+    b.stop(10);
+    assert_eq!(b.exit_code(), 143, "it did exit");
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let stop = loop {
+        let (_, stops) = drainwatch_tests::agent::api(&agent, "/api/v1/stops");
+        let mine = stops
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["container"]["id"] == b.id.as_str() && s["settled"] == true)
+            .cloned();
+        if let Some(s) = mine {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "never settled: {stops:#}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    println!("{stop:#}");
+    assert!(stop["sigterm_at"].is_string());
+    assert!(stop["cgroup_removed_at"].is_string());
+    assert!(stop["exit_at"].is_null(), "its exit was dropped");
+    assert_eq!(stop["complete"], false);
+    assert!(stop["outcome"].is_null(), "no outcome without an exit");
+    assert!(stop["events_lost"].as_u64().unwrap_or(0) > 0);
+    let lost = agent
+        .metric("drainwatch_events_lost_total{stage=\"ringbuf\"}")
+        .expect("lost");
+    assert!(lost > 0.0);
+}
+
+/// Keeps `idle` connections to `port` that send nothing and `slow` ones that send a request's
+/// headers a byte every 500 ms, opening new ones as the agent closes them, until `stop`.
+fn hold_connections(port: u16, idle: usize, slow: usize, stop: Arc<AtomicBool>) -> JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let open = || TcpStream::connect(("127.0.0.1", port)).ok();
+        let mut idle_conns: Vec<TcpStream> = (0..idle).filter_map(|_| open()).collect();
+        let mut slow_conns: Vec<TcpStream> = (0..slow).filter_map(|_| open()).collect();
+        let mut opened = (idle_conns.len() + slow_conns.len()) as u64;
+        let header = b"GET / HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+        let mut i = 0;
+        while !stop.load(Ordering::Relaxed) {
+            for c in &mut slow_conns {
+                if c.write_all(&header[i % header.len()..][..1]).is_err()
+                    && let Some(n) = open()
+                {
+                    *c = n;
+                    opened += 1;
+                }
+            }
+            // An idle connection the agent closed reads EOF: open another in its place.
+            for c in &mut idle_conns {
+                let _ = c.set_nonblocking(true);
+                let mut b = [0u8; 1];
+                if matches!(std::io::Read::read(c, &mut b), Ok(0))
+                    && let Some(n) = open()
+                {
+                    *c = n;
+                    opened += 1;
+                }
+            }
+            i += 1;
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        opened
+    })
+}
+
+#[test]
+fn an_http_flood_during_a_stop_loses_nothing_and_healthz_stays_fast() {
+    let agent = Agent::start(&[]);
+    let port = agent.port;
+    let mut spec = ScenarioSpec::new(Mode::Drain, Trigger::Stop { grace_secs: 10 });
+    spec.remove_when_down = true;
+    let lab = Lab::setup(spec);
+    let stop = Arc::new(AtomicBool::new(false));
+    let held = hold_connections(port, 400, 100, Arc::clone(&stop));
+    let loopers: Vec<JoinHandle<u64>> = ["/", "/api/v1/stops", "/", "/api/v1/deploys"]
+        .into_iter()
+        .map(|path| {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    if drainwatch_tests::agent::get(port, path, "*/*").is_ok_and(|r| r.0 == 200) {
+                        n += 1;
+                    }
+                }
+                n
+            })
+        })
+        .collect();
+    let probe = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut worst = Duration::ZERO;
+            let mut failed = 0;
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let began = Instant::now();
+                let ok =
+                    drainwatch_tests::agent::get(port, "/healthz", "*/*").is_ok_and(|r| r.0 == 200);
+                worst = worst.max(began.elapsed());
+                failed += u32::from(!ok);
+                n += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (n, failed, worst)
+        })
+    };
+    let run = lab.run();
+    let record = stop_record(&agent, &lab.s1.id);
+    stop.store(true, Ordering::Relaxed);
+    let opened = held.join().expect("holder");
+    let requests: u64 = loopers.into_iter().map(|l| l.join().expect("looper")).sum();
+    let (probes, failed, worst) = probe.join().expect("probe");
+    print!("{}", run.report());
+    println!(
+        "flood: {opened} idle and slow connections opened, {requests} page and API requests; /healthz {probes} probes, {failed} failed, slowest {worst:?}"
+    );
+    println!("drainwatch: {record:#}");
+    let wrong: Vec<_> = stop::checks(&lab, &run, &record)
+        .into_iter()
+        .filter(|c| !c.exact())
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "stop record against the lab's truth: {wrong:#?}"
+    );
+    assert_eq!(record["events_lost"], 0);
+    for stage in ["shed", "ringbuf", "queue", "decode"] {
+        let lost = agent.metric(&format!(
+            "drainwatch_events_lost_total{{stage=\"{stage}\"}}"
+        ));
+        assert_eq!(lost, Some(0.0), "{stage}");
+    }
+    assert_eq!(failed, 0, "/healthz failed during the flood");
+    assert!(worst < Duration::from_secs(1), "/healthz took {worst:?}");
+    assert!(requests > 100, "the loop ran: {requests}");
+    assert!(
+        opened > 500,
+        "the agent closed idle connections to make room: {opened}"
+    );
 }
 
 struct Scanned {

@@ -83,6 +83,8 @@ pub struct Reader {
     tx: crate::queue::Sender<Event>,
     /// The programs' fault counters (`Capture::take_faults`), polled with the loss counters.
     faults: Option<super::faults::Faults>,
+    /// Kinds dropped on purpose, as if the kernel had had no room (`--test-drop-events`).
+    drop: Vec<EventKind>,
 }
 
 impl Reader {
@@ -109,6 +111,7 @@ impl Reader {
             telemetry,
             tx,
             faults: None,
+            drop: Vec::new(),
         })
     }
 
@@ -118,12 +121,32 @@ impl Reader {
         self
     }
 
+    /// Drops every record of `kinds`, counted as lost in the ring buffer: for tests of what a
+    /// lost event does to a record.
+    pub fn dropping(mut self, kinds: Vec<EventKind>) -> Self {
+        self.drop = kinds;
+        self
+    }
+
     /// Reads every record available now and sends on, in time order, those stamped before
     /// the drain began (see `merge`); returns how many were read.
     pub fn drain(&mut self) -> usize {
         let watermark = crate::model::monotonic_now();
-        let lifecycle = read(self.lifecycle.get_mut(), &self.names, &self.telemetry);
-        let packet = read(self.ring.get_mut(), &self.names, &self.telemetry);
+        let mut lifecycle = read(self.lifecycle.get_mut(), &self.names, &self.telemetry);
+        let mut packet = read(self.ring.get_mut(), &self.names, &self.telemetry);
+        if !self.drop.is_empty() {
+            let before = lifecycle.len() + packet.len();
+            lifecycle.retain(|e| !self.drop.contains(&e.kind()));
+            packet.retain(|e| !self.drop.contains(&e.kind()));
+            let n = (before - lifecycle.len() - packet.len()) as u64;
+            if n > 0 {
+                EventsLost {
+                    stage: LossStage::Ringbuf,
+                    n,
+                }
+                .emit(&self.telemetry);
+            }
+        }
         let n = lifecycle.len() + packet.len();
         let mut out = Vec::with_capacity(n);
         self.merge.drain(watermark, lifecycle, packet, &mut out);

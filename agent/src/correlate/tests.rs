@@ -1562,6 +1562,26 @@ fn request_response_traffic_never_reads_as_streams() {
 }
 
 #[test]
+fn a_stop_whose_exit_was_lost_settles_incomplete_once_the_cgroup_is_gone() {
+    let mut t = running(1);
+    t.observe(
+        ms(1_000),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    t.observe(ms(2_000), O::CgroupRemoved { key: key() });
+    t.tick(ms(11_900));
+    assert!(!only_stop(&t).settled, "the settle delay after the removal");
+    t.tick(ms(12_000));
+    let s = only_stop(&t);
+    assert!(s.settled && !s.complete);
+    assert_eq!((s.exit_at, s.outcome()), (None, None));
+}
+
+#[test]
 fn a_stop_without_an_exit_settles_incomplete_and_the_next_stop_starts_afresh() {
     let mut t = running(1);
     let sig = |t: &mut Tracker, at, sig| {

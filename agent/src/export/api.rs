@@ -159,6 +159,7 @@ pub fn stop_view(s: &Stop, clock: &Clock) -> StopView {
             comm: x.comm.clone(),
             pid: x.pid,
         }),
+        settled: s.settled,
         storm_clients: None,
         stream_rotation_seconds: s.stream_rotation_seconds().map(round3),
         verdict: String::new(),

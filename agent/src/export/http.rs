@@ -18,12 +18,13 @@ use hyper::{
 };
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
-use tokio::{
-    net::TcpListener,
-    sync::{Semaphore, watch},
-};
+use tokio::{net::TcpListener, sync::watch};
 
-use super::{api, page};
+use super::{
+    api,
+    conns::{Conns, Opened},
+    page,
+};
 use crate::telemetry::Telemetry;
 use crate::{
     correlate::{Correlator, deploys},
@@ -262,7 +263,7 @@ pub fn route(
     }
 }
 
-async fn handle(
+async fn handle_request(
     state: Arc<State>,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
@@ -289,8 +290,10 @@ async fn handle(
     }))
 }
 
-/// Connections served at once; more wait in the listen backlog.
+/// Connections served at once; one more closes the one idle longest (see `conns`).
 pub const MAX_CONNECTIONS: usize = 256;
+/// Connections at most, when all of `MAX_CONNECTIONS` are mid-request.
+const HARD_CONNECTIONS: usize = MAX_CONNECTIONS + 64;
 /// A request's headers must arrive within this...
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// ... and a connection, keep-alive or slow, is closed after this.
@@ -298,12 +301,9 @@ const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 
 /// Serves until `shutdown` turns true.
 pub async fn serve(listener: TcpListener, state: Arc<State>, mut shutdown: watch::Receiver<bool>) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let conns = Conns::new(MAX_CONNECTIONS, HARD_CONNECTIONS);
     let mut backoff = Duration::from_millis(10);
     loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -318,19 +318,38 @@ pub async fn serve(listener: TcpListener, state: Arc<State>, mut shutdown: watch
             _ = shutdown.changed() => return,
         };
         backoff = Duration::from_millis(10);
+        let (handle, close, evicted) = match conns.open(std::time::Instant::now()) {
+            Opened::Served(h, close, evicted) => (h, close, evicted),
+            Opened::Refused => {
+                state.metrics.agent.http_connections_closed(1);
+                continue; // dropping the stream closes it
+            }
+        };
+        state.metrics.agent.http_connections_closed(evicted as u64);
         let state = state.clone();
         tokio::spawn(async move {
-            let _slot = slot;
-            let svc = service_fn(move |req| handle(state.clone(), req));
+            let handle = Arc::new(handle);
+            let svc = service_fn(move |req| {
+                let (state, handle) = (state.clone(), handle.clone());
+                async move {
+                    handle.busy();
+                    let r = handle_request(state, req).await;
+                    handle.idle(std::time::Instant::now());
+                    r
+                }
+            });
             let mut builder = http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT);
             let conn = builder.serve_connection(TokioIo::new(stream), svc);
-            match tokio::time::timeout(CONNECTION_LIFETIME, conn).await {
-                Ok(Err(e)) => tracing::debug!(error = %e, "http connection ended with an error"),
-                Err(_) => tracing::debug!("http connection closed at its lifetime"),
-                Ok(Ok(())) => {}
+            tokio::select! {
+                r = tokio::time::timeout(CONNECTION_LIFETIME, conn) => match r {
+                    Ok(Err(e)) => tracing::debug!(error = %e, "http connection ended with an error"),
+                    Err(_) => tracing::debug!("http connection closed at its lifetime"),
+                    Ok(Ok(())) => {}
+                },
+                _ = close => tracing::debug!("idle http connection closed to make room"),
             }
         });
     }

@@ -2,6 +2,7 @@
 //! and how records become them), the verdicts, the deploy page and `drainwatch report`.
 
 pub mod api;
+mod conns;
 pub mod format;
 pub mod http;
 pub mod page;

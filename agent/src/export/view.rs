@@ -55,6 +55,8 @@ pub struct StopView {
     pub prestop: Option<bool>,
     /// Stop signal → the last connection routed to it.
     pub routing_lag_seconds: Option<f64>,
+    /// It will not change any more (10 s after its cgroup is gone, or at the no-exit limit).
+    pub settled: bool,
     pub sigkill_at: Option<String>,
     pub sigterm_at: Option<String>,
     pub sigterm_sender: Option<SenderView>,

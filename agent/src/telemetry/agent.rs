@@ -43,6 +43,7 @@ pub struct AgentMetrics {
     watch_refused: Counter,
     watch_entries: [Gauge; WatchMap::ALL.len()],
     watch_failures: Counter,
+    http_closed: Counter,
     probe_attached: Family<ProbeLabels, Gauge>,
     probe_degraded: Family<SignalLabels, Gauge>,
     procfs_errors: [Counter; ProcfsFile::ALL.len()],
@@ -58,6 +59,7 @@ impl AgentMetrics {
         let watch_refused = Counter::default();
         let watch_entries = Family::<MapLabels, Gauge>::default();
         let watch_failures = Counter::default();
+        let http_closed = Counter::default();
         let lost = Family::<StageLabels, Counter>::default();
         let probe_attached = Family::<ProbeLabels, Gauge>::default();
         let probe_degraded = Family::<SignalLabels, Gauge>::default();
@@ -77,6 +79,11 @@ impl AgentMetrics {
             "drainwatch_events_shed",
             "Packet-path events shed in the kernel, by hook: past the per-CPU budget (--packet-events-per-cpu); also in drainwatch_events_lost_total{stage=\"shed\"}. Lifecycle events (signals, exits, cgroup removals) are never shed",
             shed.clone(),
+        );
+        registry.register(
+            "drainwatch_http_connections_closed",
+            "HTTP connections the agent closed to stay within its connection limit: the ones idle longest when another arrived, or new ones when every connection was mid-request",
+            http_closed.clone(),
         );
         registry.register(
             "drainwatch_watch_map_full",
@@ -139,6 +146,7 @@ impl AgentMetrics {
             watch_entries: WatchMap::ALL
                 .map(|map| watch_entries.get_or_create_owned(&MapLabels { map })),
             watch_failures,
+            http_closed,
             probe_attached,
             probe_degraded,
             procfs_errors: ProcfsFile::ALL
@@ -165,6 +173,10 @@ impl AgentMetrics {
     /// Events the kernel dropped as out of scope since the last poll.
     pub fn filtered(&self, kind: EventKind, n: u64) {
         self.filtered[kind.index()].inc_by(n);
+    }
+
+    pub fn http_connections_closed(&self, n: u64) {
+        self.http_closed.inc_by(n);
     }
 
     pub fn shed(&self, kind: EventKind, n: u64) {

@@ -152,12 +152,14 @@ impl Tracker {
             if s.settled {
                 continue;
             }
-            let due = match s.exit_at {
+            let due = match (s.exit_at, s.cgroup_removed_at) {
                 // Once the cgroup is gone (or long after exit) plus the settle delay; loss seen
                 // after that (late unreachable attempts) is not attributed to this stop.
-                Some(exit_at) => s.cgroup_removed_at.unwrap_or(exit_at + 3 * settle) + settle,
+                (Some(exit_at), removed) => removed.unwrap_or(exit_at + 3 * settle) + settle,
+                // No exit, but the cgroup is gone: its exit event was lost; none will come.
+                (None, Some(removed)) => removed + settle,
                 // No exit: the process outlived every deadline, or its exit event was lost.
-                None => no_exit_limit(s),
+                (None, None) => no_exit_limit(s),
             };
             if now >= due {
                 s.complete = s.exit_at.is_some() && s.events_lost == 0;
