@@ -149,6 +149,7 @@ impl<H: HostView> Pipeline<H> {
                 (c.tick(now), c.state())
             });
             self.telemetry.state.record(&state);
+            self.telemetry.state.record(&self.enricher.state());
             self.record(&emitted);
         }
         // Containers found since the last sample are sampled at once too (see

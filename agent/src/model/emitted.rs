@@ -34,6 +34,8 @@ impl RetryOutcome {
 pub enum Emitted {
     /// A container was announced (scan or first event).
     ContainerSeen { container: ContainerIdentity },
+    /// A container gone longer than the retention window was forgotten: its series may go.
+    ContainerForgotten { container: ContainerIdentity },
     /// Loss counted against a stop (`reason`: a reset's kernel reason).
     Loss {
         container: ContainerIdentity,

@@ -1,36 +1,67 @@
 //! The per-container cardinality cap: every per-container family asks [`Cap::admit`] before
 //! creating a series, and a container past the cap is dropped and counted in
-//! `drainwatch_series_dropped_total{metric}`, never silently.
+//! `drainwatch_series_dropped_total{metric}`, never silently. The cap is over containers alive
+//! or retained: each series made through [`Cap::series`] is remembered with its container, and
+//! when the correlator forgets the last container of those labels (after the retention
+//! window) its series are removed and its place freed ([`Cap::forget`]).
 
 use std::sync::Mutex;
 
 use prometheus_client::{
-    metrics::{counter::Counter, family::Family},
+    metrics::{counter::Counter, family::Family, family::MetricConstructor},
     registry::Registry,
 };
 
 use super::labels::{ContainerLabels, MetricLabels};
-use crate::model::HashSet;
+use crate::model::{HashMap, HashSet};
 
 /// Most distinct containers (namespace, workload, container) the per-container families
 /// keep; past it new ones are dropped and counted in `drainwatch_series_dropped_total`.
 pub const MAX_CONTAINERS: usize = 2000;
 
+/// A label set with its container's labels in it.
+pub trait OfContainer {
+    fn container(&self) -> &ContainerLabels;
+}
+
+impl OfContainer for ContainerLabels {
+    fn container(&self) -> &ContainerLabels {
+        self
+    }
+}
+
+type Remove = Box<dyn Fn() + Send + Sync>;
+
+#[derive(Default)]
+struct Slot {
+    /// Removes each series made for these labels.
+    series: Vec<Remove>,
+    /// The containers (by id) seen under these labels and not forgotten yet.
+    holders: HashSet<String>,
+}
+
 pub struct Cap {
-    seen: Mutex<HashSet<ContainerLabels>>,
+    admitted: Mutex<HashMap<ContainerLabels, Slot>>,
     dropped: Family<MetricLabels, Counter>,
+    forgotten: Counter,
 }
 
 impl Cap {
     pub fn register(registry: &mut Registry) -> Self {
         let cap = Self {
-            seen: Mutex::new(HashSet::default()),
+            admitted: Mutex::new(HashMap::default()),
             dropped: Family::default(),
+            forgotten: Counter::default(),
         };
         registry.register(
             "drainwatch_series_dropped",
             "Series not created because the per-container cardinality cap was reached",
             cap.dropped.clone(),
+        );
+        registry.register(
+            "drainwatch_series_forgotten_containers",
+            "Containers whose series were removed once they were gone longer than the retention window",
+            cap.forgotten.clone(),
         );
         cap
     }
@@ -38,18 +69,71 @@ impl Cap {
     /// Whether series for this container may be created, counting refusals against `metric`
     /// (the family that would have had the series).
     pub fn admit(&self, c: &ContainerLabels, metric: &'static str) -> bool {
-        let Ok(mut seen) = self.seen.lock() else {
+        let Ok(mut admitted) = self.admitted.lock() else {
             return false;
         };
-        if seen.contains(c) {
+        if admitted.contains_key(c) {
             return true;
         }
-        if seen.len() >= MAX_CONTAINERS {
+        if admitted.len() >= MAX_CONTAINERS {
             self.dropped.get_or_create(&MetricLabels { metric }).inc();
             return false;
         }
-        seen.insert(c.clone());
+        admitted.insert(c.clone(), Slot::default());
         true
+    }
+
+    /// `family`'s series for `labels` (of an admitted container), made on first use and
+    /// remembered for [`Cap::forget`].
+    pub fn series<'a, S, M, C>(
+        &self,
+        family: &'a Family<S, M, C>,
+        labels: &S,
+    ) -> impl std::ops::Deref<Target = M> + 'a
+    where
+        S: OfContainer + Clone + std::hash::Hash + Eq + Send + Sync + 'static,
+        M: Send + Sync + 'static,
+        C: MetricConstructor<M> + Clone + Send + Sync + 'static,
+    {
+        if family.get(labels).is_none()
+            && let Ok(mut admitted) = self.admitted.lock()
+            && let Some(slot) = admitted.get_mut(labels.container())
+        {
+            let (f, l) = (family.clone(), labels.clone());
+            slot.series.push(Box::new(move || {
+                f.remove(&l);
+            }));
+        }
+        family.get_or_create(labels)
+    }
+
+    /// Container `id` has these labels (a container announced).
+    pub fn hold(&self, c: &ContainerLabels, id: &str) {
+        if let Ok(mut admitted) = self.admitted.lock()
+            && let Some(slot) = admitted.get_mut(c)
+        {
+            slot.holders.insert(id.to_string());
+        }
+    }
+
+    /// Container `id` is forgotten: when no other holds its labels, their series go.
+    pub fn forget(&self, c: &ContainerLabels, id: &str) {
+        let Ok(mut admitted) = self.admitted.lock() else {
+            return;
+        };
+        let Some(slot) = admitted.get_mut(c) else {
+            return;
+        };
+        slot.holders.remove(id);
+        if !slot.holders.is_empty() {
+            return;
+        }
+        if let Some(slot) = admitted.remove(c) {
+            for remove in &slot.series {
+                remove();
+            }
+            self.forgotten.inc();
+        }
     }
 }
 
@@ -80,6 +164,48 @@ mod tests {
             text.matches("drainwatch_refused_connections_total{")
                 .count(),
             MAX_CONTAINERS
+        );
+    }
+
+    #[test]
+    fn a_forgotten_container_frees_its_series_once_no_other_run_holds_its_labels() {
+        use crate::model::{Emitted, ResetDirection};
+        let m = Telemetry::new("k");
+        let run = |id: &str| ContainerIdentity {
+            id: id.into(),
+            name: "app".into(),
+            workload: "web".into(),
+            ..Default::default()
+        };
+        let (old, new) = (run("old"), run("new"));
+        for c in [&old, &new] {
+            m.record(&Emitted::ContainerSeen {
+                container: c.clone(),
+            });
+        }
+        m.stops
+            .connection_reset(&old, ResetDirection::Sent, "NOT_SPECIFIED");
+        let series = |m: &Telemetry| {
+            let text = m.encode_prometheus().unwrap();
+            text.lines()
+                .filter(|l| !l.starts_with('#') && l.contains("container=\"app\""))
+                .count()
+        };
+        let before = series(&m);
+        assert!(before > 10, "zeroed series and the reset: {before}");
+        // The old run is forgotten, the new one still holds the labels: nothing goes.
+        m.record(&Emitted::ContainerForgotten { container: old });
+        assert_eq!(series(&m), before);
+        m.record(&Emitted::ContainerForgotten { container: new });
+        assert_eq!(series(&m), 0, "{}", m.encode_prometheus().unwrap());
+        let text = m.encode_prometheus().unwrap();
+        assert!(
+            text.contains("drainwatch_series_forgotten_containers_total 1"),
+            "{text}"
+        );
+        assert!(
+            m.cap.admitted.lock().unwrap().is_empty(),
+            "its place is free"
         );
     }
 }

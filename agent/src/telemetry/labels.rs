@@ -297,3 +297,23 @@ mod tests {
         }
     }
 }
+
+/// Each label set of a per-container family names its container (see `cap::Cap::series`).
+macro_rules! of_container {
+    ($($t:ty),*) => {$(
+        impl super::cap::OfContainer for $t {
+            fn container(&self) -> &ContainerLabels {
+                &self.container
+            }
+        }
+    )*};
+}
+
+of_container!(
+    OutcomeLabels,
+    ProbeFailureLabels,
+    ReasonLabels,
+    ResetLabels,
+    ProxyLabels,
+    PortLabels
+);

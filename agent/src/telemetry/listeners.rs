@@ -191,16 +191,18 @@ impl ListenerMetrics {
         match *fact {
             Fact::Arrival => {
                 h.arrivals
-                    .get_or_insert_with(|| self.arrivals.get_or_create(&labels()).clone())
+                    .get_or_insert_with(|| self.cap.series(&self.arrivals, &labels()).clone())
                     .inc();
             }
             Fact::AcceptWait(secs) => h
                 .accept_wait
-                .get_or_insert_with(|| self.accept_wait.get_or_create(&labels()).clone())
+                .get_or_insert_with(|| self.cap.series(&self.accept_wait, &labels()).clone())
                 .observe(secs),
             Fact::Overflow => {
                 h.overflows
-                    .get_or_insert_with(|| self.listen_overflows.get_or_create(&labels()).clone())
+                    .get_or_insert_with(|| {
+                        self.cap.series(&self.listen_overflows, &labels()).clone()
+                    })
                     .inc();
             }
         }
@@ -223,16 +225,16 @@ impl ListenerMetrics {
         let Some(l) = self.port_labels(&c, s.port, "drainwatch_reconnect_storms") else {
             return;
         };
-        self.storms.get_or_create(&l).inc();
-        self.storm_peak_rate
-            .get_or_create(&l)
+        self.cap.series(&self.storms, &l).inc();
+        self.cap
+            .series(&self.storm_peak_rate, &l)
             .set(s.peak_arrivals_per_second);
         // 0 when nothing queued: no wider window was needed.
-        self.storm_window
-            .get_or_create(&l)
+        self.cap
+            .series(&self.storm_window, &l)
             .set(s.recommended_window_seconds.unwrap_or(0.0));
-        self.storm_observed_window
-            .get_or_create(&l)
+        self.cap
+            .series(&self.storm_observed_window, &l)
             .set(s.seconds_to_95_percent);
     }
 
@@ -249,11 +251,11 @@ impl ListenerMetrics {
             let before = seen.insert(l.clone(), *now).unwrap_or_default();
             // A counter that went down belongs to a new namespace under the same names.
             let grew = |b: u64, n: u64| if n >= b { n - b } else { n };
-            self.netns_listen_overflows
-                .get_or_create(&l)
+            self.cap
+                .series(&self.netns_listen_overflows, &l)
                 .inc_by(grew(before.overflows, now.overflows));
-            self.netns_listen_drops
-                .get_or_create(&l)
+            self.cap
+                .series(&self.netns_listen_drops, &l)
                 .inc_by(grew(before.drops, now.drops));
         }
     }
@@ -273,12 +275,12 @@ impl ListenerMetrics {
             let Some(l) = self.port_labels(c, *port, "drainwatch_accept_queue_depth") else {
                 continue;
             };
-            self.accept_queue_depth
-                .get_or_create(&l)
+            self.cap
+                .series(&self.accept_queue_depth, &l)
                 .set(i64::from(*depth));
             if let Some(limit) = limit {
-                self.accept_queue_limit
-                    .get_or_create(&l)
+                self.cap
+                    .series(&self.accept_queue_limit, &l)
                     .set(i64::from(*limit));
             }
             now.insert(l);

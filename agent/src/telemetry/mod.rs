@@ -27,6 +27,7 @@ use crate::model::Emitted;
 
 pub use agent::{AgentMetrics, Attach};
 pub use cap::MAX_CONTAINERS;
+use labels::ContainerLabels;
 pub use labels::{LossStage, ProcfsFile};
 pub use listeners::ListenerMetrics;
 pub use starts::StartMetrics;
@@ -40,6 +41,7 @@ pub struct Telemetry {
     pub listeners: ListenerMetrics,
     pub state: state::StateMetrics,
     pub checkpoint: checkpoint::CheckpointMetrics,
+    cap: Arc<cap::Cap>,
     /// The reader's and the pipeline's, for `/healthz`.
     pub heartbeats: heartbeat::Heartbeats,
     limits: internal::Limits,
@@ -53,7 +55,7 @@ impl Telemetry {
         let cap = Arc::new(cap::Cap::register(&mut registry));
         let stops = StopMetrics::register(&mut registry, cap.clone());
         let starts = StartMetrics::register(&mut registry, cap.clone());
-        let listeners = ListenerMetrics::register(&mut registry, cap);
+        let listeners = ListenerMetrics::register(&mut registry, cap.clone());
         let state = state::StateMetrics::register(&mut registry);
         let checkpoint = checkpoint::CheckpointMetrics::register(&mut registry);
         Self {
@@ -64,6 +66,7 @@ impl Telemetry {
             listeners,
             state,
             checkpoint,
+            cap,
             heartbeats: heartbeat::Heartbeats::default(),
             limits: internal::Limits::default(),
         }
@@ -80,7 +83,12 @@ impl Telemetry {
             Emitted::ContainerSeen { container } => {
                 self.stops.container_seen(container);
                 self.starts.container_seen(container);
+                self.cap
+                    .hold(&ContainerLabels::from(container), &container.id);
             }
+            Emitted::ContainerForgotten { container } => self
+                .cap
+                .forget(&ContainerLabels::from(container), &container.id),
             Emitted::Loss {
                 container,
                 kind,

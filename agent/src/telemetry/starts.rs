@@ -45,8 +45,8 @@ impl StartMetrics {
     pub fn container_seen(&self, c: &ContainerIdentity) {
         let l = ContainerLabels::from(c);
         if self.cap.admit(&l, "drainwatch_start_refused_before_listen") {
-            let _ = self.refused_before_listen.get_or_create(&l);
-            let _ = self.probes_refused.get_or_create(&l);
+            let _ = self.cap.series(&self.refused_before_listen, &l);
+            let _ = self.cap.series(&self.probes_refused, &l);
         }
     }
 
@@ -55,11 +55,11 @@ impl StartMetrics {
         if !self.cap.admit(&l, "drainwatch_start_refused_before_listen") {
             return;
         }
-        self.refused_before_listen
-            .get_or_create(&l)
+        self.cap
+            .series(&self.refused_before_listen, &l)
             .inc_by(s.loss.refused_before_listen);
-        self.probes_refused
-            .get_or_create(&l)
+        self.cap
+            .series(&self.probes_refused, &l)
             .inc_by(s.loss.probes.refused);
     }
 

@@ -184,10 +184,13 @@ impl StopMetrics {
             return;
         }
         for outcome in Outcome::ALL {
-            let _ = self.stops.get_or_create(&OutcomeLabels {
-                container: l.clone(),
-                outcome,
-            });
+            let _ = self.cap.series(
+                &self.stops,
+                &OutcomeLabels {
+                    container: l.clone(),
+                    outcome,
+                },
+            );
         }
         for family in [
             &self.inflight_cut,
@@ -198,12 +201,12 @@ impl StopMetrics {
             &self.accepted_after_sigterm,
             &self.refused_connections,
         ] {
-            let _ = family.get_or_create(&l);
+            let _ = self.cap.series(family, &l);
         }
         // The same for the per-stop histograms: a histogram that appears with its first
         // observation already counted has no rate, so its first stop would show no quantile.
-        let _ = self.drain_duration.get_or_create(&l);
-        let _ = self.routing_lag.get_or_create(&l);
+        let _ = self.cap.series(&self.drain_duration, &l);
+        let _ = self.cap.series(&self.routing_lag, &l);
     }
 
     /// Loss counted against a stop, as it happens.
@@ -221,11 +224,14 @@ impl StopMetrics {
             LossKind::ResetsSent => {
                 let container = ContainerLabels::from(c);
                 if self.cap.admit(&container, "drainwatch_stop_resets_sent") {
-                    self.resets_sent
-                        .get_or_create(&ReasonLabels {
-                            container,
-                            reason: reason.unwrap_or("unknown").into(),
-                        })
+                    self.cap
+                        .series(
+                            &self.resets_sent,
+                            &ReasonLabels {
+                                container,
+                                reason: reason.unwrap_or("unknown").into(),
+                            },
+                        )
                         .inc();
                 }
                 return;
@@ -238,8 +244,11 @@ impl StopMetrics {
                         LossKind::ProbeRefused => ProbeResult::Refused,
                         _ => ProbeResult::Unreachable,
                     };
-                    self.probe_failures
-                        .get_or_create(&ProbeFailureLabels { container, result })
+                    self.cap
+                        .series(
+                            &self.probe_failures,
+                            &ProbeFailureLabels { container, result },
+                        )
                         .inc();
                 }
                 return;
@@ -251,7 +260,7 @@ impl StopMetrics {
         };
         let l = ContainerLabels::from(c);
         if self.cap.admit(&l, metric) {
-            family.get_or_create(&l).inc();
+            self.cap.series(family, &l).inc();
         }
     }
 
@@ -262,17 +271,20 @@ impl StopMetrics {
         if !self.cap.admit(&l, "drainwatch_container_stops") {
             return;
         }
-        self.stops
-            .get_or_create(&OutcomeLabels {
-                container: l.clone(),
-                outcome,
-            })
+        self.cap
+            .series(
+                &self.stops,
+                &OutcomeLabels {
+                    container: l.clone(),
+                    outcome,
+                },
+            )
             .inc();
         if let Some(d) = s.drain_seconds() {
-            self.drain_duration.get_or_create(&l).observe(d);
+            self.cap.series(&self.drain_duration, &l).observe(d);
         }
         if let Some(d) = s.routing_lag_seconds() {
-            self.routing_lag.get_or_create(&l).observe(d);
+            self.cap.series(&self.routing_lag, &l).observe(d);
         }
         // The configured grace period (Kubernetes metadata) when known; else the observed one,
         // which only a stop that ran out of time shows.
@@ -281,10 +293,10 @@ impl StopMetrics {
             .map(|g| g as f64)
             .or_else(|| s.grace_seconds());
         if let Some(g) = grace {
-            self.grace_period.get_or_create(&l).set(g);
+            self.cap.series(&self.grace_period, &l).set(g);
         }
         if let Some(r) = s.stream_rotation_seconds() {
-            self.stream_rotation.get_or_create(&l).set(r);
+            self.cap.series(&self.stream_rotation, &l).set(r);
         }
     }
 
@@ -292,7 +304,7 @@ impl StopMetrics {
     pub fn stream_rotation(&self, c: &ContainerIdentity, seconds: f64) {
         let l = ContainerLabels::from(c);
         if self.cap.admit(&l, "drainwatch_stream_rotation_seconds") {
-            self.stream_rotation.get_or_create(&l).set(seconds);
+            self.cap.series(&self.stream_rotation, &l).set(seconds);
         }
     }
 
@@ -302,12 +314,15 @@ impl StopMetrics {
         if !self.cap.admit(&container, "drainwatch_connection_resets") {
             return;
         }
-        self.connection_resets
-            .get_or_create(&ResetLabels {
-                container,
-                direction,
-                reason: reason.into(),
-            })
+        self.cap
+            .series(
+                &self.connection_resets,
+                &ResetLabels {
+                    container,
+                    direction,
+                    reason: reason.into(),
+                },
+            )
             .inc();
     }
 
@@ -315,7 +330,7 @@ impl StopMetrics {
     pub fn refused_connection(&self, c: &ContainerIdentity) {
         let l = ContainerLabels::from(c);
         if self.cap.admit(&l, "drainwatch_refused_connections") {
-            self.refused_connections.get_or_create(&l).inc();
+            self.cap.series(&self.refused_connections, &l).inc();
         }
     }
 
@@ -331,19 +346,19 @@ impl StopMetrics {
         };
         match outcome {
             RetryOutcome::Duplicate { added_seconds } => {
-                self.retry_duplicates.get_or_create(&labels).inc();
-                self.retry_added_latency
-                    .get_or_create(&labels.container)
+                self.cap.series(&self.retry_duplicates, &labels).inc();
+                self.cap
+                    .series(&self.retry_added_latency, &labels.container)
                     .observe(added_seconds);
             }
             RetryOutcome::Unexecuted { added_seconds } => {
-                self.retried_unexecuted.get_or_create(&labels).inc();
-                self.retry_added_latency
-                    .get_or_create(&labels.container)
+                self.cap.series(&self.retried_unexecuted, &labels).inc();
+                self.cap
+                    .series(&self.retry_added_latency, &labels.container)
                     .observe(added_seconds);
             }
             RetryOutcome::Abort => {
-                self.upstream_aborts.get_or_create(&labels).inc();
+                self.cap.series(&self.upstream_aborts, &labels).inc();
             }
         }
     }

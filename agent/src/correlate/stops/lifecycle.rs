@@ -173,6 +173,7 @@ impl Tracker {
         let retention = self.config.retention;
         let records = &self.records;
         let probes = &mut self.probes;
+        let emitted = &mut self.emitted;
         self.containers.retain(|key, c| {
             let Some(gone) = c.gone_at else { return true };
             let settled = c
@@ -182,6 +183,9 @@ impl Tracker {
             let keep = !(settled && now >= gone + retention);
             if !keep {
                 probes.forget_backend(key);
+                emitted.push(Emitted::ContainerForgotten {
+                    container: c.identity.clone(),
+                });
             }
             keep
         });

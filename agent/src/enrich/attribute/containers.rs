@@ -4,7 +4,8 @@
 
 use std::{net::SocketAddr, ops::Not, sync::Arc};
 
-use super::{Container, Enricher, Key, Tracked};
+use super::{Container, Enricher, Key, MAX_NOT_CONTAINERS, Tracked};
+use crate::model::state::make_room_in_set;
 use crate::{
     enrich::{
         cgroup_path::{CgroupOwner, parse_cgroup_path},
@@ -419,6 +420,12 @@ impl<H: HostView> Enricher<H> {
             .and_then(|p| p.cgroup_path)
             .and_then(|path| parse_cgroup_path(&path));
         let Some(owner) = owner else {
+            make_room_in_set(
+                &mut self.not_containers,
+                MAX_NOT_CONTAINERS,
+                &pid,
+                &mut self.dropped.not_containers,
+            );
             self.not_containers.insert(pid);
             return None;
         };

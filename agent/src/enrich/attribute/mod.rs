@@ -30,7 +30,10 @@ use crate::{
         event::{Event, ExitStatus},
         jiffies::JiffyClock,
     },
-    model::{ContainerIdentity, ExitInfo, HashMap, HashSet, Observation, Sender},
+    model::{
+        ContainerIdentity, ExitInfo, HashMap, HashSet, Observation, Sender,
+        state::{StateMap, StateStat},
+    },
 };
 
 #[derive(Debug, Default)]
@@ -69,6 +72,22 @@ struct Container {
 /// rather than `Arc<str>`: a thin pointer, 8 bytes less in every connection's entry.
 type Key = Arc<String>;
 
+/// Caps of the collections that shrink only at an event (a close, an exit): one lost on the
+/// way would leave its entry behind for good. Far above what a node holds.
+const MAX_UPSTREAMS: usize = 65_536;
+const MAX_INBOUND: usize = 262_144;
+const MAX_REFUSED_ATTEMPTS: usize = 65_536;
+const MAX_NOT_CONTAINERS: usize = 65_536;
+
+/// What those caps dropped.
+#[derive(Debug, Default)]
+struct Dropped {
+    upstreams: u64,
+    inbound: u64,
+    refused_attempts: u64,
+    not_containers: u64,
+}
+
 pub struct Enricher<H> {
     host: H,
     containers: HashMap<String, Container>,
@@ -94,6 +113,7 @@ pub struct Enricher<H> {
     scanned: bool,
     /// The kernel's tick, for how long a closing connection had been quiet.
     jiffies: JiffyClock,
+    dropped: Dropped,
 }
 
 impl<H: HostView> Enricher<H> {
@@ -116,6 +136,7 @@ impl<H: HostView> Enricher<H> {
             watch_generation: 0,
             scanned: false,
             jiffies: JiffyClock::default(),
+            dropped: Dropped::default(),
         }
     }
 
@@ -153,6 +174,43 @@ impl<H: HostView> Enricher<H> {
         let sockets = &mut self.sockets.tracked;
         sockets.retain(|_, t| !expired.contains(t.key.as_str()));
         self.sockets.seeded.retain(|_, id| sockets.contains_key(id));
+    }
+
+    /// Its capped collections, for `drainwatch_state_*`.
+    pub fn state(&self) -> Vec<StateStat> {
+        let stat = |map, entries, capacity, dropped| StateStat {
+            map,
+            entries,
+            capacity,
+            dropped,
+        };
+        let d = &self.dropped;
+        vec![
+            stat(
+                StateMap::Upstreams,
+                self.upstreams.open.len(),
+                MAX_UPSTREAMS,
+                d.upstreams,
+            ),
+            stat(
+                StateMap::InboundSockets,
+                self.sockets.tracked.len(),
+                MAX_INBOUND,
+                d.inbound,
+            ),
+            stat(
+                StateMap::RefusedAttempts,
+                self.sockets.refused_attempts.len(),
+                MAX_REFUSED_ATTEMPTS,
+                d.refused_attempts,
+            ),
+            stat(
+                StateMap::NotContainers,
+                self.not_containers.len(),
+                MAX_NOT_CONTAINERS,
+                d.not_containers,
+            ),
+        ]
     }
 
     /// Refusals that waited long enough for an attempt on this node to claim them (see

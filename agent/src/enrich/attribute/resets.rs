@@ -18,7 +18,8 @@
 
 use std::{collections::VecDeque, sync::Arc};
 
-use super::{Enricher, refusals::Target};
+use super::{Enricher, MAX_REFUSED_ATTEMPTS, refusals::Target};
+use crate::model::state::make_room_in_set;
 use crate::{
     capture::event::{ResetReceived, ResetSent},
     enrich::host::HostView,
@@ -121,6 +122,12 @@ impl<H: HostView> Enricher<H> {
 
     pub(super) fn reset_received(&mut self, r: &ResetReceived, out: &mut Vec<Observation>) {
         if r.state == Some(TcpState::SynSent) {
+            make_room_in_set(
+                &mut self.sockets.refused_attempts,
+                MAX_REFUSED_ATTEMPTS,
+                &r.skaddr,
+                &mut self.dropped.refused_attempts,
+            );
             self.sockets.refused_attempts.insert(r.skaddr);
         } else if let Some(conn) = r.conn
             && let Some(t) = self.tracked(r.skaddr, r.meta.netns, conn)

@@ -4,7 +4,8 @@
 
 use std::{collections::VecDeque, net::SocketAddr, sync::Arc};
 
-use super::{Enricher, Key};
+use super::{Enricher, Key, MAX_INBOUND};
+use crate::model::state::make_room;
 use crate::{
     capture::{
         event::{Endpoints, StateChange},
@@ -114,6 +115,12 @@ impl<H: HostView> Enricher<H> {
                         sock: s.skaddr,
                         upstream: self.upstream_of(conn),
                     });
+                    make_room(
+                        &mut self.sockets.tracked,
+                        MAX_INBOUND,
+                        &s.skaddr,
+                        &mut self.dropped.inbound,
+                    );
                     self.sockets.tracked.insert(
                         s.skaddr,
                         Tracked::new(key.clone(), Some((s.meta.ts_ns, conn.local.port()))),

@@ -5,7 +5,8 @@
 
 use std::{collections::VecDeque, net::SocketAddr};
 
-use super::Enricher;
+use super::{Enricher, MAX_UPSTREAMS};
+use crate::model::state::make_room;
 use crate::{
     capture::event::{Endpoints, IoStep, StateChange, UpstreamIo},
     enrich::host::HostView,
@@ -212,6 +213,12 @@ impl<H: HostView> Enricher<H> {
                     key: key.clone(),
                     proxy: proxy.clone(),
                 };
+                make_room(
+                    &mut self.upstreams.open,
+                    MAX_UPSTREAMS,
+                    &s.skaddr,
+                    &mut self.dropped.upstreams,
+                );
                 self.upstreams.open.insert(s.skaddr, up);
                 out.push(Observation::UpstreamOpened {
                     key,
