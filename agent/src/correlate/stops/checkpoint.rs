@@ -72,6 +72,7 @@ impl Tracker {
                 c.stop = Some(seq);
             }
         }
+        self.records.bound(self.config.max_stops);
     }
 }
 

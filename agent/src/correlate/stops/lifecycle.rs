@@ -56,6 +56,8 @@ impl Tracker {
         });
         let seq = self.records.push(stop);
         c.stop = Some(seq);
+        // Within the cap at once, not only at the next tick (settled records go first).
+        self.records.bound(self.config.max_stops);
         Some(seq)
     }
 

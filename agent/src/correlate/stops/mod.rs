@@ -6,6 +6,8 @@
 mod checkpoint;
 mod held;
 mod lifecycle;
+#[cfg(test)]
+mod proptests;
 mod records;
 mod streams;
 
@@ -152,9 +154,10 @@ impl Tracker {
         self.containers.contains_key(key)
     }
 
+    /// The container's stop in progress; a settled record never changes, so none then.
     fn stop_mut(&mut self, key: &str) -> Option<&mut Stop> {
         let seq = self.containers.get(key)?.stop?;
-        self.records.get_mut(seq)
+        self.records.get_mut(seq).filter(|s| !s.settled)
     }
 
     /// Counts one loss of `kind` that happened `at` against the container's stop in progress.
@@ -184,10 +187,15 @@ impl Tracker {
         {
             // Announced again after its main process exited: restarted in place. The old
             // stop is over (settled now); the next stop signal starts a new record.
+            let gone = self
+                .containers
+                .get(&key)
+                .is_some_and(|c| c.gone_at.is_some());
             let restarted = self
                 .stop_mut(&key)
-                .filter(|s| s.exit_at.is_some() && !s.settled);
+                .filter(|s| (s.exit_at.is_some() || gone) && !s.settled);
             if let Some(s) = restarted {
+                s.complete = s.exit_at.is_some() && s.events_lost == 0 && s.agent_gap.is_none();
                 s.settled = true;
                 let stop = Box::new(s.clone());
                 self.emitted.push(Emitted::Settled { stop });
@@ -421,6 +429,7 @@ impl Tracker {
             Observation::CgroupRemoved { .. } => {
                 if let Some(s) = self.stop_mut(&key)
                     && s.cgroup_removed_at.is_none()
+                    && !s.settled
                 {
                     s.cgroup_removed_at = Some(now);
                 }
@@ -460,7 +469,8 @@ impl Tracker {
 
     /// A request accepted at `at` (a probe is not: it moves nothing).
     fn accepted(&mut self, key: &str, after_sigterm: bool, at: Mono) {
-        if let Some(s) = self.stop_mut(key) {
+        // A settled record never changes (a container that lives on after its stop settled).
+        if let Some(s) = self.stop_mut(key).filter(|s| !s.settled) {
             s.last_accept_at = s.last_accept_at.max(Some(at));
         }
         if after_sigterm {
