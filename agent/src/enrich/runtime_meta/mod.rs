@@ -26,7 +26,9 @@
 //! the name the kubelet itself gives it, with the pod's namespace, pod and workload: it owns
 //! the pod's network namespace, so what happens there belongs to the pod.
 
-mod bolt;
+// Public for the fuzz targets (fuzz/fuzz_targets/bolt.rs) only.
+#[doc(hidden)]
+pub mod bolt;
 mod docker;
 mod naming;
 mod oci;
