@@ -86,7 +86,12 @@ pub fn run(settings: &Settings) -> Result<()> {
     let table = report::render(&rows);
     println!("{table}");
     if !settings.smoke {
-        let doc = report::document(&table, &plan)?;
+        let mut doc = report::document(&table, &plan)?;
+        // The soak's figures (`cargo xtask soak`) are kept.
+        let old = std::fs::read_to_string(root.join("BENCHMARKS.md")).unwrap_or_default();
+        if let Some(soak) = crate::soak::section(&old) {
+            doc = format!("{}\n\n{soak}\n", doc.trim_end());
+        }
         std::fs::write(root.join("BENCHMARKS.md"), doc).context("writing BENCHMARKS.md")?;
         eprintln!("[bench] wrote BENCHMARKS.md");
     }

@@ -4,6 +4,7 @@
 
 mod bench;
 mod setup;
+mod soak;
 
 use std::{
     env,
@@ -126,6 +127,15 @@ enum Cmd {
         Example: cargo xtask accuracy --no-setup --lab stop --seeds 50"
     )]
     Accuracy(AccuracyArgs),
+    /// The agent under container churn and traffic for --minutes; its figures in BENCHMARKS.md
+    #[command(
+        long_about = "The agent (with --state-dir) under container churn and steady traffic for \
+        --minutes (tests/tests/soak.rs): it holds when RSS drifts under 5% after warm-up, every \
+        capped collection stays under its cap, no event is lost, and every container churned has \
+        its stop and start records. Writes its figures to BENCHMARKS.md (kept by bench).\n\n\
+        Example: cargo xtask soak --minutes 30"
+    )]
+    Soak(soak::SoakArgs),
 }
 
 #[derive(Args)]
@@ -206,6 +216,7 @@ fn main() -> ExitCode {
         Cmd::Test(args) => test(&args),
         Cmd::Demo(args) => demo(&args),
         Cmd::Accuracy(args) => accuracy(&args),
+        Cmd::Soak(args) => soak::run(&args),
         Cmd::Bench(args) => {
             if !args.no_setup && setup::run().is_err() {
                 return ExitCode::FAILURE;
