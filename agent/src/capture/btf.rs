@@ -34,28 +34,47 @@ fn struct_of(btf: &Btf, mut ty: Type) -> Option<btf_rs::Struct> {
     None
 }
 
-/// Byte offset of `name` in `s`, looking through anonymous struct/union members.
-fn member_offset(btf: &Btf, s: &btf_rs::Struct, name: &str, depth: u32) -> Option<u32> {
-    if depth > 8 {
-        return None;
-    }
-    for m in &s.members {
-        let m_name = btf.resolve_name(m).unwrap_or_default();
-        if m_name == name {
-            return (m.bitfield_size().unwrap_or(0) == 0 && m.bit_offset() % 8 == 0)
-                .then_some(m.bit_offset() / 8);
+/// Members one lookup may visit, across its anonymous structs and unions. A real kernel's
+/// deepest lookup visits a few hundred; a malformed BTF whose anonymous members nest into
+/// each other would otherwise take exponential time (found by the `btf` fuzz target).
+const VISITS: u32 = 20_000;
+
+/// Member `name` of `s` and its byte offset in `s`, looking through anonymous struct and union
+/// members (at most 8 deep).
+fn find_member(btf: &Btf, s: &btf_rs::Struct, name: &str) -> Option<(u32, btf_rs::Member)> {
+    fn walk(
+        btf: &Btf,
+        s: &btf_rs::Struct,
+        name: &str,
+        depth: u32,
+        visits: &mut u32,
+    ) -> Option<(u32, btf_rs::Member)> {
+        if depth > 8 {
+            return None;
         }
-        if m_name.is_empty() {
-            let inner = btf
-                .resolve_chained_type(m)
-                .ok()
-                .and_then(|t| struct_of(btf, t));
-            if let Some(off) = inner.and_then(|i| member_offset(btf, &i, name, depth + 1)) {
-                return Some(m.bit_offset() / 8 + off);
+        for m in &s.members {
+            *visits = visits.checked_sub(1)?;
+            let m_name = btf.resolve_name(m).unwrap_or_default();
+            if m_name == name {
+                return (m.bitfield_size().unwrap_or(0) == 0 && m.bit_offset() % 8 == 0)
+                    .then(|| (m.bit_offset() / 8, m.clone()));
+            }
+            if m_name.is_empty() {
+                let inner = btf
+                    .resolve_chained_type(m)
+                    .ok()
+                    .and_then(|t| struct_of(btf, t));
+                if let Some((off, found)) =
+                    inner.and_then(|i| walk(btf, &i, name, depth + 1, visits))
+                {
+                    return Some((m.bit_offset() / 8 + off, found));
+                }
             }
         }
+        None
     }
-    None
+    let mut visits = VISITS;
+    walk(btf, s, name, 0, &mut visits)
 }
 
 /// Offset of a dotted member path (`"__sk_common.skc_net"`) in the named struct.
@@ -69,35 +88,13 @@ pub fn offset_of(btf: &Btf, strukt: &str, path: &str) -> Option<u32> {
     let mut total = 0;
     let mut parts = path.split('.').peekable();
     while let Some(part) = parts.next() {
-        total += member_offset(btf, &s, part, 0)?;
+        let (offset, member) = find_member(btf, &s, part)?;
+        total += offset;
         if parts.peek().is_some() {
-            let member = find_member(btf, &s, part, 0)?;
             s = struct_of(btf, btf.resolve_chained_type(&member).ok()?)?;
         }
     }
     Some(total)
-}
-
-fn find_member(btf: &Btf, s: &btf_rs::Struct, name: &str, depth: u32) -> Option<btf_rs::Member> {
-    if depth > 8 {
-        return None;
-    }
-    for m in &s.members {
-        let m_name = btf.resolve_name(m).unwrap_or_default();
-        if m_name == name {
-            return Some(m.clone());
-        }
-        if m_name.is_empty() {
-            let inner = btf
-                .resolve_chained_type(m)
-                .ok()
-                .and_then(|t| struct_of(btf, t));
-            if let Some(found) = inner.and_then(|i| find_member(btf, &i, name, depth + 1)) {
-                return Some(found);
-            }
-        }
-    }
-    None
 }
 
 /// Where a resolved offset goes in the configuration.
