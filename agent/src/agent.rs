@@ -244,9 +244,13 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         stops::Config {
             retention: cli.retention_seconds * SECOND,
             settle: cli.stop_settle_seconds * SECOND,
+            max_stops: cli.records_kept as usize,
             ..Default::default()
         },
-        storms::Config::default(),
+        storms::Config {
+            kept: cli.records_kept as usize,
+            ..Default::default()
+        },
     )));
     let state = Arc::new(http::State::new(
         telemetry.clone(),

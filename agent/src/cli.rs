@@ -139,6 +139,12 @@ pub struct Cli {
     #[arg(long, env = "DRAINWATCH_RETENTION_SECONDS", default_value_t = 300)]
     pub retention_seconds: u64,
 
+    /// Stop, start and storm records kept (each) for the API and the page; past it the oldest
+    /// settled one goes, counted in drainwatch_state_dropped_total{map}.
+    #[arg(long, env = "DRAINWATCH_RECORDS_KEPT", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub records_kept: u32,
+
     /// A directory for the agent's checkpoint (open stops with their timelines, recent
     /// records, learned check schedules), written at most once a second: a restarted agent
     /// resumes the stops it had open, marking the gap it was down. Off when unset; the

@@ -35,16 +35,28 @@ pub fn consume(
     use queue::RecvTimeoutError;
     // The kernel keeps host-namespace traffic only for what the pipeline knows of
     // containers: after each step that may have changed it.
+    // The set last applied: most changes to what the pipeline knows (a listener opened in a
+    // known container, a proxy found again) leave it as it was, and need no map writes.
+    let mut applied = None;
     let mut sync_watch = |pipeline: &mut Pipeline<Procfs>| {
-        if let Some(set) = pipeline.watch_update(monotonic_now()) {
+        if let Some(set) = pipeline
+            .watch_update(monotonic_now())
+            .filter(|set| applied.as_ref() != Some(set))
+        {
             match watch.apply(&set) {
-                Ok(a) => WatchUpdated {
-                    addresses: a.addrs,
-                    ports: a.ports,
-                    refused: a.refused,
+                Ok(a) => {
+                    WatchUpdated {
+                        addresses: a.addrs,
+                        ports: a.ports,
+                        refused: a.refused,
+                    }
+                    .emit(&telemetry);
+                    applied = Some(set);
                 }
-                .emit(&telemetry),
-                Err(error) => WatchUpdateFailed { error }.emit(&telemetry),
+                Err(error) => {
+                    WatchUpdateFailed { error }.emit(&telemetry);
+                    applied = None;
+                }
             }
         }
         let follow = pipeline.take_follow();

@@ -3,8 +3,11 @@
 //! Everything here shells out with `std::process::Command`; nothing is clever on purpose.
 
 mod bench;
+mod fuzz;
+mod lab;
 mod setup;
 mod soak;
+mod test;
 
 use std::{
     env,
@@ -68,13 +71,14 @@ enum Cmd {
         `cargo test --workspace --lib --bins --exclude drainwatch-ebpf --exclude drainwatch-tests`; \
         (3) integration tests \
         (real eBPF, real containers): `cargo test -p drainwatch-tests -- --test-threads=1`; \
-        (4) `cargo xtask bench --smoke`, a seconds-long run of every benchmark step. \
+        (4) `cargo xtask bench --smoke`, a seconds-long run of every benchmark step; \
+        (5) `cargo xtask fuzz --smoke`, every fuzz target for 15 seconds. \
         Runs `cargo xtask setup` first unless --no-setup. If the build fails the tests are \
         skipped; otherwise both test phases run. Prints one summary line per phase and exits \
         with the first failing phase's exit code.\n\n\
         Example: cargo xtask test --no-setup -- reset"
     )]
-    Test(TestArgs),
+    Test(test::TestArgs),
     /// See drainwatch work: every deploy failure mode end to end, then the deploy page
     #[command(long_about = "See drainwatch work before installing it anywhere.\n\n\
         Runs `cargo xtask setup` first (unless --no-setup), builds the agent and the demo \
@@ -87,7 +91,7 @@ enum Cmd {
         Demo flags after `--`: --port N, --screenshot PATH (PNG of the page, headless \
         Chromium), --no-wait (exit after the report).\n\n\
         Example: cargo xtask demo -- --screenshot docs/deploy-page.png")]
-    Demo(DemoArgs),
+    Demo(lab::DemoArgs),
     /// Measure the agent's overhead against baselines of the same run; write BENCHMARKS.md
     #[command(
         long_about = "Measure the agent's overhead against baselines of the same run.\n\n\
@@ -126,7 +130,20 @@ enum Cmd {
         slice of it.\n\n\
         Example: cargo xtask accuracy --no-setup --lab stop --seeds 50"
     )]
-    Accuracy(AccuracyArgs),
+    Accuracy(lab::AccuracyArgs),
+    /// Fuzz every parser of outside input (cargo-fuzz targets of fuzz/), one target at a time
+    #[command(
+        long_about = "Fuzz every parser of outside input, one target at a time.\n\n\
+        Installs cargo-fuzz if missing, builds the targets of fuzz/ with the nightly toolchain \
+        (`cargo fuzz build --sanitizer none`, into fuzz/target), then runs each in turn under \
+        `nice -n 19` (libFuzzer -jobs=1 -workers=1) for --minutes or until --runs executions, \
+        seeded from fuzz/seeds/<target>, growing fuzz/corpus/<target>. Prints per target its \
+        executions, exec/s, corpus size and any crash (input in fuzz/artifacts/<target>/), \
+        then a markdown table; exits non-zero on a crash. --smoke runs each target 15 s \
+        (what `cargo xtask test` does).\n\n\
+        Example: cargo xtask fuzz --runs 10000000 --minutes 25 --target bolt"
+    )]
+    Fuzz(fuzz::FuzzArgs),
     /// The agent under container churn and traffic for --minutes; its figures in BENCHMARKS.md
     #[command(
         long_about = "The agent (with --state-dir) under container churn and steady traffic for \
@@ -136,30 +153,6 @@ enum Cmd {
         Example: cargo xtask soak --minutes 30"
     )]
     Soak(soak::SoakArgs),
-}
-
-#[derive(Args)]
-struct AccuracyArgs {
-    /// Skip `cargo xtask setup` (when the machine is known to be set up)
-    #[arg(long)]
-    no_setup: bool,
-    /// How many seeds
-    #[arg(long, default_value_t = 50)]
-    seeds: u64,
-    /// The first seed
-    #[arg(long, default_value_t = 1)]
-    first: u64,
-    /// The labs, comma-separated: retry (its wide draw), slow (its first draw), stop, storm,
-    /// streams
-    #[arg(
-        long,
-        default_value = "retry,stop,storm,streams",
-        value_delimiter = ','
-    )]
-    lab: Vec<String>,
-    /// Run every seed that ever failed instead (tests/tests/accuracy.rs: REGRESSIONS)
-    #[arg(long)]
-    regressions: bool,
 }
 
 #[derive(Args)]
@@ -182,26 +175,6 @@ struct RunArgs {
     agent_args: Vec<OsString>,
 }
 
-#[derive(Args)]
-struct TestArgs {
-    /// Skip `cargo xtask setup` (when the machine is known to be set up)
-    #[arg(long)]
-    no_setup: bool,
-    /// Arguments for the test binaries of both test phases, after `--` (e.g. a name filter)
-    #[arg(last = true, value_name = "TEST_ARGS")]
-    test_args: Vec<OsString>,
-}
-
-#[derive(Args)]
-struct DemoArgs {
-    /// Skip `cargo xtask setup` (when the machine is known to be set up)
-    #[arg(long)]
-    no_setup: bool,
-    /// Arguments for the demo, after `--` (--port N, --screenshot PATH, --no-wait)
-    #[arg(last = true, value_name = "DEMO_ARGS")]
-    demo_args: Vec<OsString>,
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Err(code) = ensure_root() {
@@ -213,9 +186,10 @@ fn main() -> ExitCode {
             Err(()) => ExitCode::FAILURE,
         },
         Cmd::Run(args) => run_agent(&args),
-        Cmd::Test(args) => test(&args),
-        Cmd::Demo(args) => demo(&args),
-        Cmd::Accuracy(args) => accuracy(&args),
+        Cmd::Test(args) => test::run(&args),
+        Cmd::Demo(args) => lab::demo(&args),
+        Cmd::Accuracy(args) => lab::accuracy(&args),
+        Cmd::Fuzz(args) => fuzz::run(&args),
         Cmd::Soak(args) => soak::run(&args),
         Cmd::Bench(args) => {
             if !args.no_setup && setup::run().is_err() {
@@ -291,162 +265,6 @@ fn run_agent(args: &RunArgs) -> ExitCode {
     let err = Command::new(&bin).args(&args.agent_args).exec();
     eprintln!("[run] could not start {}: {err}", bin.display());
     ExitCode::FAILURE
-}
-
-fn demo(args: &DemoArgs) -> ExitCode {
-    if !args.no_setup && setup::run().is_err() {
-        return ExitCode::FAILURE;
-    }
-    let root = repo_root();
-    let t = Instant::now();
-    for what in [
-        &["-p", "drainwatch"][..],
-        &["-p", "drainwatch-tests", "--bin", "demo"][..],
-    ] {
-        let mut build = cargo(&root);
-        build.args(["build", "--release"]).args(what);
-        println!("[demo] {}", show(&build));
-        if let Err(e) = run_cmd(&mut build) {
-            eprintln!("[demo] {e:#}; see cargo's output above.");
-            return ExitCode::FAILURE;
-        }
-    }
-    let target = target_dir(&root).join("release");
-    let bin = target.join("demo");
-    println!(
-        "[demo] built in {}; exec {}",
-        secs(t.elapsed()),
-        bin.display()
-    );
-    let err = Command::new(&bin)
-        .env("DRAINWATCH_BIN", target.join("drainwatch"))
-        .args(&args.demo_args)
-        .exec();
-    eprintln!("[demo] could not start {}: {err}", bin.display());
-    ExitCode::FAILURE
-}
-
-fn accuracy(args: &AccuracyArgs) -> ExitCode {
-    if !args.no_setup && setup::run().is_err() {
-        return ExitCode::FAILURE;
-    }
-    if args.seeds == 0 {
-        eprintln!("[accuracy] --seeds must be at least 1");
-        return ExitCode::from(2);
-    }
-    let root = repo_root();
-    let mut build = cargo(&root);
-    build.args(["build", "--release", "-p", "drainwatch"]);
-    let mut run = cargo(&root);
-    let last = args.first.saturating_add(args.seeds - 1);
-    let seeds = if args.regressions {
-        "regressions".to_string()
-    } else {
-        let items: Vec<String> = args
-            .lab
-            .iter()
-            .map(|lab| format!("{lab}:{}-{last}", args.first))
-            .collect();
-        items.join(" ")
-    };
-    run.env("DRAINWATCH_ACCURACY_SEEDS", seeds)
-        .args(["test", "-p", "drainwatch-tests", "--test", "accuracy"])
-        .args(["--", "--test-threads=1", "--nocapture"]);
-    for (name, cmd) in [("build", &mut build), ("accuracy", &mut run)] {
-        if let Phase::Failed(..) = phase(name, cmd) {
-            return ExitCode::FAILURE;
-        }
-    }
-    ExitCode::SUCCESS
-}
-
-/// How one phase of `cargo xtask test` ended.
-enum Phase {
-    Passed(Duration),
-    Failed(Duration, Option<i32>),
-    Skipped(&'static str),
-}
-
-fn test(args: &TestArgs) -> ExitCode {
-    if !args.no_setup && setup::run().is_err() {
-        return ExitCode::FAILURE;
-    }
-    let root = repo_root();
-
-    // Lints are policy: formatting and clippy (warnings are errors) before anything runs.
-    let mut fmt = cargo(&root);
-    fmt.args(["fmt", "--all", "--check"]);
-    let mut clippy = cargo(&root);
-    clippy
-        .args(["clippy", "--workspace", "--all-targets"])
-        .args(["--exclude", "drainwatch-ebpf", "--", "-D", "warnings"]);
-    let mut build = cargo(&root);
-    build.args(["build", "--release", "-p", "drainwatch"]);
-    let mut unit = cargo(&root);
-    // The eBPF crate builds only for the BPF target. The privileged crate runs, lib tests included,
-    // in the serialized integration phase: it must not also run here, in parallel.
-    unit.args(["test", "--workspace", "--lib", "--bins"]).args([
-        "--exclude",
-        "drainwatch-ebpf",
-        "--exclude",
-        "drainwatch-tests",
-    ]);
-    if !args.test_args.is_empty() {
-        unit.arg("--").args(&args.test_args);
-    }
-    let mut integration = cargo(&root);
-    integration
-        .args(["test", "-p", "drainwatch-tests", "--", "--test-threads=1"])
-        .args(&args.test_args);
-    // The benchmark is not a test, but a short run of every step keeps it from rotting.
-    let mut bench = cargo(&root);
-    bench.args(["xtask", "bench", "--no-setup", "--smoke"]);
-
-    let mut results: Vec<(&str, Phase)> = vec![
-        ("fmt", phase("fmt", &mut fmt)),
-        ("clippy", phase("clippy", &mut clippy)),
-        ("build", phase("build", &mut build)),
-    ];
-    let build_ok = results.iter().all(|(_, r)| matches!(r, Phase::Passed(_)));
-    for (name, cmd) in [
-        ("unit", &mut unit),
-        ("integration", &mut integration),
-        ("bench-smoke", &mut bench),
-    ] {
-        let result = if build_ok {
-            phase(name, cmd)
-        } else {
-            Phase::Skipped("lints or the build failed")
-        };
-        results.push((name, result));
-    }
-
-    let mut code = None;
-    for (name, result) in &results {
-        match result {
-            Phase::Passed(d) => println!("[test] {name:<12} passed ({})", secs(*d)),
-            Phase::Failed(d, c) => {
-                let how = c.map_or("killed by a signal".to_owned(), |c| format!("exit {c}"));
-                println!("[test] {name:<12} FAILED: {how} ({})", secs(*d));
-                code = code.or(Some(exit_code(*c)));
-            }
-            Phase::Skipped(why) => println!("[test] {name:<12} skipped: {why}"),
-        }
-    }
-    code.unwrap_or(ExitCode::SUCCESS)
-}
-
-fn phase(name: &str, cmd: &mut Command) -> Phase {
-    println!("[test] {name}: {}", show(cmd));
-    let t = Instant::now();
-    match cmd.status() {
-        Ok(s) if s.success() => Phase::Passed(t.elapsed()),
-        Ok(s) => Phase::Failed(t.elapsed(), s.code()),
-        Err(e) => {
-            eprintln!("[test] {name}: could not start: {e}");
-            Phase::Failed(t.elapsed(), None)
-        }
-    }
 }
 
 /// A non-zero exit code for a failed child: its own code when it has one in 1..=255, else 1.

@@ -55,8 +55,8 @@ impl Correlator {
 
     pub fn new(tracker: stops::Config, storms: storms::Config) -> Self {
         Self {
+            starts: starts::Starts::new(tracker.max_stops),
             tracker: stops::Tracker::new(tracker),
-            starts: starts::Starts::default(),
             storms: storms::Storms::new(storms),
             lost_seen: 0,
         }
@@ -144,13 +144,13 @@ impl Correlator {
             stat(
                 StateMap::Starts,
                 self.starts.starts().len(),
-                starts::MAX_STARTS,
+                self.starts.kept(),
                 self.starts.dropped,
             ),
             stat(
                 StateMap::Storms,
                 self.storms.storms().len(),
-                storms::MAX_STORMS,
+                self.storms.kept(),
                 self.storms.dropped,
             ),
             stat(

@@ -28,7 +28,7 @@ pub type Schedules<'a> = &'a dyn Fn(&str) -> Vec<Schedule>;
 pub const SETTLE_AFTER_LISTEN: Mono = 10 * SECOND;
 /// A start that never listens settles this long after it started.
 pub const GIVE_UP: Mono = 300 * SECOND;
-/// Start records kept (the oldest settled go first).
+/// Start records kept by default (`--records-kept`; the oldest settled go first).
 pub const MAX_STARTS: usize = 1000;
 /// How long a refusal waits for a start that opens later (its container found by a scan).
 const LOOKBACK: Mono = 5 * SECOND;
@@ -53,6 +53,8 @@ pub struct Starts {
     seen: HashMap<String, u64>,
     /// Containers with an open start: every accepted connection asks, and almost none has.
     open: HashSet<String>,
+    /// Records kept at most (the oldest settled go first).
+    kept: usize,
     /// Records dropped at the cap, for `stats`.
     pub dropped: u64,
     /// Waiting refusals dropped at [`MAX_WAITING`].
@@ -61,6 +63,18 @@ pub struct Starts {
 }
 
 impl Starts {
+    /// Keeping at most `kept` records.
+    pub fn new(kept: usize) -> Self {
+        Self {
+            kept,
+            ..Default::default()
+        }
+    }
+
+    pub fn kept(&self) -> usize {
+        self.kept
+    }
+
     /// The newest settled records, for a checkpoint: an open start does not survive a
     /// restart (the restarted agent's scan sees its container as running).
     pub fn checkpoint(&self, max: usize) -> Vec<Start> {
@@ -71,7 +85,7 @@ impl Starts {
 
     /// Takes up a previous run's settled records, before any observation of this run.
     pub fn resume(&mut self, starts: Vec<Start>) {
-        for s in starts.into_iter().take(MAX_STARTS) {
+        for s in starts.into_iter().take(self.kept) {
             let n =
                 s.id.rsplit_once('-')
                     .and_then(|(_, n)| n.parse::<u64>().ok());
@@ -156,7 +170,7 @@ impl Starts {
         *n += 1;
         let short: String = container.id.chars().take(12).collect();
         let id = format!("{short}-start-{n}");
-        if self.records.len() >= MAX_STARTS
+        if self.records.len() >= self.kept
             && let Some(i) = self.records.iter().position(|s| s.settled)
         {
             self.records.remove(i);
@@ -346,7 +360,7 @@ mod tests {
 
     #[test]
     fn refusals_before_the_listen_on_their_port_are_the_starts_loss() {
-        let mut s = Starts::default();
+        let mut s = Starts::new(MAX_STARTS);
         let c = web();
         // Before the start: another run's, not this one's.
         s.refused(NS, 8080, 900 * MS, false);
@@ -389,7 +403,7 @@ mod tests {
 
     #[test]
     fn a_restart_in_place_is_a_new_start_and_a_stop_ends_one() {
-        let mut s = Starts::default();
+        let mut s = Starts::new(MAX_STARTS);
         let c = web();
         s.started(&c, 0, Some(NS), false, NONE);
         s.listened(&c.id, 8080, 10 * MS);
@@ -419,7 +433,7 @@ mod tests {
 
     #[test]
     fn a_start_that_never_listens_settles_and_the_cap_keeps_open_ones() {
-        let mut s = Starts::default();
+        let mut s = Starts::new(MAX_STARTS);
         let c = web();
         s.started(&c, 0, Some(NS), false, NONE);
         s.tick(GIVE_UP - 1, NONE);
@@ -441,7 +455,7 @@ mod tests {
 
     #[test]
     fn refusals_on_a_balancers_check_ticks_are_its_probes_when_the_start_settles() {
-        let mut s = Starts::default();
+        let mut s = Starts::new(MAX_STARTS);
         let c = web();
         s.started(&c, 0, Some(NS), false, NONE);
         // Checks every second from 0.5 s, refused until the listen at 3.2 s; requests refused

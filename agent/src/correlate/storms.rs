@@ -19,7 +19,7 @@ pub const HOT_AFTER_STOP: Mono = 10 * SECOND;
 
 /// 100 ms: the resolution of arrival rates.
 pub const BUCKET: Mono = SECOND / 10;
-/// Finished storms kept (the oldest go first, counted).
+/// Finished storms kept by default (`--records-kept`; the oldest go first, counted).
 pub const MAX_STORMS: usize = 1000;
 
 /// An accept whose connection waited at least this long came from a backlog: the service
@@ -40,6 +40,8 @@ pub struct Config {
     pub quiet: Mono,
     /// Fewer clients than this are not a storm.
     pub min_clients: u64,
+    /// Finished storms kept.
+    pub kept: usize,
 }
 
 impl Default for Config {
@@ -48,6 +50,7 @@ impl Default for Config {
             watch: 60 * SECOND,
             quiet: SECOND,
             min_clients: 10,
+            kept: MAX_STORMS,
         }
     }
 }
@@ -88,7 +91,7 @@ pub struct Storms {
     /// its workload, the counters, and the ticks since they were sampled.
     counters: BTreeMap<String, (Workload, ListenCounters, u32)>,
     done: Vec<Storm>,
-    /// Finished storms dropped at [`MAX_STORMS`], oldest first.
+    /// Finished storms dropped at the cap (`Config::kept`), oldest first.
     pub dropped: u64,
 }
 
@@ -98,6 +101,10 @@ impl Storms {
             config,
             ..Default::default()
         }
+    }
+
+    pub fn kept(&self) -> usize {
+        self.config.kept
     }
 
     pub fn storms(&self) -> &[Storm] {
@@ -200,7 +207,7 @@ impl Storms {
             }
             let ((namespace, workload), port) = key;
             let storm = summarize(namespace, workload, port, o);
-            if self.done.len() >= MAX_STORMS {
+            if self.done.len() >= self.config.kept {
                 self.done.remove(0); // storms are rare: a shift per one at the cap
                 self.dropped += 1;
             }

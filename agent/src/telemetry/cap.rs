@@ -107,33 +107,66 @@ impl Cap {
         family.get_or_create(labels)
     }
 
-    /// Container `id` has these labels (a container announced).
+    /// Container `id` has these labels (a container announced). It holds its pod's own labels
+    /// (`container=""`, what a pod's RSTs no container accounts for are counted under) too, so
+    /// those go with the pod's last container instead of staying for the agent's lifetime.
     pub fn hold(&self, c: &ContainerLabels, id: &str) {
-        if let Ok(mut admitted) = self.admitted.lock()
-            && let Some(slot) = admitted.get_mut(c)
-        {
+        let Ok(mut admitted) = self.admitted.lock() else {
+            return;
+        };
+        if let Some(slot) = admitted.get_mut(c) {
             slot.holders.insert(id.to_string());
+        }
+        let pod = pod_labels(c);
+        if *c == pod {
+            return;
+        }
+        // The pod's slot is made now (it has no series yet) unless the cap is reached.
+        let room = admitted.len() < MAX_CONTAINERS;
+        match admitted.get_mut(&pod) {
+            Some(slot) => {
+                slot.holders.insert(id.to_string());
+            }
+            None if room => {
+                let mut slot = Slot::default();
+                slot.holders.insert(id.to_string());
+                admitted.insert(pod, slot);
+            }
+            None => {}
         }
     }
 
-    /// Container `id` is forgotten: when no other holds its labels, their series go.
+    /// Container `id` is forgotten: when no other holds its labels (or its pod's), their
+    /// series go.
     pub fn forget(&self, c: &ContainerLabels, id: &str) {
         let Ok(mut admitted) = self.admitted.lock() else {
             return;
         };
-        let Some(slot) = admitted.get_mut(c) else {
-            return;
-        };
-        slot.holders.remove(id);
-        if !slot.holders.is_empty() {
-            return;
-        }
-        if let Some(slot) = admitted.remove(c) {
-            for remove in &slot.series {
-                remove();
+        for (labels, counted) in [(c.clone(), true), (pod_labels(c), false)] {
+            let Some(slot) = admitted.get_mut(&labels) else {
+                continue;
+            };
+            slot.holders.remove(id);
+            if !slot.holders.is_empty() {
+                continue;
             }
-            self.forgotten.inc();
+            if let Some(slot) = admitted.remove(&labels) {
+                for remove in &slot.series {
+                    remove();
+                }
+                if counted {
+                    self.forgotten.inc();
+                }
+            }
         }
+    }
+}
+
+/// The labels a container's pod's own series have: the container's, with no container.
+fn pod_labels(c: &ContainerLabels) -> ContainerLabels {
+    ContainerLabels {
+        container: String::new(),
+        ..c.clone()
     }
 }
 
@@ -206,6 +239,44 @@ mod tests {
         assert!(
             m.cap.admitted.lock().unwrap().is_empty(),
             "its place is free"
+        );
+    }
+
+    #[test]
+    fn a_pods_own_series_go_with_its_last_container() {
+        use crate::model::{Emitted, ResetDirection};
+        let m = Telemetry::new("k");
+        let member = |id: &str, name: &str| ContainerIdentity {
+            id: id.into(),
+            name: name.into(),
+            workload: "web".into(),
+            ..Default::default()
+        };
+        let (app, sidecar) = (member("a", "app"), member("s", "sidecar"));
+        for c in [&app, &sidecar] {
+            m.record(&Emitted::ContainerSeen {
+                container: c.clone(),
+            });
+        }
+        // The pod's own RSTs (resets::pod_as_a_whole): no id, no name.
+        m.stops
+            .connection_reset(&member("", ""), ResetDirection::Sent, "NOT_SPECIFIED");
+        let pod_series = |m: &Telemetry| {
+            let text = m.encode_prometheus().unwrap();
+            text.lines()
+                .filter(|l| !l.starts_with('#') && l.contains("container=\"\""))
+                .count()
+        };
+        assert_eq!(pod_series(&m), 1);
+        m.record(&Emitted::ContainerForgotten { container: app });
+        assert_eq!(pod_series(&m), 1, "the sidecar still holds the pod");
+        m.record(&Emitted::ContainerForgotten { container: sidecar });
+        assert_eq!(pod_series(&m), 0, "{}", m.encode_prometheus().unwrap());
+        assert!(m.cap.admitted.lock().unwrap().is_empty());
+        assert!(
+            m.encode_prometheus()
+                .unwrap()
+                .contains("drainwatch_series_forgotten_containers_total 2")
         );
     }
 }
