@@ -7,7 +7,9 @@
 //!   kernel, whatever the programs do), with the agent keeping every event
 //!   (`--host-traffic all`: the loopback churn touches no container, so by default the
 //!   programs drop it before reserving a record; kept, it costs what a container's own
-//!   connections cost), and with a minimal bpftrace tracer (`count()` on the same
+//!   connections cost; again with `--packet-events-per-cpu 0`, the per-CPU budget of
+//!   packet-path records off, for what its check costs, and what the default budget shed),
+//!   and with a minimal bpftrace tracer (`count()` on the same
 //!   tracepoints), interleaved over rounds; the median of each.
 //! - Kernel cost: `run_time_ns / run_cnt` of each program (`kernel.bpf_stats_enabled`) during
 //!   a churn phase of its own (the statistics add two clock reads to every run, so the

@@ -36,13 +36,16 @@ pub(super) fn churn_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Resul
     // Throughput is measured with BPF statistics off (as in production: they add two clock
     // reads to every program run), then the kernel cost per run in a second phase with them on.
     let (mut off, mut on, mut all, mut trace) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut floor = Vec::new();
+    let (mut floor, mut unbudgeted) = (Vec::new(), Vec::new());
     let (mut agent_costs, mut all_costs, mut trace_costs, mut floor_costs) = (
         Costs::default(),
         Costs::default(),
         Costs::default(),
         Costs::default(),
     );
+    let mut unbudgeted_costs = Costs::default();
+    // Records the default per-CPU budget shed while every event was kept, and all it saw.
+    let (mut shed, mut kept) = (0.0, 0.0);
     let mut agent_churn_cpu = Vec::new();
     let cost_plan = Plan {
         phase_secs: plan.phase_secs / 2.0,
@@ -69,6 +72,19 @@ pub(super) fn churn_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Resul
             // connections cost.
             let agent = Agent::start(bin, &["--host-traffic", "all"])?;
             all.push(measure(agent.pid(), &mut all_costs)?);
+            // The agent folds the kernel's per-CPU counters in every second.
+            std::thread::sleep(Duration::from_millis(1500));
+            shed += agent.metric_sum("drainwatch_events_shed_total")?;
+            kept += agent.metric_sum("drainwatch_events_total")?;
+        }
+        {
+            // The same without the per-CPU budget of packet-path records: what its check
+            // costs each run.
+            let agent = Agent::start(
+                bin,
+                &["--host-traffic", "all", "--packet-events-per-cpu", "0"],
+            )?;
+            unbudgeted.push(measure(agent.pid(), &mut unbudgeted_costs)?);
         }
         {
             let agent = Agent::start(bin, &[])?;
@@ -117,7 +133,7 @@ pub(super) fn churn_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Resul
     };
     let (on_spread, floor_spread, trace_spread) = (spread(&on), spread(&floor), spread(&trace));
     let (off, on, all, trace) = (median(&off), median(&on), median(&all), median(&trace));
-    let floor = median(&floor);
+    let (floor, unbudgeted) = (median(&floor), median(&unbudgeted));
     let ratio_on = on / off;
     let ratio_trace = trace / off;
     rows.push(Row {
@@ -164,9 +180,43 @@ pub(super) fn churn_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Resul
         budget: "-".into(),
         verdict: Verdict::Info,
     });
+    rows.push(Row {
+        figure: "churn throughput, agent keeping every event without the per-CPU budget \
+                 (`--packet-events-per-cpu 0`)"
+            .into(),
+        value: format!("{unbudgeted:.0}"),
+        baseline: format!("{all:.0} (every event kept, default budget)"),
+        ratio: pct(unbudgeted / all),
+        budget: "-".into(),
+        verdict: Verdict::Info,
+    });
+    rows.push(Row {
+        figure: "records shed by the default per-CPU budget (`--packet-events-per-cpu`) while \
+                 every event was kept"
+            .into(),
+        value: format!("{shed:.0}"),
+        baseline: format!("{:.0} events received", kept),
+        ratio: pct(shed / (shed + kept).max(1.0)),
+        budget: "-".into(),
+        verdict: Verdict::Info,
+    });
+    let unbudgeted_runs = unbudgeted_costs.per_run();
     for (tp, (ns, runs)) in &all_costs.per_run() {
         if !HOT.contains(&tp.as_str()) {
             continue;
+        }
+        if let Some((free, free_runs)) = unbudgeted_runs.get(tp) {
+            rows.push(Row {
+                figure: format!(
+                    "kernel cost per run, every event kept, without the budget check: {tp} \
+                     ({free_runs} runs)"
+                ),
+                value: format!("{free:.0} ns"),
+                baseline: format!("{ns:.0} ns (with it, default)"),
+                ratio: format!("{:+.0} ns", ns - free),
+                budget: "-".into(),
+                verdict: Verdict::Info,
+            });
         }
         let reference = trace_costs.per_run().get(tp).map(|(n, _)| *n);
         rows.push(Row {
