@@ -84,6 +84,12 @@ pub struct SteadyRequest {
     pub cut_on_s1: bool,
 }
 
+/// A request sent this long before a backend's stop was issued may have been read by it (the
+/// kernel's count, which drainwatch reads) without its start logged: the backend dies of the
+/// signal between its `recv` and its log line. Normally well under a millisecond; on a loaded
+/// machine its thread can wait for a CPU for tens of milliseconds in between.
+pub const MAYBE_READ_BEFORE: Duration = Duration::from_millis(200);
+
 #[derive(Debug)]
 pub struct SteadyRun {
     pub requests: Vec<SteadyRequest>,
@@ -93,9 +99,10 @@ pub struct SteadyRun {
     pub cuts: Vec<String>,
     pub duplicates: Vec<String>,
     pub retried_unexecuted: Vec<String>,
-    /// Of `retried_unexecuted`, those that reached `s1` as it was stopped (sent from 10 ms
-    /// before the stop was issued on): it may have read them in its last instant without
-    /// logging their start, which no log tells apart. Each is a duplicate or not.
+    /// Of `retried_unexecuted`, those that reached `s1` as it was stopped (sent from
+    /// [`MAYBE_READ_BEFORE`] before the stop was issued on): it may have read them in its last
+    /// instant without logging their start, which no log tells apart. Each is a duplicate or
+    /// not.
     pub maybe_read: Vec<String>,
     pub aborts: Vec<String>,
     /// Requests the client saw fail (any reason).
@@ -196,7 +203,7 @@ impl RetryLab {
         let cuts = ids_where(&|r| r.cut_on_s1);
         let duplicates = ids_where(&|r| r.cut_on_s1 && retried(r) && r.started_on_s1);
         let retried_unexecuted = ids_where(&|r| r.cut_on_s1 && retried(r) && !r.started_on_s1);
-        let late = stop.issued - Duration::from_millis(10);
+        let late = stop.issued - MAYBE_READ_BEFORE;
         let maybe_read =
             ids_where(&|r| r.cut_on_s1 && retried(r) && !r.started_on_s1 && r.record.start >= late);
         let aborts = ids_where(&|r| r.cut_on_s1 && !retried(r));

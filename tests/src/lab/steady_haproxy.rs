@@ -24,7 +24,7 @@ use super::{
     clock,
     container::{Backend, BackendOpts, Mode, WorkEntry, unique_name},
     haproxy::{Haproxy, HaproxyOpts, HttpLog},
-    steady::Stream,
+    steady::{MAYBE_READ_BEFORE, Stream},
 };
 
 /// Checks HAProxy has made before the stop, at least: enough to learn its schedule (4), and
@@ -73,6 +73,9 @@ pub struct HaproxySteadyRun {
     pub duplicates: Vec<String>,
     /// Retried, and `s1` never started it: cut unread, or refused.
     pub retried_not_started: Vec<String>,
+    /// Of `retried_not_started`, those sent from [`MAYBE_READ_BEFORE`] before the stop was
+    /// issued: `s1` may have read them without logging their start. Each is a duplicate or not.
+    pub maybe_read: Vec<String>,
     pub failed: Vec<String>,
     pub unlogged: Vec<String>,
     /// HAProxy's own count of `s1`'s failed checks, at the end.
@@ -83,13 +86,14 @@ impl HaproxySteadyRun {
     pub fn report(&self) -> String {
         let mut s = format!(
             "steady stream via HAProxy: {}\nexit code {}; aborts {:?}\nrefused {:?}\nduplicates {:?}\n\
-             retried, not started on s1 {:?}\nfailed {:?}\nfailed checks of s1: {}\n",
+             retried, not started on s1 {:?} (maybe read as s1 died: {:?})\nfailed {:?}\nfailed checks of s1: {}\n",
             self.summary,
             self.exit_code,
             self.aborts,
             self.refused,
             self.duplicates,
             self.retried_not_started,
+            self.maybe_read,
             self.failed,
             self.failed_checks
         );
@@ -156,7 +160,7 @@ impl HaproxySteadyLab {
         let (schedule, anchor) = stream.schedule();
         let load = Load::start_with(self.haproxy.frontend, schedule, &self.tag, stream.method);
         clock::sleep_until(anchor);
-        self.s1.stop(10);
+        let stop = self.s1.stop(10);
         let records = load.wait();
         // Every failed check is in: HAProxy checks no more once s1 is DOWN (`downinter`).
         let opts = &self.haproxy.opts;
@@ -198,6 +202,7 @@ impl HaproxySteadyLab {
         let on_s1_only = |l: &HttpLog, flags: &str| {
             l.server == "s1" && l.retries == 0 && l.flags.starts_with(flags)
         };
+        let late = stop.issued - MAYBE_READ_BEFORE;
         let recs: Vec<RequestRecord> = requests.iter().map(|r| r.record.clone()).collect();
         HaproxySteadyRun {
             summary: summarize(&recs),
@@ -206,6 +211,9 @@ impl HaproxySteadyLab {
             refused: ids_where(&|_, l| on_s1_only(l, "SC")),
             duplicates: ids_where(&|r, l| l.retries > 0 && r.started_on_s1),
             retried_not_started: ids_where(&|r, l| l.retries > 0 && !r.started_on_s1),
+            maybe_read: ids_where(&|r, l| {
+                l.retries > 0 && !r.started_on_s1 && r.record.start >= late
+            }),
             failed: requests
                 .iter()
                 .filter(|r| r.record.outcome != Outcome::Ok)
