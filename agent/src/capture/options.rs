@@ -23,10 +23,13 @@ pub struct Options {
 /// window only bounds a chain the worker never continued (no other socket I/O ends it first).
 pub const RETRY_WINDOW: std::time::Duration = std::time::Duration::from_millis(5);
 
-/// Far above what pod traffic makes on one CPU (a busy node's kept records are a few thousand
-/// a second, spread over its CPUs), far below what would keep the reader from the lifecycle
-/// ring or the pipeline from its queue: a scan or a flood is shed, counted, not queued.
-pub const PACKET_EVENTS_PER_CPU: u32 = 20_000;
+/// Above what pod traffic makes on one CPU: a connection makes about 7 state-change records,
+/// so this is some 28,000 connections/s per CPU, where one pod churning 25,000/s on two CPUs
+/// makes about 90,000 a CPU (20,000 would have shed three quarters of them). Below what would keep
+/// the reader from the lifecycle ring (which has its own ring anyway) or the pipeline (2.5M
+/// events/s on one core, BENCHMARKS.md) from its queue on a few CPUs: a scan or a flood of one
+/// CPU is shed and counted, not queued.
+pub const PACKET_EVENTS_PER_CPU: u32 = 200_000;
 
 impl Default for Options {
     fn default() -> Self {
