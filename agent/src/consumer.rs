@@ -21,6 +21,8 @@ use crate::{
 
 /// How often the pipeline's periodic work runs.
 const TICK: Duration = Duration::from_millis(100);
+/// How often freed heap pages go back to the kernel (see `release_free_memory`).
+const TRIM_EVERY: Duration = Duration::from_secs(60);
 
 /// Runs the pipeline on its own thread: its procfs reads block (a namespace's TCP table can
 /// take the kernel most of a second to print), and must hold up neither the reader, which
@@ -75,6 +77,7 @@ pub fn consume(
     release_free_memory();
     let mut next_tick = Instant::now() + TICK;
     let mut next_checkpoint = Instant::now() + checkpoint::EVERY;
+    let mut next_trim = Instant::now() + TRIM_EVERY;
     loop {
         match rx.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
             Ok(ev) => {
@@ -106,6 +109,10 @@ pub fn consume(
             sd.save_logged(pipeline.checkpoint());
             next_checkpoint = Instant::now() + checkpoint::EVERY;
         }
+        if Instant::now() >= next_trim {
+            release_free_memory();
+            next_trim = Instant::now() + TRIM_EVERY;
+        }
         next_tick = Instant::now() + TICK;
     }
     // The reader is gone (shutdown): what a restart resumes from, up to the last event.
@@ -119,6 +126,8 @@ pub fn consume(
 /// keeps, because the few allocations that stay live are scattered through its heap and a
 /// heap only shrinks by itself from its top. Measured: 26 of the 38 MiB the agent held at
 /// rest. `malloc_trim(0)` returns every whole free page of every arena, wherever it lies.
+/// Once a minute after that too: records and containers come and go for months, and what
+/// their churn freed would otherwise stay the agent's (the soak, BENCHMARKS.md).
 pub fn release_free_memory() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim has no preconditions; it only walks the allocator's free lists.

@@ -143,6 +143,9 @@ impl<H: HostView> Pipeline<H> {
             self.telemetry
                 .starts
                 .set_unowned_resets(self.enricher.unowned_dropped());
+            self.telemetry
+                .starts
+                .set_unseen_containers(self.enricher.unseen_containers());
             let lost = self.telemetry.lost_total();
             let (emitted, state) = self.with_correlator(|c| {
                 c.events_lost(lost);

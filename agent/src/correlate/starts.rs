@@ -173,8 +173,17 @@ impl Starts {
         if self.records.len() >= self.kept
             && let Some(i) = self.records.iter().position(|s| s.settled)
         {
-            self.records.remove(i);
+            let evicted = self.records.remove(i);
             self.dropped += 1;
+            // Its container's count of starts goes with its last record (a later start then
+            // counts from 1 again, its id free), or it would grow with every container ever.
+            let id = &evicted.container.id;
+            if *id != container.id
+                && !self.open.contains(id)
+                && !self.records.iter().any(|s| s.container.id == *id)
+            {
+                self.seen.remove(id);
+            }
         }
         self.open.insert(container.id.clone());
         self.records.push(Start {
@@ -451,6 +460,26 @@ mod tests {
             "open starts are never dropped"
         );
         assert_eq!(s.dropped, 1, "the one settled start went");
+    }
+
+    #[test]
+    fn what_it_remembers_of_containers_goes_with_their_last_record() {
+        let mut s = Starts::new(3);
+        let run = |i: u64| {
+            let mut c = web();
+            c.id = format!("{i:064}");
+            c
+        };
+        for i in 0..50 {
+            s.started(&run(i), i * SECOND, Some(NS), false, NONE);
+            s.tick(i * SECOND + GIVE_UP, NONE);
+        }
+        assert_eq!(s.starts().len(), 3);
+        assert_eq!(s.dropped, 47);
+        assert!(s.seen.len() <= 4, "{} containers remembered", s.seen.len());
+        // A container whose records are all gone starts counting again, its id free.
+        s.started(&run(0), 100 * SECOND, Some(NS), false, NONE);
+        assert!(s.starts().last().unwrap().id.ends_with("-start-1"));
     }
 
     #[test]

@@ -651,6 +651,34 @@ fn failed_connects_to_its_address_and_its_cgroup_removal() {
 }
 
 #[test]
+fn a_container_removed_before_any_of_its_processes_was_seen_is_counted_once() {
+    let mut e = enricher();
+    e.scan();
+    let rmdir = |path: String, hierarchy| {
+        Event::CgroupRemoved(CgroupRemoved {
+            meta: meta(0, HOST_NS, 0),
+            id: 901,
+            hierarchy,
+            level: 2,
+            path,
+        })
+    };
+    let never = "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210";
+    for hierarchy in [0, 3] {
+        let gone = e.on_event(&rmdir(format!("/libpod_parent/libpod-{never}"), hierarchy));
+        assert!(gone.is_empty(), "{gone:?}");
+    }
+    // Its monitor, a plain service and a known container are no unseen container.
+    e.on_event(&rmdir(
+        format!("/machine.slice/libpod-conmon-{never}.scope"),
+        0,
+    ));
+    e.on_event(&rmdir("/system.slice/cron.service".into(), 0));
+    e.on_event(&rmdir(path(), 0));
+    assert_eq!(e.unseen_containers(), 1);
+}
+
+#[test]
 fn a_gone_container_resolves_until_the_retention_window_ends() {
     let mut e = enricher();
     e.scan();

@@ -13,6 +13,7 @@ pub struct StartMetrics {
     refused_before_listen: Family<ContainerLabels, Counter>,
     probes_refused: Family<ContainerLabels, Counter>,
     unowned_resets: Counter,
+    unseen_containers: Counter,
 }
 
 impl StartMetrics {
@@ -22,6 +23,7 @@ impl StartMetrics {
             refused_before_listen: Family::default(),
             probes_refused: Family::default(),
             unowned_resets: Counter::default(),
+            unseen_containers: Counter::default(),
         };
         registry.register(
             "drainwatch_start_refused_before_listen",
@@ -37,6 +39,11 @@ impl StartMetrics {
             "drainwatch_resets_unattributed",
             "RSTs and refused connects of network namespaces in which no container was found within 3 s: missing from every container's series",
             m.unowned_resets.clone(),
+        );
+        registry.register(
+            "drainwatch_containers_unseen",
+            "Containers whose cgroup was removed before the agent saw any of their processes (their whole life between two of its scans, a second apart): they have no start or stop record",
+            m.unseen_containers.clone(),
         );
         m
     }
@@ -65,9 +72,18 @@ impl StartMetrics {
 
     /// The enricher's running count of RSTs it gave up on.
     pub fn set_unowned_resets(&self, total: u64) {
-        let now = self.unowned_resets.get();
-        if total > now {
-            self.unowned_resets.inc_by(total - now);
-        }
+        raise_to(&self.unowned_resets, total);
+    }
+
+    pub fn set_unseen_containers(&self, total: u64) {
+        raise_to(&self.unseen_containers, total);
+    }
+}
+
+/// A counter that mirrors a running total kept elsewhere.
+fn raise_to(counter: &Counter, total: u64) {
+    let now = counter.get();
+    if total > now {
+        counter.inc_by(total - now);
     }
 }

@@ -24,7 +24,11 @@ use upstreams::Upstreams;
 
 use std::{net::IpAddr, sync::Arc};
 
-use super::{cgroup_path::parse_cgroup_path, host::HostView, kube::SharedStore};
+use super::{
+    cgroup_path::{Runtime, parse_cgroup_path},
+    host::HostView,
+    kube::SharedStore,
+};
 use crate::{
     capture::{
         event::{Event, ExitStatus},
@@ -32,7 +36,7 @@ use crate::{
     },
     model::{
         ContainerIdentity, ExitInfo, HashMap, HashSet, Observation, Sender,
-        state::{StateMap, StateStat},
+        state::{StateMap, StateStat, make_room_in_set},
     },
 };
 
@@ -78,6 +82,9 @@ const MAX_UPSTREAMS: usize = 65_536;
 const MAX_INBOUND: usize = 262_144;
 const MAX_REFUSED_ATTEMPTS: usize = 65_536;
 const MAX_NOT_CONTAINERS: usize = 65_536;
+/// Unseen containers remembered, so that each (and each of its hierarchies' removals) counts
+/// once.
+const MAX_UNSEEN: usize = 4096;
 
 /// What those caps dropped.
 #[derive(Debug, Default)]
@@ -101,6 +108,11 @@ pub struct Enricher<H> {
     unowned_rsts: Unowned,
     /// Pids known not to be in any container (until they exit).
     not_containers: HashSet<u32>,
+    /// Containers whose cgroup went before any of their processes was seen (their whole life
+    /// between two scans, their processes gone before their first event got here): no record
+    /// can be made of them, so they are counted (`unseen_containers`), each once.
+    unseen: HashSet<String>,
+    unseen_total: u64,
     /// Pod metadata from the Kubernetes API, when it is used.
     kube: Option<SharedStore>,
     /// The store's generation the identities were last checked against.
@@ -130,6 +142,8 @@ impl<H: HostView> Enricher<H> {
             refusals: Refusals::default(),
             unowned_rsts: Unowned::default(),
             not_containers: HashSet::default(),
+            unseen: HashSet::default(),
+            unseen_total: 0,
             kube: None,
             kube_generation: None,
             host_netns: None,
@@ -211,6 +225,11 @@ impl<H: HostView> Enricher<H> {
                 d.not_containers,
             ),
         ]
+    }
+
+    /// Containers whose cgroup went before any of their processes was seen, in all.
+    pub fn unseen_containers(&self) -> u64 {
+        self.unseen_total
     }
 
     /// Refusals that waited long enough for an attempt on this node to claim them (see
@@ -321,8 +340,10 @@ impl<H: HostView> Enricher<H> {
             Event::CgroupRemoved(c) => {
                 // By path, else (a path cut at the record's 256 bytes, a nesting the parser
                 // does not know) by the v2 cgroup id the container was adopted with.
-                let key = parse_cgroup_path(&c.path)
-                    .map(|o| o.id)
+                let owner = parse_cgroup_path(&c.path);
+                let key = owner
+                    .as_ref()
+                    .map(|o| o.id.clone())
                     .filter(|k| self.containers.contains_key(k))
                     .or_else(|| (c.hierarchy == 0).then(|| self.by_cgroup.get(&c.id).cloned())?);
                 if let Some(key) = key
@@ -330,6 +351,13 @@ impl<H: HostView> Enricher<H> {
                 {
                     container.gone_at.get_or_insert(c.meta.ts_ns);
                     out.push(Observation::CgroupRemoved { key });
+                } else if let Some(o) = owner.filter(|o| o.runtime != Runtime::Systemd)
+                    && !self.unseen.contains(&o.id)
+                {
+                    tracing::debug!(id = %o.id, "a container's cgroup went before any of its processes was seen");
+                    make_room_in_set(&mut self.unseen, MAX_UNSEEN, &o.id, &mut 0);
+                    self.unseen.insert(o.id);
+                    self.unseen_total += 1;
                 }
             }
             Event::Accepted(a) => self.accepted(a, &mut out),
