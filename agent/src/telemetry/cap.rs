@@ -42,6 +42,10 @@ struct Slot {
 
 pub struct Cap {
     admitted: Mutex<HashMap<ContainerLabels, Slot>>,
+    /// Each pod's own labels (`container=""`) with the containers (by id) of the pod not
+    /// forgotten yet: apart from `admitted`, so that they take no place under the cap until a
+    /// series is made for them. Locked after `admitted`.
+    pods: Mutex<HashMap<ContainerLabels, HashSet<String>>>,
     dropped: Family<MetricLabels, Counter>,
     forgotten: Counter,
 }
@@ -50,6 +54,7 @@ impl Cap {
     pub fn register(registry: &mut Registry) -> Self {
         let cap = Self {
             admitted: Mutex::new(HashMap::default()),
+            pods: Mutex::new(HashMap::default()),
             dropped: Family::default(),
             forgotten: Counter::default(),
         };
@@ -118,21 +123,10 @@ impl Cap {
             slot.holders.insert(id.to_string());
         }
         let pod = pod_labels(c);
-        if *c == pod {
-            return;
-        }
-        // The pod's slot is made now (it has no series yet) unless the cap is reached.
-        let room = admitted.len() < MAX_CONTAINERS;
-        match admitted.get_mut(&pod) {
-            Some(slot) => {
-                slot.holders.insert(id.to_string());
-            }
-            None if room => {
-                let mut slot = Slot::default();
-                slot.holders.insert(id.to_string());
-                admitted.insert(pod, slot);
-            }
-            None => {}
+        if *c != pod
+            && let Ok(mut pods) = self.pods.lock()
+        {
+            pods.entry(pod).or_default().insert(id.to_string());
         }
     }
 
@@ -142,22 +136,32 @@ impl Cap {
         let Ok(mut admitted) = self.admitted.lock() else {
             return;
         };
-        for (labels, counted) in [(c.clone(), true), (pod_labels(c), false)] {
-            let Some(slot) = admitted.get_mut(&labels) else {
-                continue;
-            };
+        if let Some(slot) = admitted.get_mut(c) {
             slot.holders.remove(id);
-            if !slot.holders.is_empty() {
-                continue;
+            if slot.holders.is_empty() {
+                remove_series(&mut admitted, c);
+                self.forgotten.inc();
             }
-            if let Some(slot) = admitted.remove(&labels) {
-                for remove in &slot.series {
-                    remove();
-                }
-                if counted {
-                    self.forgotten.inc();
-                }
+        }
+        let pod = pod_labels(c);
+        if *c != pod
+            && let Ok(mut pods) = self.pods.lock()
+            && let Some(holders) = pods.get_mut(&pod)
+        {
+            holders.remove(id);
+            if holders.is_empty() {
+                pods.remove(&pod);
+                remove_series(&mut admitted, &pod);
             }
+        }
+    }
+}
+
+/// Removes the series made for `labels` and frees their place.
+fn remove_series(admitted: &mut HashMap<ContainerLabels, Slot>, labels: &ContainerLabels) {
+    if let Some(slot) = admitted.remove(labels) {
+        for remove in &slot.series {
+            remove();
         }
     }
 }
@@ -273,6 +277,7 @@ mod tests {
         m.record(&Emitted::ContainerForgotten { container: sidecar });
         assert_eq!(pod_series(&m), 0, "{}", m.encode_prometheus().unwrap());
         assert!(m.cap.admitted.lock().unwrap().is_empty());
+        assert!(m.cap.pods.lock().unwrap().is_empty());
         assert!(
             m.encode_prometheus()
                 .unwrap()
