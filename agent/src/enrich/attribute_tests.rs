@@ -651,6 +651,38 @@ fn failed_connects_to_its_address_and_its_cgroup_removal() {
 }
 
 #[test]
+fn runc_init_before_it_names_itself_is_not_the_main_process() {
+    // `runc init` as it joined the cgroup: `/proc/self/exe`, in the host's PID namespace.
+    let mut e = Enricher::new(FakeHost {
+        procs: vec![proc(100, 50, "exe", 100, true)],
+        ..Default::default()
+    });
+    let adopted = |obs: &[O]| {
+        obs.iter()
+            .filter(|o| matches!(o, O::Container { .. }))
+            .count()
+    };
+    assert_eq!(
+        adopted(&e.scan()),
+        0,
+        "nothing adopted while runc creates it"
+    );
+    // Its PID 1 and the entrypoint: adopted once, as a first run (no restart).
+    e.host_mut().procs = vec![
+        proc(103, 50, "podman-init", 1, true),
+        proc(104, 103, "python3", 2, true),
+    ];
+    let obs = e.scan();
+    assert_eq!(adopted(&obs), 1, "{obs:#?}");
+    assert!(
+        !obs.iter()
+            .any(|o| matches!(o, O::Started { restart: true, .. })),
+        "{obs:#?}"
+    );
+    assert!(e.scan().is_empty(), "the same run");
+}
+
+#[test]
 fn a_container_removed_before_any_of_its_processes_was_seen_is_counted_once() {
     let mut e = enricher();
     e.scan();
