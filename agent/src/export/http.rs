@@ -299,6 +299,26 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// ... and a connection, keep-alive or slow, is closed after this.
 const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 
+/// An `accept` error of one connection (accept(2)'s "already pending network errors"), not of
+/// the listener or the process.
+fn one_connection(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionReset, Interrupted};
+    matches!(e.kind(), ConnectionAborted | ConnectionReset | Interrupted)
+        || matches!(
+            e.raw_os_error(),
+            Some(
+                libc::EPROTO
+                    | libc::ENETDOWN
+                    | libc::ENOPROTOOPT
+                    | libc::EHOSTDOWN
+                    | libc::ENONET
+                    | libc::EHOSTUNREACH
+                    | libc::EOPNOTSUPP
+                    | libc::ENETUNREACH
+            )
+        )
+}
+
 /// Serves until `shutdown` turns true.
 pub async fn serve(listener: TcpListener, state: Arc<State>, mut shutdown: watch::Receiver<bool>) {
     let conns = Conns::new(MAX_CONNECTIONS, HARD_CONNECTIONS);
@@ -307,6 +327,9 @@ pub async fn serve(listener: TcpListener, state: Arc<State>, mut shutdown: watch
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
+                // That one connection went before it was accepted (its client reset it in
+                // the backlog): the next is unaffected, and waiting would stall /healthz.
+                Err(e) if one_connection(&e) => continue,
                 Err(e) => {
                     // Out of descriptors, most likely: retrying at once would spin.
                     tracing::warn!(error = %e, wait_ms = backoff.as_millis(), "accept failed");
@@ -406,6 +429,15 @@ mod tests {
         );
         s.ready.store(ready, Ordering::Relaxed);
         s
+    }
+
+    #[test]
+    fn an_accept_error_of_one_connection_is_no_reason_to_wait() {
+        use std::io::{Error, ErrorKind};
+        assert!(one_connection(&Error::from(ErrorKind::ConnectionAborted)));
+        assert!(one_connection(&Error::from_raw_os_error(libc::EPROTO)));
+        assert!(!one_connection(&Error::from_raw_os_error(libc::EMFILE)));
+        assert!(!one_connection(&Error::from_raw_os_error(libc::ENOBUFS)));
     }
 
     #[test]
