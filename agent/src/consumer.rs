@@ -22,7 +22,7 @@ use crate::{
 /// How often the pipeline's periodic work runs.
 const TICK: Duration = Duration::from_millis(100);
 /// How often freed heap pages go back to the kernel (see `release_free_memory`).
-const TRIM_EVERY: Duration = Duration::from_secs(60);
+const TRIM_EVERY: Duration = Duration::from_secs(10);
 
 /// Runs the pipeline on its own thread: its procfs reads block (a namespace's TCP table can
 /// take the kernel most of a second to print), and must hold up neither the reader, which
@@ -106,7 +106,7 @@ pub fn consume(
         if let Some(sd) = state_dir.as_mut()
             && Instant::now() >= next_checkpoint
         {
-            sd.save_logged(pipeline.checkpoint());
+            save(sd, &pipeline);
             next_checkpoint = Instant::now() + checkpoint::EVERY;
         }
         if Instant::now() >= next_trim {
@@ -117,7 +117,27 @@ pub fn consume(
     }
     // The reader is gone (shutdown): what a restart resumes from, up to the last event.
     if let Some(sd) = state_dir.as_mut() {
-        sd.save_logged(pipeline.checkpoint());
+        save(sd, &pipeline);
+    }
+}
+
+/// Encodes under the correlator's lock, writes after it.
+fn save(sd: &mut StateDir, pipeline: &Pipeline<Procfs>) {
+    let mut encoded = Ok(());
+    pipeline.with_checkpoint(|cp| encoded = sd.encode(cp));
+    let result = encoded.and_then(|()| sd.flush());
+    sd.logged(result);
+}
+
+/// glibc raises its mmap threshold each time a mapped block is freed (up to 32 MiB), after
+/// which large buffers (API answers, the checkpoint) come from the heap and leave holes in it
+/// when freed. A fixed threshold keeps every block of 128 KiB or more mapped, and returned
+/// whole when freed. Called first thing in `main`.
+pub fn fix_mmap_threshold() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets an allocator parameter.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
 }
 
@@ -126,8 +146,9 @@ pub fn consume(
 /// keeps, because the few allocations that stay live are scattered through its heap and a
 /// heap only shrinks by itself from its top. Measured: 26 of the 38 MiB the agent held at
 /// rest. `malloc_trim(0)` returns every whole free page of every arena, wherever it lies.
-/// Once a minute after that too: records and containers come and go for months, and what
-/// their churn freed would otherwise stay the agent's (the soak, BENCHMARKS.md).
+/// Every ten seconds after that too: records and containers come and go for months, and what
+/// their churn freed would otherwise stay the agent's (the soak, BENCHMARKS.md; once a minute
+/// left a sawtooth of about 2 MiB over a 27 MiB floor).
 pub fn release_free_memory() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim has no preconditions; it only walks the allocator's free lists.

@@ -21,6 +21,7 @@ fn main() -> ExitCode {
             }
         };
     }
+    drainwatch::consumer::fix_mmap_threshold();
     let filter =
         EnvFilter::try_from_env("DRAINWATCH_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()

@@ -109,9 +109,10 @@ impl<H: HostView> Pipeline<H> {
         self.enricher.take_follow()
     }
 
-    /// What a restarted agent would resume from (`crate::checkpoint`).
-    pub fn checkpoint(&self) -> crate::correlate::Checkpoint {
-        self.with_correlator(|c| c.checkpoint())
+    /// Hands what a restarted agent would resume from (`crate::checkpoint`) to `f`, under the
+    /// correlator's lock: `f` should only encode it.
+    pub fn with_checkpoint(&self, f: impl FnOnce(crate::correlate::Checkpoint<'_>)) {
+        self.with_correlator(|c| f(c.checkpoint()))
     }
 
     pub fn container_count(&self) -> usize {

@@ -32,14 +32,15 @@ pub struct Correlator {
 /// What a restarted agent resumes from (see `stops::StopsCheckpoint`): serialized by
 /// `crate::checkpoint`.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Checkpoint {
-    pub tracker: stops::StopsCheckpoint,
+pub struct Checkpoint<'a> {
+    pub tracker: stops::StopsCheckpoint<'a>,
     /// The newest settled start records.
-    pub starts: Vec<Start>,
+    pub starts: Vec<std::borrow::Cow<'a, Start>>,
 }
 
 impl Correlator {
-    pub fn checkpoint(&self) -> Checkpoint {
+    /// Borrows the records: see `stops::StopsCheckpoint`.
+    pub fn checkpoint(&self) -> Checkpoint<'_> {
         Checkpoint {
             tracker: self.tracker.checkpoint(),
             starts: self.starts.checkpoint(stops::RECENT_SETTLED),
@@ -48,7 +49,7 @@ impl Correlator {
 
     /// Takes up a previous run's checkpoint, before any observation of this run; `gap` is
     /// when the agent was not watching.
-    pub fn resume(&mut self, cp: Checkpoint, gap: crate::model::stop::AgentGap) {
+    pub fn resume(&mut self, cp: Checkpoint<'_>, gap: crate::model::stop::AgentGap) {
         self.tracker.resume(cp.tracker, gap);
         self.starts.resume(cp.starts);
     }

@@ -366,10 +366,10 @@ impl Probes {
     }
 
     /// The schedules learned, by (proxy process, backend), for a checkpoint.
-    pub fn learned(&self) -> Vec<(u32, String, Learned)> {
+    pub fn learned(&self) -> Vec<(u32, std::borrow::Cow<'_, str>, Learned)> {
         let routes = self.routes.iter();
         routes
-            .filter_map(|((pid, b), r)| Some((*pid, b.clone(), r.learned?)))
+            .filter_map(|((pid, b), r)| Some((*pid, b.as_str().into(), r.learned?)))
             .collect()
     }
 

@@ -13,7 +13,7 @@
 //! before it listens, and those first refusals come before the agent knows which process
 //! made them (the container's address is unknown until a scan).
 
-use std::collections::VecDeque;
+use std::{borrow::Cow, collections::VecDeque};
 
 use super::probes::{Schedule, on_ticks_before};
 use crate::model::{
@@ -77,15 +77,16 @@ impl Starts {
 
     /// The newest settled records, for a checkpoint: an open start does not survive a
     /// restart (the restarted agent's scan sees its container as running).
-    pub fn checkpoint(&self, max: usize) -> Vec<Start> {
-        let settled: Vec<&Start> = self.records.iter().filter(|s| s.settled).collect();
-        let skip = settled.len().saturating_sub(max);
-        settled.into_iter().skip(skip).cloned().collect()
+    pub fn checkpoint(&self, max: usize) -> Vec<Cow<'_, Start>> {
+        let settled = self.records.iter().filter(|s| s.settled);
+        let skip = settled.clone().count().saturating_sub(max);
+        settled.skip(skip).map(Cow::Borrowed).collect()
     }
 
     /// Takes up a previous run's settled records, before any observation of this run.
-    pub fn resume(&mut self, starts: Vec<Start>) {
+    pub fn resume(&mut self, starts: Vec<Cow<'_, Start>>) {
         for s in starts.into_iter().take(self.kept) {
+            let s = s.into_owned();
             let n =
                 s.id.rsplit_once('-')
                     .and_then(|(_, n)| n.parse::<u64>().ok());

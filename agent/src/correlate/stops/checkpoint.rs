@@ -4,6 +4,8 @@
 //! is not in it. Kernel monotonic times stay valid across an agent restart (not a reboot: the
 //! file names its boot, see `crate::checkpoint`).
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use super::{ContainerState, Tracker};
@@ -15,15 +17,18 @@ use crate::{
 /// Settled records a checkpoint keeps, newest; open ones are always kept.
 pub const RECENT_SETTLED: usize = 100;
 
+/// Borrowed from the tracker when written (it is written every second a record changes: a
+/// clone of every kept record each time was megabytes of churn a second, the soak's RSS
+/// drift), owned when read back.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct StopsCheckpoint {
+pub struct StopsCheckpoint<'a> {
     /// Oldest first.
-    pub stops: Vec<Stop>,
-    pub schedules: Vec<(u32, String, Learned)>,
+    pub stops: Vec<Cow<'a, Stop>>,
+    pub schedules: Vec<(u32, Cow<'a, str>, Learned)>,
 }
 
 impl Tracker {
-    pub fn checkpoint(&self) -> StopsCheckpoint {
+    pub fn checkpoint(&self) -> StopsCheckpoint<'_> {
         let all = self.records.all();
         let settled = all.iter().filter(|s| s.settled).count();
         let skip = settled.saturating_sub(RECENT_SETTLED);
@@ -35,7 +40,7 @@ impl Tracker {
                 skipped += usize::from(drop);
                 !drop
             })
-            .cloned()
+            .map(Cow::Borrowed)
             .collect();
         StopsCheckpoint {
             stops,
@@ -45,9 +50,15 @@ impl Tracker {
 
     /// Takes up what a previous run checkpointed, before any observation of this run: open
     /// stops go on (their containers point at them again), marked with `gap`.
-    pub fn resume(&mut self, cp: StopsCheckpoint, gap: AgentGap) {
-        self.probes.restore(cp.schedules);
-        for mut stop in cp.stops {
+    pub fn resume(&mut self, cp: StopsCheckpoint<'_>, gap: AgentGap) {
+        self.probes.restore(
+            cp.schedules
+                .into_iter()
+                .map(|(pid, backend, l)| (pid, backend.into_owned(), l))
+                .collect(),
+        );
+        for stop in cp.stops {
+            let mut stop = stop.into_owned();
             let key = stop.container.id.clone();
             let open = !stop.settled;
             if open {
