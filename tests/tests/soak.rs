@@ -3,8 +3,7 @@
 //! one after another) and steady traffic to a long-lived backend. Not in CI: run it with
 //! `cargo xtask soak --minutes N`, which puts its summary in BENCHMARKS.md.
 //!
-//! It holds when: the agent's RSS after warm-up (the first fifth, at least a minute) drifts
-//! under 5%; every capped collection stays under its cap; no event is lost at any stage; and
+//! It holds when: the agent's RSS after warm-up ([`warm_up`]) drifts under 5%; every capped collection stays under its cap; no event is lost at any stage; and
 //! every container the churn stopped (each backend and its network holder: ground truth is the
 //! churn's own list of container ids) has a settled stop record and a start record, or, the
 //! oldest ones only, had one the record cap evicted; a container whose life fit between two
@@ -42,6 +41,34 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 /// `name{map="m"} value` lines of a family, by map.
+/// The agent's default retention: a gone container's state and series are kept this long.
+const RETENTION: Duration = Duration::from_secs(300);
+
+/// Until the agent's memory reaches its working size: two retention windows and a minute
+/// (the first fifth of a longer run). Measured (BENCHMARKS.md): series on /metrics rise for
+/// the first window (to ~21,600 at 300 s, then flat), and RSS goes on rising through the
+/// second, as the heap left by forgotten containers is reused (21.6 MiB at 6 min, 23.1 at
+/// 11 min, then within 23.0-23.1 to 14 min; a 30-minute run: 22.8 at 12 min, 23.1 at 30).
+/// Growth after that is a leak.
+fn warm_up(total: Duration) -> Duration {
+    (total / 5).max(2 * RETENTION + Duration::from_secs(60))
+}
+
+/// Adds the agent's stop and start records (record id → container id) to `listed`.
+fn list_records(agent: &Agent, listed: &mut [std::collections::HashMap<String, String>; 2]) {
+    for (path, seen) in ["/api/v1/stops", "/api/v1/starts"]
+        .iter()
+        .zip(listed.iter_mut())
+    {
+        let (_, records) = api(agent, path);
+        for r in records.as_array().into_iter().flatten() {
+            if let (Some(id), Some(c)) = (r["id"].as_str(), r["container"]["id"].as_str()) {
+                seen.insert(id.to_string(), c.to_string());
+            }
+        }
+    }
+}
+
 fn by_map(metrics: &str, family: &str) -> Vec<(String, f64)> {
     metrics
         .lines()
@@ -61,14 +88,15 @@ fn the_agent_holds_steady_under_hours_of_churn() {
         .and_then(|m| m.parse().ok())
         .unwrap_or(30);
     let total = Duration::from_secs(minutes * 60);
-    let warm_up = (total / 5).max(Duration::from_secs(60)).min(total / 2);
+    let warm_up = warm_up(total);
     let dir = std::env::temp_dir().join(format!("dw-soak-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let dir_arg = dir.to_string_lossy().into_owned();
     // Leftovers of earlier runs go before the agent starts: their stops would be records
     // the churn did not make.
     setup_once();
-    let kept = RECORDS_KEPT.to_string();
+    // DRAINWATCH_SOAK_RECORDS_KEPT: more, to see every record of a short run (diagnosis).
+    let kept = std::env::var("DRAINWATCH_SOAK_RECORDS_KEPT").unwrap_or(RECORDS_KEPT.to_string());
     let agent = Agent::start(&["--state-dir", &dir_arg, "--records-kept", &kept]);
     let pid = agent.child.id();
     let began = Instant::now();
@@ -100,6 +128,14 @@ fn the_agent_holds_steady_under_hours_of_churn() {
     let mut samples: Vec<(Duration, u64)> = Vec::new();
     let mut over_cap: Vec<String> = Vec::new();
     let mut next_sample = Instant::now();
+    // State entries per map and series on /metrics, at the first sample after warm-up and at
+    // the last: where memory that still grows after warm-up goes.
+    let mut state_at_warm_up: Option<(Vec<(String, f64)>, usize)> = None;
+    let mut state_last: (Vec<(String, f64)>, usize) = Default::default();
+    // Every stop and start record the agent ever listed (record id → container id), read
+    // every 10 s, well within a record's life before eviction: records of containers another
+    // test made meanwhile can then be told apart even once evicted.
+    let mut listed: [std::collections::HashMap<String, String>; 2] = Default::default();
     let mut i = 0;
     while began.elapsed() < total {
         let mode = modes[rng.usize(..modes.len())];
@@ -121,8 +157,22 @@ fn the_agent_holds_steady_under_hours_of_churn() {
         if Instant::now() >= next_sample {
             next_sample += Duration::from_secs(10);
             samples.push((began.elapsed(), rss_kib(pid)));
+            list_records(&agent, &mut listed);
             let m = agent.metrics_text();
             let caps = by_map(&m, "drainwatch_state_capacity");
+            let series = m.lines().filter(|l| !l.starts_with('#')).count();
+            state_last = (by_map(&m, "drainwatch_state_entries"), series);
+            if samples.len() % 6 == 1 {
+                println!(
+                    "[soak] {:?}: RSS {} KiB, series {series}, state {:?}",
+                    began.elapsed(),
+                    rss_kib(pid),
+                    state_last.0
+                );
+            }
+            if state_at_warm_up.is_none() && began.elapsed() >= warm_up {
+                state_at_warm_up = Some(state_last.clone());
+            }
             for (map, entries) in by_map(&m, "drainwatch_state_entries") {
                 let cap = caps
                     .iter()
@@ -141,6 +191,7 @@ fn the_agent_holds_steady_under_hours_of_churn() {
 
     let (_, stops) = api(&agent, "/api/v1/stops");
     let (_, starts) = api(&agent, "/api/v1/starts");
+    list_records(&agent, &mut listed);
     let has = |records: &serde_json::Value, id: &str, settled: bool| {
         records
             .as_array()
@@ -209,9 +260,19 @@ fn the_agent_holds_steady_under_hours_of_churn() {
     let unseen = agent
         .metric("drainwatch_containers_unseen_total")
         .expect("drainwatch_containers_unseen_total") as usize;
+    let is_foreign =
+        |id: &String| !churned.contains(id) && !steady_ids.iter().flatten().any(|s| s == id);
+    let [listed_stops, listed_starts] = &listed;
+    let foreign_records = |l: &std::collections::HashMap<String, String>| {
+        l.values().filter(|c| is_foreign(c)).count()
+    };
+    let (foreign_stops, foreign_starts) = (
+        foreign_records(listed_stops),
+        foreign_records(listed_starts),
+    );
     let (stops_accounted, starts_accounted) = (
-        len(&stops) + evicted("stops") as usize + unseen,
-        len(&starts) + evicted("starts") as usize + unseen,
+        len(&stops) + evicted("stops") as usize + unseen - foreign_stops,
+        len(&starts) + evicted("starts") as usize + unseen - foreign_starts,
     );
     // Only the oldest may be missing: none newer than one that has its record.
     let newest_missing = |missing: &[&String], records: &serde_json::Value| {
@@ -257,11 +318,32 @@ fn the_agent_holds_steady_under_hours_of_churn() {
         evicted("starts"),
     );
     let summary = format!(
-        "{summary}\nStop records: {} kept + {} evicted of {stops_made} the churn made; start records: {} kept + {} evicted of {starts_made} (with the steady backend's two); containers unseen (no records, counted): {unseen}.\n",
+        "{summary}\nStop records: {} kept + {} evicted of {stops_made} the churn made; start records: {} kept + {} evicted of {starts_made} (with the steady backend's two); containers unseen (no records, counted): {unseen}; records of containers other tests made meanwhile (listed, not counted): {foreign_stops} stops, {foreign_starts} starts.\n",
         len(&stops),
         evicted("stops"),
         len(&starts),
         evicted("starts"),
+    );
+    let (state_base, series_base) = state_at_warm_up.unwrap_or_default();
+    let grew: Vec<String> = state_last
+        .0
+        .iter()
+        .filter_map(|(map, n)| {
+            let was = state_base
+                .iter()
+                .find(|(m, _)| m == map)
+                .map_or(0.0, |b| b.1);
+            (*n > was).then(|| format!("{map} {was} → {n}"))
+        })
+        .collect();
+    let summary = format!(
+        "{summary}After warm-up to the end: series on /metrics {series_base} → {}; state maps that grew: {}.\n",
+        state_last.1,
+        if grew.is_empty() {
+            "none".to_string()
+        } else {
+            grew.join(", ")
+        },
     );
     println!("{summary}");
     if let Ok(out) = std::env::var("DRAINWATCH_SOAK_SUMMARY") {
@@ -275,6 +357,17 @@ fn the_agent_holds_steady_under_hours_of_churn() {
     );
     assert!(over_cap.is_empty(), "{over_cap:?}");
     assert_eq!(lost, 0.0, "events lost");
+    // Every record was listed before it was evicted, so the foreign ones are all known.
+    assert_eq!(
+        listed_stops.len(),
+        len(&stops) + evicted("stops") as usize,
+        "stop records listed = kept + evicted"
+    );
+    assert_eq!(
+        listed_starts.len(),
+        len(&starts) + evicted("starts") as usize,
+        "start records listed = kept + evicted"
+    );
     assert_eq!(stops_accounted, stops_made, "stop records kept + evicted");
     assert_eq!(
         starts_accounted, starts_made,

@@ -76,7 +76,7 @@ fn record(root: &Path, summary: &Path, passed: bool) -> Result<(), String> {
     })?;
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let new = format!(
-        "{BEGIN}\n## Soak\n\n`cargo xtask soak` on kernel {}: the agent (with `--state-dir`) and `--records-kept 200` (reached in the first minutes, as the default 1,000 is on a busy node within a day) under container churn (backends of four stop modes, each with its network holder container, started, requested, stopped, removed, one after another) and steady traffic to a long-lived backend. RSS is the agent's `VmRSS`, sampled every 10 s; drift is from the first sample after warm-up (the first fifth of the run) to the last. Ground truth is the churn's own list of container ids: each has its records, or (the oldest only) had them evicted at the cap, counted. Verdict: {}.\n\n{table}{END}",
+        "{BEGIN}\n## Soak\n\n`cargo xtask soak` on kernel {}: the agent (with `--state-dir`) and `--records-kept 200` (reached in the first minutes, as the default 1,000 is on a busy node within a day) under container churn (backends of four stop modes, each with its network holder container, started, requested, stopped, removed, one after another) and steady traffic to a long-lived backend. RSS is the agent's `VmRSS`, sampled every 10 s; drift is from the first sample after warm-up (two retention windows and a minute, 11 minutes, or the first fifth of a longer run: see `warm_up` in `tests/tests/soak.rs`) to the last. Ground truth is the churn's own list of container ids: each has its records, or (the oldest only) had them evicted at the cap, counted. Verdict: {}.\n\n{table}{END}",
         kernel.trim(),
         if passed {
             "held"
