@@ -15,6 +15,9 @@ fn main() -> ExitCode {
         let port = args.get(1).and_then(|p| p.parse().ok()).unwrap_or(8080);
         drainwatch_tests::matrix::container::serve(port);
     }
+    if args.first().map(String::as_str) == Some("memlock-probe") {
+        drainwatch_tests::matrix::memlock::probe();
+    }
     let (passed, total) = drainwatch_tests::matrix::run(args.first().cloned());
     if total > 0 && passed == total {
         ExitCode::SUCCESS

@@ -27,6 +27,9 @@ pub struct Facts {
     pub kfree_skb_rx_sk: bool,
     /// `sock:sock_send_length` exists (6.3+).
     pub sock_length: bool,
+    /// `/proc/kallsyms` has `bpf_get_socket_ptr_cookie`: tracing programs may call
+    /// `bpf_get_socket_cookie` (5.12+), which the tp_btf `tcp_receive_reset` program does.
+    pub tracing_socket_cookie: bool,
     /// Soft RLIMIT_MEMLOCK when the matrix started, in KiB (`None`: unlimited).
     pub memlock_kib: Option<u64>,
 }
@@ -68,6 +71,10 @@ impl Facts {
                 .is_some(),
             kfree_skb_rx_sk: skb.as_ref().is_some_and(|f| f.field("rx_sk").is_some()),
             sock_length: format(&dir, "sock/sock_send_length").is_some(),
+            tracing_socket_cookie: std::fs::read_to_string("/proc/kallsyms")
+                .expect("/proc/kallsyms")
+                .lines()
+                .any(|l| l.split_whitespace().nth(2) == Some("bpf_get_socket_ptr_cookie")),
             memlock_kib: (lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur / 1024),
         }
     }
@@ -91,7 +98,10 @@ impl Facts {
             }
             "resets_sent" if self.kprobes && !classic => Some(SEND_RESET_KPROBES.into()),
             "resets_sent" => Some("tracepoint:tcp:tcp_send_reset".into()),
-            "resets_received" => btf("tcp_receive_reset", "tracepoint:tcp:tcp_receive_reset"),
+            "resets_received" if self.tracing_socket_cookie => {
+                btf("tcp_receive_reset", "tracepoint:tcp:tcp_receive_reset")
+            }
+            "resets_received" => Some("tracepoint:tcp:tcp_receive_reset".into()),
             "socket_states" => btf("inet_sock_set_state", "tracepoint:sock:inet_sock_set_state"),
             "socket_errors" if self.error_report => btf(
                 "inet_sk_error_report",

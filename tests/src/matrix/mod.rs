@@ -15,6 +15,7 @@
 
 pub mod container;
 pub mod expect;
+pub mod memlock;
 pub mod scenarios;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -237,7 +238,13 @@ pub fn run(filter: Option<String>) -> (usize, usize) {
     println!("DWK-KERNEL {release} {}", json!(facts));
     let t = std::time::Instant::now();
     let mut loaded = Vec::new();
-    for v in &VARIANTS {
+    // DWK_VARIANTS=a,b loads only those plans (for a quick look at one of them).
+    let only = std::env::var("DWK_VARIANTS").ok();
+    let only: Option<Vec<&str>> = only.as_deref().map(|o| o.split(',').collect());
+    for v in VARIANTS
+        .iter()
+        .filter(|v| only.as_ref().is_none_or(|o| o.contains(&v.name)))
+    {
         let t = std::time::Instant::now();
         match Loaded::load(v) {
             Ok(l) => {
@@ -259,6 +266,7 @@ pub fn run(filter: Option<String>) -> (usize, usize) {
     scenarios::run(&mut r, &mut loaded);
     drop(loaded);
     container::run(&mut r, &facts);
+    r.check("memlock", memlock::check);
     println!(
         "{PREFIX_DONE}{}",
         json!({"kernel": release, "passed": r.passed, "total": r.total(), "failed": r.failed})
