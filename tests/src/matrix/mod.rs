@@ -139,6 +139,7 @@ pub fn plan_json(variant: &str, st: &SignalStatus) -> serde_json::Value {
             "error": r.as_ref().err(),
         })).collect::<Vec<_>>(),
         "summary": st.summary(),
+        "unavailable": st.unavailable,
     })
 }
 
