@@ -98,6 +98,9 @@ pub struct KernelOffsets {
     pub skb_data: u32,
     pub skb_network_header: u32,
     pub skb_protocol: u32,
+    /// `sock.sk_ack_backlog`: connections in a listener's accept queue (the listen-overflow
+    /// kprobes compare it with `sk_max_ack_backlog`).
+    pub sock_ack_backlog: u32,
 }
 
 impl KernelOffsets {
@@ -139,13 +142,14 @@ impl KernelOffsets {
         skb_data: NO_OFFSET,
         skb_network_header: NO_OFFSET,
         skb_protocol: NO_OFFSET,
+        sock_ack_backlog: NO_OFFSET,
     };
 }
 
 pod!(KernelOffsets, AddrFields);
 
 const _: () = assert!(core::mem::size_of::<AddrFields>() == 16);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 148);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 152);
 
 #[cfg(test)]
 mod tests {

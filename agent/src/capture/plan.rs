@@ -238,8 +238,17 @@ pub const PLAN: &[SignalPlan] = &[
                 needs: &["reason=TCP_LISTEN_OVERFLOW"],
             },
             tp("skb", "kfree_skb"),
+            // Kernels without that drop reason: the accept-queue check where the kernel makes
+            // it (see the program).
+            Hook::Kprobe {
+                functions: &[
+                    ("tcp_v4_syn_recv_sock", "kprobe_tcp_v4_syn_recv_sock"),
+                    ("tcp_v6_syn_recv_sock", "kprobe_tcp_v6_syn_recv_sock"),
+                ],
+                ret: false,
+            },
         ],
-        unavailable: "needs tracepoint skb:kfree_skb with drop reason TCP_LISTEN_OVERFLOW",
+        unavailable: "needs tracepoint skb:kfree_skb with drop reason TCP_LISTEN_OVERFLOW, or kprobes",
     },
     SignalPlan {
         signal: "accept_wait",

@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::Loaded;
 
 const SEND_RESET_KPROBES: &str = "kprobe:tcp_v4_send_reset+tcp_v6_send_reset+tcp_send_active_reset";
+const LISTEN_OVERFLOW_KPROBES: &str = "kprobe:tcp_v4_syn_recv_sock+tcp_v6_syn_recv_sock";
 
 /// The kernel's answers that decide the plan.
 #[derive(Debug, Clone, Serialize)]
@@ -108,11 +109,18 @@ impl Facts {
                 "tracepoint:sock:inet_sk_error_report",
             ),
             "socket_errors" => None,
-            "listen_overflows" if !self.listen_overflow_reason => None,
-            "listen_overflows" if self.kfree_skb_rx_sk && !classic => {
-                Some("tp_btf:kfree_skb".into())
+            "listen_overflows" if variant == "kprobes" => {
+                self.kprobes.then(|| LISTEN_OVERFLOW_KPROBES.to_string())
             }
-            "listen_overflows" => Some("tracepoint:skb:kfree_skb".into()),
+            "listen_overflows" if self.listen_overflow_reason => {
+                Some(if self.kfree_skb_rx_sk && !classic {
+                    "tp_btf:kfree_skb".into()
+                } else {
+                    "tracepoint:skb:kfree_skb".into()
+                })
+            }
+            "listen_overflows" if self.kprobes && !classic => Some(LISTEN_OVERFLOW_KPROBES.into()),
+            "listen_overflows" => None,
             "accept_wait" if self.kprobes && !classic => Some("kretprobe:inet_csk_accept".into()),
             "accept_wait" => Some("tracepoint:syscalls:sys_exit_accept+sys_exit_accept4".into()),
             "upstream_requests" if self.sock_length && !classic => {

@@ -56,7 +56,7 @@ pub const VARIANTS: [Variant; 3] = [
     },
     Variant {
         name: "kprobes",
-        only: Some(&["resets_sent"]),
+        only: Some(&["resets_sent", "listen_overflows"]),
         skip: &["tp_btf:", "tracepoint:"],
     },
 ];

@@ -27,7 +27,7 @@ pub fn run(r: &mut Runner, loaded: &mut [Loaded]) {
     scenario(r, loaded, "refused_connect", ALL, refused, check_refused);
     scenario(r, loaded, "abort", ALL, abort, check_abort);
     scenario(r, loaded, "accept_wait", BOTH, accept, check_accept);
-    scenario(r, loaded, "listen_overflow", BOTH, overflow, check_overflow);
+    scenario(r, loaded, "listen_overflow", ALL, overflow, check_overflow);
     scenario(
         r,
         loaded,

@@ -88,11 +88,15 @@ pub fn kernel(root: &Path, k: &Kernel) -> Result<Unpacked> {
         fs::create_dir_all(dir.join(sub)).with_context(|| format!("creating {}", dir.display()))?;
     }
     fs::write(dir.join("sources.list"), SOURCES)?;
-    eprintln!(
-        "[kernels] apt-get update (private lists in {})",
-        dir.display()
-    );
-    run_quiet(apt(&dir, "apt-get").arg("update"))?;
+    // Once per run, for the first kernel not cached.
+    static UPDATED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !UPDATED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        eprintln!(
+            "[kernels] apt-get update (private lists in {})",
+            dir.display()
+        );
+        run_quiet(apt(&dir, "apt-get").arg("update"))?;
+    }
     let package = resolve(&dir, k)?;
     eprintln!("[kernels] downloading {package}");
     run_quiet(
@@ -153,7 +157,7 @@ mod tests {
 
     #[test]
     fn newest_compares_numbers_not_text() {
-        let mut v = vec![
+        let mut v = [
             "linux-image-6.12.96+deb13-cloud-amd64",
             "linux-image-6.12.118+deb13-cloud-amd64",
             "linux-image-6.12.100+deb13-cloud-amd64",

@@ -155,7 +155,8 @@ fn matrix(args: &KernelsArgs, root: &Path) -> anyhow::Result<Vec<run::Row>> {
     for (k, unpacked) in kernels {
         let log = dir.join("logs").join(format!("{}.log", unpacked.package));
         let mut row = run::qemu(&unpacked.vmlinuz, &image, filter, TIMEOUT, &log, k.series)?;
-        row.source = format!("{} ({}), QEMU TCG", unpacked.package, k.nodes);
+        row.source = format!("`{}` under QEMU", unpacked.package);
+        row.nodes = k.nodes.to_string();
         println!("{}", table::row(&row));
         rows.push(row);
     }

@@ -18,8 +18,10 @@ use serde_json::Value;
 #[derive(Debug, Default)]
 pub struct Row {
     pub release: String,
-    /// Where it ran: `host` or the Debian package booted.
+    /// Where it ran: this machine, or the Debian package booted.
     pub source: String,
+    /// Which nodes run this kernel series.
+    pub nodes: String,
     /// The natural plan: (signal, chosen hook or `None`, degraded reasons, or what the signal
     /// needs when nothing attached).
     pub plan: Vec<(String, Option<String>, Vec<String>)>,
@@ -29,6 +31,8 @@ pub struct Row {
     /// Why the run itself failed (no result line, timeout), if it did.
     pub broken: Option<String>,
     pub seconds: f64,
+    /// Whether the kernel charges eBPF map memory to RLIMIT_MEMLOCK (the `memlock` check).
+    pub memlock_charged: Option<bool>,
     /// The agent's own load time of the natural plan, as the runner printed it.
     pub load_seconds: Option<f64>,
 }
@@ -46,7 +50,7 @@ fn collect(mut child: Child, tag: &str, timeout: Duration, echo: bool) -> (Vec<S
     if let Some(out) = child.stdout.take() {
         std::thread::spawn(move || {
             for line in BufReader::new(out).split(b'\n').map_while(Result::ok) {
-                let line = String::from_utf8_lossy(&line).replace('\r', "");
+                let line = printable(&String::from_utf8_lossy(&line));
                 if tx.send(line).is_err() {
                     break;
                 }
@@ -60,7 +64,8 @@ fn collect(mut child: Child, tag: &str, timeout: Duration, echo: bool) -> (Vec<S
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left.min(Duration::from_secs(1))) {
             Ok(line) => {
-                if echo && line.contains("DWK-") {
+                let progress = ["DWK-BOOT", "DWK-LOAD", "DWK-AGENT", "DWK-TEST", "DWK-EXIT"];
+                if echo && progress.iter().any(|p| line.contains(p)) {
                     println!("[kernels] {tag}: {}", short(&line));
                 }
                 lines.push(line);
@@ -76,6 +81,31 @@ fn collect(mut child: Child, tag: &str, timeout: Duration, echo: bool) -> (Vec<S
     }
     let _ = child.wait();
     (lines, timed_out)
+}
+
+/// A console line without its terminal escapes (the BIOS clears the screen) and control
+/// characters.
+fn printable(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters… final byte in @..~; other escapes: ESC and one char.
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for f in chars.by_ref() {
+                    if ('@'..='~').contains(&f) {
+                        break;
+                    }
+                }
+            } else {
+                chars.next();
+            }
+        } else if !c.is_control() || c == '\t' {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// A progress line: the head of a long line.
@@ -100,9 +130,8 @@ pub fn host(runner: &Path, agent: &Path, filter: Option<&str>, timeout: Duration
         .with_context(|| format!("starting {}", runner.display()))?;
     let (lines, timed_out) = collect(child, "host", timeout, true);
     let mut row = parse(&lines, timed_out, timeout);
-    row.source =
-        "host (this machine's kernel, not booted in QEMU: its vmlinuz is not on the machine)"
-            .into();
+    row.source = "this machine, run directly (its vmlinuz is not on the machine to boot)".into();
+    row.nodes = "the build machine (CI)".into();
     row.seconds = t.elapsed().as_secs_f64();
     Ok(row)
 }
@@ -190,6 +219,8 @@ pub fn parse(lines: &[String], timed_out: bool, timeout: Duration) -> Row {
                         .collect()
                 })
                 .unwrap_or_default();
+        } else if line.contains("DWK-TEST ok memlock ") {
+            row.memlock_charged = Some(line.contains("charges maps to RLIMIT_MEMLOCK"));
         } else if let Some(at) = line.find("DWK-LOAD natural ") {
             row.load_seconds = line[at + 17..].trim().trim_end_matches('s').parse().ok();
         } else if let Some(at) = line.find("DWK-KERNEL ") {
@@ -225,6 +256,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn console_escapes_are_dropped() {
+        assert_eq!(
+            printable("\u{1b}c\u{1b}[?7l\u{1b}[2JDWK-BOOT 6.1.0 2.21\r"),
+            "DWK-BOOT 6.1.0 2.21"
+        );
+    }
+
+    #[test]
     fn a_console_run_becomes_a_row() {
         let lines: Vec<String> = [
             "noise DWK-KERNEL 6.1.0-57-cloud-amd64 {}",
@@ -233,6 +272,7 @@ mod tests {
             r#"DWK-PLAN {"variant":"classic","signal":"resets_sent","chosen":"tracepoint:tcp:tcp_send_reset","degraded":["x"]}"#,
             r#"[   1.2] DWK-PLAN {"variant":"natural","signal":"socket_errors","chosen":null,"degraded":[]}"#,
             "DWK-TEST ok plan[natural] (0.0s) …",
+            "DWK-TEST ok memlock (0.9s) kernel charges maps to RLIMIT_MEMLOCK: …",
             r#"DWK-DONE {"kernel":"6.1.0-57-cloud-amd64","passed":18,"total":19,"failed":["abort[kprobes]"]}"#,
         ]
         .map(String::from)
@@ -249,6 +289,7 @@ mod tests {
         );
         assert_eq!((row.passed, row.total), (18, 19));
         assert_eq!(row.failed, ["abort[kprobes]"]);
+        assert_eq!(row.memlock_charged, Some(true));
         assert!(!row.ok());
         let cut = parse(&lines[..3], true, Duration::from_secs(300));
         assert!(

@@ -40,7 +40,7 @@ pub fn row(r: &Row) -> String {
 
 /// What is degraded on a kernel, one item per signal (its reasons joined).
 fn degraded(r: &Row) -> String {
-    let items: Vec<String> = r
+    let mut items: Vec<String> = r
         .plan
         .iter()
         .filter(|(_, _, d)| !d.is_empty())
@@ -49,6 +49,12 @@ fn degraded(r: &Row) -> String {
             None => format!("**{s} not captured** ({})", d.join("; ")),
         })
         .collect();
+    if r.memlock_charged == Some(true) {
+        items.push(
+            "eBPF maps charged to RLIMIT_MEMLOCK: needs CAP_SYS_RESOURCE or an unlimited memlock limit"
+                .into(),
+        );
+    }
     if items.is_empty() {
         "nothing".into()
     } else {
@@ -59,7 +65,7 @@ fn degraded(r: &Row) -> String {
 /// The README section for `rows` (markers included).
 pub fn section(rows: &[Row]) -> String {
     let mut s = format!(
-        "{BEGIN}\n| kernel (run as) | hooks used | degraded or not captured | checks |\n|---|---|---|---|\n"
+        "{BEGIN}\n| kernel | nodes | run as | hooks used | degraded or not captured | checks |\n|---|---|---|---|---|---|\n"
     );
     for r in rows {
         let hooks: Vec<String> = r
@@ -68,8 +74,9 @@ pub fn section(rows: &[Row]) -> String {
             .filter_map(|(sig, h, _)| h.as_ref().map(|h| format!("{sig}: `{h}`")))
             .collect();
         s.push_str(&format!(
-            "| {} ({}) | {} | {} | {}/{} {} |\n",
+            "| {} | {} | {} | {} | {} | {}/{} {} |\n",
             r.release,
+            r.nodes,
             r.source,
             hooks.join("<br>"),
             degraded(r),
