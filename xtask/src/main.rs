@@ -73,7 +73,8 @@ enum Cmd {
         (3) integration tests \
         (real eBPF, real containers): `cargo test -p drainwatch-tests -- --test-threads=1`; \
         (4) `cargo xtask kernels --no-readme`, the kernel matrix (5.10, 6.1, 6.12 under QEMU, \
-        and this kernel; about 4 minutes); \
+        and this kernel: about a minute with the kernels cached and the runner built, about \
+        three on a fresh machine); \
         (5) `cargo xtask bench --smoke`, a seconds-long run of every benchmark step; \
         (6) `cargo xtask fuzz --smoke`, every fuzz target for 15 seconds. \
         Runs `cargo xtask setup` first unless --no-setup. If the build fails the tests are \
