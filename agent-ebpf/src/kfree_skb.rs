@@ -1,9 +1,10 @@
 //! `kfree_skb`, kept only for one drop reason (`TCP_LISTEN_OVERFLOW`, numbered by this kernel):
-//! tp_btf on 6.11+ (the listener passed as `rx_sk`), the classic tracepoint elsewhere.
+//! tp_btf on 6.11+ (the listener passed as `rx_sk`), the classic tracepoint elsewhere; on
+//! kernels without that drop reason, kprobes on the functions that make the drop.
 
 use aya_ebpf::{
-    macros::{btf_tracepoint, tracepoint},
-    programs::{BtfTracePointContext, TracePointContext},
+    macros::{btf_tracepoint, kprobe, tracepoint},
+    programs::{BtfTracePointContext, ProbeContext, TracePointContext},
 };
 use drainwatch_common::{
     EventKind, Tuple,
@@ -11,8 +12,8 @@ use drainwatch_common::{
 };
 
 use crate::util::{
-    CONFIG, Record, btf_sock_netns, btf_sock_tuple, cfg, fill_header, ld, reserve, skb_netns,
-    sock_netns, sock_tuple, submit, zeroed,
+    CONFIG, Record, btf_sock_netns, btf_sock_tuple, cfg, fill_header, kread, ld, reserve,
+    skb_netns, sock_netns, sock_tuple, submit, zeroed,
 };
 
 /// tp_btf, 6.11+: `kfree_skb(struct sk_buff *skb, void *location, enum skb_drop_reason reason,
@@ -97,6 +98,64 @@ fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
     sock_tuple(EventKind::KfreeSkb, rx_sk, &mut ev.tuple);
     ev.reason = reason;
     ev.protocol = rec.get::<u16>(f.protocol).map_or(0, u32::from);
+    submit(entry);
+    Some(())
+}
+
+/// Kernels before the `TCP_LISTEN_OVERFLOW` drop reason (5.10, 6.1, 6.12 among them): the
+/// listener's accept queue checked where the kernel checks it. `tcp_v4_syn_recv_sock(sk, skb,
+/// …)` makes a completed handshake's socket; its first statement is `if
+/// (sk_acceptq_is_full(sk)) goto exit_overflow;` (`sk_ack_backlog > sk_max_ack_backlog`),
+/// which counts `ListenOverflows` and drops the handshake. Read at entry, the same comparison
+/// says whether this call is that drop. The reason is written as `u32::MAX`, which the decoder
+/// names `TCP_LISTEN_OVERFLOW`: no number exists on these kernels.
+#[kprobe]
+pub fn kprobe_tcp_v4_syn_recv_sock(ctx: ProbeContext) -> u32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
+    syn_recv_sock(&ctx, false);
+    0
+}
+
+/// `tcp_v6_syn_recv_sock` hands an IPv4 packet (a v4-mapped connection to an IPv6 listener)
+/// to `tcp_v4_syn_recv_sock`, which reports it: such calls are skipped here.
+#[kprobe]
+pub fn kprobe_tcp_v6_syn_recv_sock(ctx: ProbeContext) -> u32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
+    syn_recv_sock(&ctx, true);
+    0
+}
+
+const ETH_P_IP: u16 = 0x0800;
+
+#[inline(always)]
+fn syn_recv_sock(ctx: &ProbeContext, v6: bool) -> Option<()> {
+    const KIND: EventKind = EventKind::KfreeSkb;
+    let k = &CONFIG.kernel;
+    let sk = ctx.arg::<*const u8>(0).map_or(0, |p| p as u64);
+    let skb = ctx.arg::<*const u8>(1).map_or(0, |p| p as u64);
+    let backlog = kread::<u32>(KIND, sk, cfg(&k.sock_ack_backlog))?;
+    let max = kread::<u32>(KIND, sk, cfg(&k.sock_max_ack_backlog))?;
+    if backlog <= max {
+        return None;
+    }
+    let protocol = kread::<u16>(KIND, skb, cfg(&k.skb_protocol)).map_or(0, u16::from_be);
+    if v6 && protocol == ETH_P_IP {
+        return None;
+    }
+    let netns = sock_netns(KIND, sk);
+    let mut entry = reserve::<Event>(KIND)?;
+    let ev = unsafe { entry.assume_init_mut() };
+    fill_header(&mut ev.header, KIND, netns);
+    ev.skbaddr = skb;
+    ev.rx_sk = sk;
+    ev.tuple = zeroed::<Tuple>();
+    sock_tuple(KIND, sk, &mut ev.tuple);
+    ev.reason = u32::MAX;
+    ev.protocol = u32::from(protocol);
     submit(entry);
     Some(())
 }

@@ -8,7 +8,7 @@ use drainwatch_common::{EventKind, faults::FaultKind, fields::NO_FIELD, watch};
 use crate::{
     fault::fault,
     inet_csk_accept::emit_accepted,
-    util::{CONFIG, cfg, count_filtered, current_netns, is_host, kread, watched_port},
+    util::{CONFIG, cfg, count_filtered, current_netns, is_host, kread, task_netns, watched_port},
 };
 
 /// The program emits `inet_csk_accept` events; its faults count there.
@@ -20,7 +20,19 @@ pub fn sys_exit_accept(ctx: TracePointContext) -> u32 {
     if crate::util::attach_only() {
         return 0;
     }
-    try_sys_exit_accept(&ctx);
+    try_sys_exit_accept::<true>(&ctx);
+    0
+}
+
+/// The same for kernels without `bpf_get_current_task_btf` (before 5.11), whose verifier
+/// rejects a program calling it: the host-namespace check by probe reads (four helper calls
+/// where the BTF task needs one). The plan tries `sys_exit_accept` first.
+#[tracepoint]
+pub fn sys_exit_accept_probe(ctx: TracePointContext) -> u32 {
+    if crate::util::attach_only() {
+        return 0;
+    }
+    try_sys_exit_accept::<false>(&ctx);
     0
 }
 
@@ -42,7 +54,7 @@ fn socket_of_fd(fd: u64) -> Option<u64> {
     kread::<u64>(KIND, socket, cfg(&k.socket_sk)).filter(|sk| *sk != 0)
 }
 
-fn try_sys_exit_accept(ctx: &TracePointContext) -> Option<()> {
+fn try_sys_exit_accept<const TASK_BTF: bool>(ctx: &TracePointContext) -> Option<()> {
     // One field: read alone, not through a `Record` (a 128-byte copy).
     let off = cfg(&CONFIG.sys_exit_accept.ret);
     if off == NO_FIELD {
@@ -57,7 +69,12 @@ fn try_sys_exit_accept(ctx: &TracePointContext) -> Option<()> {
     }
     // In the host namespace only host-network containers' listeners matter, and while there
     // are none the walk to the socket is skipped.
-    if is_host(current_netns()) && !watched_port(watch::ANY_PORT) {
+    let netns = if TASK_BTF {
+        current_netns()
+    } else {
+        task_netns(KIND)
+    };
+    if is_host(netns) && !watched_port(watch::ANY_PORT) {
         count_filtered(KIND);
         return None;
     }

@@ -221,6 +221,19 @@ fn probe_send_reset(ctx: &ProbeContext, has_skb: bool) -> Option<()> {
     let mut answered = 0;
     let netns = if sk != 0 {
         sock_tuple(EventKind::TcpSendReset, sk, &mut tuple);
+        // An abort (close with SO_LINGER 0) resets from tcp_disconnect() after the socket gave
+        // up `skc_num`: the port is still in `inet_sport`, as the tp_btf program reads it
+        // (found by the kernel matrix on 5.10 and 6.1, where this program is the one used).
+        if tuple.sport == 0 {
+            tuple.sport = u16::from_be(
+                kread::<u16>(
+                    EventKind::TcpSendReset,
+                    sk,
+                    cfg(&CONFIG.kernel.tcp_inet_sport),
+                )
+                .unwrap_or(0),
+            );
+        }
         sock_netns(EventKind::TcpSendReset, sk)
     } else if skb != 0 {
         answered = packet_probe(skb, &mut tuple);

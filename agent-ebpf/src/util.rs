@@ -17,7 +17,7 @@ use drainwatch_common::{
     AF_INET, AF_INET6, EventKind, Header, Tuple,
     config::Config,
     faults::FaultKind,
-    fields::{AddrFields, NO_FIELD, NO_OFFSET},
+    fields::{AddrFields, NO_FIELD, NO_OFFSET, family_of_v6},
     watch,
 };
 
@@ -468,7 +468,13 @@ pub fn sock_tuple(kind: EventKind, sk: u64, t: &mut Tuple) {
 /// Reads a tuple from separate family/port/address fields (ports are host order there).
 #[inline(always)]
 pub fn tp_tuple(rec: &Record, f: &AddrFields, t: &mut Tuple) {
-    t.family = rec.get::<u16>(f.family).unwrap_or(0);
+    // 5.10's reset tracepoints have no `family`: their IPv6 fields tell.
+    t.family = match rec.get::<u16>(f.family) {
+        Some(family) => family,
+        None => rec
+            .get::<[u8; 16]>(f.saddr_v6)
+            .map_or(0, |a| family_of_v6(&a)),
+    };
     t.sport = rec.get::<u16>(f.sport).unwrap_or(0);
     t.dport = rec.get::<u16>(f.dport).unwrap_or(0);
     if t.family == AF_INET6 {

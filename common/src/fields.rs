@@ -23,6 +23,19 @@ pub struct AddrFields {
     pub _pad: u16,
 }
 
+/// The family of an address pair recorded by a tracepoint without a `family` field (5.10's
+/// `tcp_send_reset` and `tcp_receive_reset`): they store an IPv4 socket's addresses in the IPv6
+/// fields as IPv4-mapped (`::ffff:a.b.c.d`) and an IPv6 socket's as they are.
+pub fn family_of_v6(saddr_v6: &[u8; 16]) -> u16 {
+    let mapped =
+        saddr_v6[..10].iter().all(|b| *b == 0) && saddr_v6[10] == 0xff && saddr_v6[11] == 0xff;
+    if mapped {
+        crate::AF_INET
+    } else {
+        crate::AF_INET6
+    }
+}
+
 impl AddrFields {
     pub const ABSENT: Self = Self {
         family: NO_FIELD,
@@ -85,6 +98,9 @@ pub struct KernelOffsets {
     pub skb_data: u32,
     pub skb_network_header: u32,
     pub skb_protocol: u32,
+    /// `sock.sk_ack_backlog`: connections in a listener's accept queue (the listen-overflow
+    /// kprobes compare it with `sk_max_ack_backlog`).
+    pub sock_ack_backlog: u32,
 }
 
 impl KernelOffsets {
@@ -126,10 +142,27 @@ impl KernelOffsets {
         skb_data: NO_OFFSET,
         skb_network_header: NO_OFFSET,
         skb_protocol: NO_OFFSET,
+        sock_ack_backlog: NO_OFFSET,
     };
 }
 
 pod!(KernelOffsets, AddrFields);
 
 const _: () = assert!(core::mem::size_of::<AddrFields>() == 16);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 148);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 152);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_family_comes_from_the_ipv6_fields() {
+        let mut mapped = [0u8; 16];
+        mapped[10..].copy_from_slice(&[0xff, 0xff, 127, 0, 0, 1]);
+        assert_eq!(family_of_v6(&mapped), crate::AF_INET);
+        let mut loopback6 = [0u8; 16];
+        loopback6[15] = 1;
+        assert_eq!(family_of_v6(&loopback6), crate::AF_INET6);
+        assert_eq!(family_of_v6(&[0; 16]), crate::AF_INET6);
+    }
+}

@@ -6,6 +6,7 @@
 pub mod accuracy;
 pub mod agent;
 pub mod browser;
+pub mod matrix;
 pub mod ops;
 pub mod prometheus;
 
@@ -69,6 +70,24 @@ impl Harness {
         skip: &[&'static str],
         per_cpu: u32,
     ) -> Self {
+        let h = Self::try_start(Some(only), ring_bytes, queue, skip, per_cpu)
+            .expect("loading the eBPF programs");
+        for st in &h.capture.statuses {
+            assert!(st.chosen().is_some(), "{}", st.summary());
+        }
+        h
+    }
+
+    /// Loads the programs for `only` (every signal of the plan when `None`), not trying the
+    /// hooks labelled `skip`; signals that attach nothing are left in `capture.statuses` for
+    /// the caller to judge (the kernel matrix asserts what each kernel must offer).
+    pub fn try_start(
+        only: Option<&[&'static str]>,
+        ring_bytes: u32,
+        queue: usize,
+        skip: &[&str],
+        per_cpu: u32,
+    ) -> Result<Self, capture::CaptureError> {
         require_root();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -77,27 +96,23 @@ impl Harness {
         let _guard = rt.enter();
         let mut capture = Capture::load(&capture::Options {
             ring_buffer_bytes: ring_bytes,
-            only: Some(only.to_vec()),
+            only: only.map(<[_]>::to_vec),
             skip_hooks: skip.iter().map(|s| s.to_string()).collect(),
             packet_events_per_cpu: per_cpu,
             ..Default::default()
-        })
-        .expect("loading the eBPF programs");
-        for st in &capture.statuses {
-            assert!(st.chosen().is_some(), "{}", st.summary());
-        }
+        })?;
         let metrics = Arc::new(Telemetry::new("test"));
         let (tx, rx) = drainwatch::queue::bounded(queue);
         let maps = capture.take_reader_maps().expect("ring buffer maps");
         let reader = Reader::new(maps, capture.names.clone(), metrics.clone(), tx).expect("reader");
         drop(_guard);
-        Self {
+        Ok(Self {
             capture,
             reader,
             rx,
             metrics,
             _rt: rt,
-        }
+        })
     }
 
     /// Everything the kernel has handed over so far, decoded, in order.

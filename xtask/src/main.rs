@@ -4,6 +4,7 @@
 
 mod bench;
 mod fuzz;
+mod kernels;
 mod lab;
 mod setup;
 mod soak;
@@ -71,8 +72,11 @@ enum Cmd {
         `cargo test --workspace --lib --bins --exclude drainwatch-ebpf --exclude drainwatch-tests`; \
         (3) integration tests \
         (real eBPF, real containers): `cargo test -p drainwatch-tests -- --test-threads=1`; \
-        (4) `cargo xtask bench --smoke`, a seconds-long run of every benchmark step; \
-        (5) `cargo xtask fuzz --smoke`, every fuzz target for 15 seconds. \
+        (4) `cargo xtask kernels --no-readme`, the kernel matrix (5.10, 6.1, 6.12 under QEMU, \
+        and this kernel: about a minute with the kernels cached and the runner built, about \
+        three on a fresh machine); \
+        (5) `cargo xtask bench --smoke`, a seconds-long run of every benchmark step; \
+        (6) `cargo xtask fuzz --smoke`, every fuzz target for 15 seconds. \
         Runs `cargo xtask setup` first unless --no-setup. If the build fails the tests are \
         skipped; otherwise both test phases run. Prints one summary line per phase and exits \
         with the first failing phase's exit code.\n\n\
@@ -153,6 +157,26 @@ enum Cmd {
         Example: cargo xtask soak --minutes 30"
     )]
     Soak(soak::SoakArgs),
+    /// The kernel matrix: the kernel-facing checks inside each kernel nodes run (5.10, 6.1,
+    /// 6.12 in QEMU) and on this machine's; the README's kernel table
+    #[command(
+        long_about = "The kernel matrix: the agent and its kernel-facing checks on every kernel of the matrix.\n\n\
+        Builds the agent and the runner (`cargo build --release -p drainwatch -p drainwatch-tests \
+        --bin drainwatch --bin kernel-matrix`), downloads (once, into target/kernels/, with a \
+        private apt state) Debian's cloud kernels 5.10 (bullseye), 6.1 (bookworm) and 6.12 \
+        (trixie), writes an initramfs (busybox, the agent, the runner, their libraries), boots \
+        each under QEMU (TCG, one CPU, nice 15) and runs the runner on this machine's own kernel \
+        directly. The runner loads the programs as three plans (as the kernel decides, classic \
+        tracepoints only, kprobe resets only) and checks each against what the kernel says it \
+        offers, then exact events of a refused connect, an abort, accept wait, a listen \
+        overflow, SIGTERM and SIGKILL exits and a cgroup removal, the real agent's start-up and \
+        probe metrics, one synthetic container's whole stop, and the agent under a 64 KiB \
+        memlock limit. Prints one markdown row per kernel (release, hook per signal, checks \
+        passed, pass or FAIL), writes the README's kernel table (unless --no-readme, --only or \
+        --filter), exits non-zero if any kernel fails. Consoles in target/kernels/logs/.\n\n\
+        Example: cargo xtask kernels --no-setup --only 5.10 --filter abort"
+    )]
+    Kernels(kernels::KernelsArgs),
 }
 
 #[derive(Args)]
@@ -191,6 +215,7 @@ fn main() -> ExitCode {
         Cmd::Accuracy(args) => lab::accuracy(&args),
         Cmd::Fuzz(args) => fuzz::run(&args),
         Cmd::Soak(args) => soak::run(&args),
+        Cmd::Kernels(args) => kernels::run(&args),
         Cmd::Bench(args) => {
             if !args.no_setup && setup::run().is_err() {
                 return ExitCode::FAILURE;

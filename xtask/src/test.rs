@@ -58,6 +58,13 @@ pub fn run(args: &TestArgs) -> ExitCode {
     integration
         .args(["test", "-p", "drainwatch-tests", "--", "--test-threads=1"])
         .args(&args.test_args);
+    // The kernel matrix: the kernel-facing checks inside 5.10, 6.1 and 6.12 (QEMU) and on this
+    // kernel; the README's table is written only by `cargo xtask kernels` itself.
+    let mut kernels = cargo(&root);
+    kernels.args(["xtask", "kernels", "--no-setup", "--no-readme"]);
+    if let Some(filter) = args.test_args.first() {
+        kernels.arg("--filter").arg(filter);
+    }
     // The benchmark is not a test, but a short run of every step keeps it from rotting.
     let mut bench = cargo(&root);
     bench.args(["xtask", "bench", "--no-setup", "--smoke"]);
@@ -74,6 +81,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
     for (name, cmd) in [
         ("unit", &mut unit),
         ("integration", &mut integration),
+        ("kernels", &mut kernels),
         ("bench-smoke", &mut bench),
         ("fuzz-smoke", &mut fuzz),
     ] {

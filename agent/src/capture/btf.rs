@@ -140,6 +140,7 @@ const MEMBERS: &[(&str, &str, Slot)] = &[
     ("sock", "sk_max_ack_backlog", |k| {
         &mut k.sock_max_ack_backlog
     }),
+    ("sock", "sk_ack_backlog", |k| &mut k.sock_ack_backlog),
     ("sock", "sk_protocol", |k| &mut k.sock_protocol),
     ("sock", "sk_err", |k| &mut k.sock_err),
     ("sk_buff", "head", |k| &mut k.skb_head),

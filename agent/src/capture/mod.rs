@@ -1,11 +1,13 @@
 //! Capture: reads what this kernel offers (tracefs formats, BTF), loads the eBPF object with
 //! that configuration, works through the attach plan and streams decoded events.
 
+mod attach;
 pub mod btf;
 pub mod event;
 pub mod faults;
 pub mod hooks;
 pub mod jiffies;
+mod memlock;
 pub mod merge;
 mod options;
 pub mod plan;
@@ -17,10 +19,8 @@ pub use options::{Options, PACKET_EVENTS_PER_CPU, RETRY_WINDOW, lifecycle_ring_b
 
 use std::{collections::BTreeMap, path::PathBuf};
 
-use aya::{
-    Ebpf, EbpfLoader,
-    programs::{BtfTracePoint, KProbe, TracePoint},
-};
+use attach::{attach_btf_tracepoints, attach_kprobes, attach_tracepoint, format_provides};
+use aya::{Ebpf, EbpfLoader};
 use drainwatch_common::{
     EventKind,
     config::Config,
@@ -46,6 +46,14 @@ pub enum CaptureError {
         "loading the eBPF programs failed: {0} (drainwatch needs root, or CAP_BPF and CAP_PERFMON)"
     )]
     Load(#[source] aya::EbpfError),
+    #[error(
+        "creating the eBPF maps failed with EPERM under a locked-memory limit of {kib} KiB: this kernel charges eBPF map memory to RLIMIT_MEMLOCK (kernels before 5.11); give the agent CAP_SYS_RESOURCE (it then lifts the limit itself) or run it with an unlimited memlock limit (`ulimit -l unlimited`, systemd LimitMEMLOCK=infinity): {source}"
+    )]
+    Memlock {
+        kib: u64,
+        #[source]
+        source: aya::EbpfError,
+    },
     #[error("the eBPF object has no map {0}")]
     NoMap(&'static str),
     #[error("ring buffer: {0}")]
@@ -166,8 +174,6 @@ pub struct Capture {
     /// of the one second the agent has to exit.
     links: Vec<Box<dyn Send>>,
     ebpf: Ebpf,
-    /// The programs' log records on their way to `tracing` (see `faults`).
-    _log: faults::LogDrain,
     pub statuses: Vec<SignalStatus>,
     pub names: KernelNames,
     pub kernel_offsets: KernelOffsets,
@@ -196,13 +202,21 @@ impl Capture {
         let mut names = KernelNames::default();
         let (infos, res) = resolve_tracepoints(&events_dir, &mut config, &mut names);
 
+        let memlock = memlock::raise_soft_to_hard();
         let mut ebpf = EbpfLoader::new()
             .override_global("CONFIG", &config, true)
             .map_max_entries("EVENTS", size)
             .map_max_entries("LIFECYCLE", lifecycle_ring_bytes(size))
             .load(EBPF_OBJECT)
-            .map_err(CaptureError::Load)?;
-        let log = faults::LogDrain::start(&mut ebpf);
+            .map_err(|e| match memlock {
+                // aya lifts the limit on EPERM where it can; still EPERM under a finite
+                // limit is the limit (the preflight checked the capabilities).
+                Some(bytes) if memlock::is_eperm(&e) => CaptureError::Memlock {
+                    kib: bytes / 1024,
+                    source: e,
+                },
+                _ => CaptureError::Load(e),
+            })?;
 
         let mut statuses = Vec::new();
         let mut links = Vec::new();
@@ -242,15 +256,18 @@ impl Capture {
                         program,
                         also,
                         offsets,
-                    } => attach_btf_tracepoints(
-                        &mut ebpf,
-                        &mut links,
-                        (&opts.btf_path, &mut aya_btf),
-                        std::iter::once((*name, *program)).chain(also.iter().copied()),
-                        offsets,
-                        &missing_members,
-                    )
-                    .map(|()| st.degraded.extend(btf_degradations(&kernel, name))),
+                        needs,
+                    } => format_provides(&infos, &res, name, needs).and_then(|()| {
+                        attach_btf_tracepoints(
+                            &mut ebpf,
+                            &mut links,
+                            (&opts.btf_path, &mut aya_btf),
+                            std::iter::once((*name, *program)).chain(also.iter().copied()),
+                            offsets,
+                            &missing_members,
+                        )
+                        .map(|()| st.degraded.extend(btf_degradations(&kernel, name)))
+                    }),
                     Hook::Kprobe { functions, ret: _ } => {
                         attach_kprobes(&mut ebpf, &mut links, functions)
                     }
@@ -266,7 +283,6 @@ impl Capture {
         Ok(Self {
             links,
             ebpf,
-            _log: log,
             statuses,
             names,
             kernel_offsets: kernel,
@@ -312,149 +328,4 @@ impl Drop for Capture {
             }
         });
     }
-}
-
-fn attach_tracepoint(
-    ebpf: &mut Ebpf,
-    links: &mut Vec<Box<dyn Send>>,
-    infos: &BTreeMap<&'static str, TracepointInfo>,
-    res: &Resolution,
-    hook: &Hook,
-) -> Result<Vec<String>, String> {
-    let Hook::Tracepoint {
-        category,
-        name,
-        also,
-        needs,
-        ..
-    } = *hook
-    else {
-        return Err("not a tracepoint".into());
-    };
-    let info = infos
-        .get(name)
-        .ok_or_else(|| "no decoder for this tracepoint".to_string())?;
-    let fmt = info.format.as_ref().map_err(Clone::clone)?;
-    let missing_needed: Vec<_> = needs.iter().filter(|f| fmt.field(f).is_none()).collect();
-    if !missing_needed.is_empty() {
-        return Err(format!("format lacks {missing_needed:?}"));
-    }
-    if let Some(missing) = res.missing_required.get(name).filter(|m| !m.is_empty()) {
-        return Err(format!("format lacks required fields {missing:?}"));
-    }
-    let prog: &mut TracePoint = ebpf
-        .program_mut(name)
-        .ok_or_else(|| format!("program {name} missing from the eBPF object"))?
-        .try_into()
-        .map_err(|e| format!("{e}"))?;
-    if prog.fd().is_err() {
-        prog.load().map_err(|e| format!("load: {e}"))?;
-    }
-    // All targets or none: a partial set would silently miss events.
-    let mut attached: Vec<Box<dyn Send>> = Vec::new();
-    for target in std::iter::once(name).chain(also.iter().copied()) {
-        let id = prog
-            .attach(category, target)
-            .map_err(|e| format!("attach {target}: {}", chain(&e)))?;
-        attached.push(Box::new(prog.take_link(id).map_err(|e| format!("{e}"))?));
-    }
-    links.extend(attached);
-    Ok(res.missing_optional.get(name).cloned().unwrap_or_default())
-}
-
-/// Every (tracepoint, program) pair, or none: links taken so far are dropped (detached) if a
-/// later one fails.
-fn attach_btf_tracepoints<'a>(
-    ebpf: &mut Ebpf,
-    links: &mut Vec<Box<dyn Send>>,
-    (btf_path, btf): (&str, &mut Option<aya::Btf>),
-    pairs: impl Iterator<Item = (&'a str, &'a str)>,
-    offsets: &[&str],
-    missing_members: &[String],
-) -> Result<(), String> {
-    let lacking: Vec<_> = offsets
-        .iter()
-        .filter(|o| missing_members.iter().any(|m| m == *o))
-        .collect();
-    if !lacking.is_empty() {
-        return Err(format!("BTF lacks {lacking:?}"));
-    }
-    let mut attached = Vec::new();
-    for (name, program) in pairs {
-        attach_btf_tracepoint(ebpf, &mut attached, (btf_path, btf), (name, program))
-            .map_err(|e| format!("{name}: {e}"))?;
-    }
-    links.extend(attached);
-    Ok(())
-}
-
-fn attach_btf_tracepoint(
-    ebpf: &mut Ebpf,
-    links: &mut Vec<Box<dyn Send>>,
-    (btf_path, btf): (&str, &mut Option<aya::Btf>),
-    (name, program): (&str, &str),
-) -> Result<(), String> {
-    let prog: &mut BtfTracePoint = ebpf
-        .program_mut(program)
-        .ok_or_else(|| format!("program {program} missing from the eBPF object"))?
-        .try_into()
-        .map_err(|e| format!("{e}"))?;
-    if prog.fd().is_err() {
-        // aya resolves the tracepoint's BTF type itself.
-        let btf = match btf {
-            Some(b) => b,
-            None => btf.insert(
-                aya::Btf::parse_file(btf_path, aya::Endianness::default())
-                    .map_err(|e| format!("BTF: {e}"))?,
-            ),
-        };
-        prog.load(name, btf)
-            .map_err(|e| format!("load: {}", chain(&e)))?;
-    }
-    let id = prog
-        .attach()
-        .map_err(|e| format!("attach: {}", chain(&e)))?;
-    links.push(Box::new(prog.take_link(id).map_err(|e| format!("{e}"))?));
-    Ok(())
-}
-
-fn attach_kprobes(
-    ebpf: &mut Ebpf,
-    links: &mut Vec<Box<dyn Send>>,
-    functions: &[(&str, &str)],
-) -> Result<(), String> {
-    // All or nothing: a partial set would silently miss some resets. Links taken so far are
-    // dropped (detached) if a later function fails.
-    let mut attached: Vec<Box<dyn Send>> = Vec::new();
-    for (function, program) in functions {
-        let step = (|| {
-            let prog: &mut KProbe = ebpf
-                .program_mut(program)
-                .ok_or_else(|| format!("program {program} missing from the eBPF object"))?
-                .try_into()
-                .map_err(|e| format!("{e}"))?;
-            if prog.fd().is_err() {
-                prog.load().map_err(|e| format!("load: {e}"))?;
-            }
-            let id = prog
-                .attach(function, 0)
-                .map_err(|e| format!("attach {function}: {}", chain(&e)))?;
-            prog.take_link(id).map_err(|e| format!("{e}"))
-        })();
-        attached.push(Box::new(step?));
-    }
-    links.extend(attached);
-    Ok(())
-}
-
-/// An error with its causes, `a: b: c`: aya's messages alone often omit the OS error.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
-        cur = c.source();
-    }
-    out
 }

@@ -9,8 +9,10 @@ pub enum Hook {
     /// (the next entry is then tried), beyond those the hook module requires anyway.
     Tracepoint {
         category: &'static str,
-        /// The tracepoint, and the program's name.
+        /// The tracepoint (its format gives the program's field offsets).
         name: &'static str,
+        /// The program attached.
+        program: &'static str,
         /// More tracepoints of the same layout the same program attaches to.
         also: &'static [&'static str],
         needs: &'static [&'static str],
@@ -28,6 +30,10 @@ pub enum Hook {
         /// More (tracepoint, program) pairs attached with it, all or none.
         also: &'static [(&'static str, &'static str)],
         offsets: &'static [&'static str],
+        /// What the program takes from the classic tracepoint's format (a field, or
+        /// `field=SYMBOL` for a number from its symbol table): the entry is skipped when this
+        /// kernel's format lacks it, as the program would attach and never match.
+        needs: &'static [&'static str],
     },
     /// kprobes on every listed function (all must attach), or kretprobes when `ret`.
     Kprobe {
@@ -84,6 +90,7 @@ const fn tp(category: &'static str, name: &'static str) -> Hook {
     Hook::Tracepoint {
         category,
         name,
+        program: name,
         also: &[],
         needs: &[],
         degraded: None,
@@ -110,11 +117,13 @@ pub const PLAN: &[SignalPlan] = &[
                     "sk_buff.data",
                     "sk_buff.network_header",
                 ],
+                needs: &[],
             },
             // 6.10+ fires for socket-less resets too (and carries the reason): `reason` marks it.
             Hook::Tracepoint {
                 category: "tcp",
                 name: "tcp_send_reset",
+                program: "tcp_send_reset",
                 also: &[],
                 needs: &["reason"],
                 degraded: None,
@@ -130,6 +139,7 @@ pub const PLAN: &[SignalPlan] = &[
             Hook::Tracepoint {
                 category: "tcp",
                 name: "tcp_send_reset",
+                program: "tcp_send_reset",
                 also: &[],
                 needs: &[],
                 degraded: Some(
@@ -148,6 +158,7 @@ pub const PLAN: &[SignalPlan] = &[
                 program: "tcp_receive_reset_btf",
                 also: &[],
                 offsets: &["sock.__sk_common.skc_net", "net.ns.inum"],
+                needs: &[],
             },
             tp("tcp", "tcp_receive_reset"),
         ],
@@ -166,6 +177,7 @@ pub const PLAN: &[SignalPlan] = &[
                     "sock.__sk_common.skc_net",
                     "net.ns.inum",
                 ],
+                needs: &[],
             },
             tp("sock", "inet_sock_set_state"),
         ],
@@ -185,6 +197,7 @@ pub const PLAN: &[SignalPlan] = &[
                     "sock.__sk_common.skc_net",
                     "net.ns.inum",
                 ],
+                needs: &[],
             },
             tp("sock", "inet_sk_error_report"),
         ],
@@ -220,10 +233,22 @@ pub const PLAN: &[SignalPlan] = &[
                 program: "kfree_skb_btf",
                 also: &[],
                 offsets: &["sock.__sk_common.skc_net", "net.ns.inum"],
+                // 6.12 has the 4-argument prototype but no TCP_LISTEN_OVERFLOW drop reason
+                // (the kernel matrix found the program attached and blind there).
+                needs: &["reason=TCP_LISTEN_OVERFLOW"],
             },
             tp("skb", "kfree_skb"),
+            // Kernels without that drop reason: the accept-queue check where the kernel makes
+            // it (see the program).
+            Hook::Kprobe {
+                functions: &[
+                    ("tcp_v4_syn_recv_sock", "kprobe_tcp_v4_syn_recv_sock"),
+                    ("tcp_v6_syn_recv_sock", "kprobe_tcp_v6_syn_recv_sock"),
+                ],
+                ret: false,
+            },
         ],
-        unavailable: "needs tracepoint skb:kfree_skb with drop reason TCP_LISTEN_OVERFLOW",
+        unavailable: "needs tracepoint skb:kfree_skb with drop reason TCP_LISTEN_OVERFLOW, or kprobes",
     },
     SignalPlan {
         signal: "accept_wait",
@@ -237,6 +262,17 @@ pub const PLAN: &[SignalPlan] = &[
             Hook::Tracepoint {
                 category: "syscalls",
                 name: "sys_exit_accept",
+                program: "sys_exit_accept",
+                also: &["sys_exit_accept4"],
+                needs: &[],
+                degraded: None,
+            },
+            // The same without bpf_get_current_task_btf (5.11+), whose call the verifier of
+            // 5.10 rejects: the task's network namespace by probe reads instead.
+            Hook::Tracepoint {
+                category: "syscalls",
+                name: "sys_exit_accept",
+                program: "sys_exit_accept_probe",
                 also: &["sys_exit_accept4"],
                 needs: &[],
                 degraded: None,
@@ -259,6 +295,7 @@ pub const PLAN: &[SignalPlan] = &[
                     ("tcp_destroy_sock", "tcp_destroy_sock_btf"),
                 ],
                 offsets: &[],
+                needs: &[],
             },
         ],
         unavailable: "needs tp_btf sock:sock_send_length, sock:sock_recv_length (Linux 6.3+) and tcp:tcp_destroy_sock: proxy retries and upstream aborts are not judged",

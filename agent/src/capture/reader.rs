@@ -15,7 +15,7 @@ use super::{
 };
 use crate::telemetry::{
     LossStage, Telemetry,
-    internal::{DecodeFailed, EventsLost},
+    internal::{DecodeFailed, EbpfFaults, EventsLost},
 };
 
 pub struct Maps {
@@ -191,8 +191,8 @@ impl Reader {
             }
         }
         let total = sum(&self.lost);
-        for (kind, fault, n) in self.faults.iter().flat_map(|f| f.read()) {
-            self.telemetry.agent.ebpf_faults(kind, fault, n);
+        for (kind, fault, total) in self.faults.iter().flat_map(|f| f.read()) {
+            EbpfFaults { kind, fault, total }.emit(&self.telemetry);
         }
         if total > self.lost_seen {
             EventsLost {

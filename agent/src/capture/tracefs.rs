@@ -203,10 +203,16 @@ impl<'a> Resolver<'a> {
     }
 
     /// The address fields many tracepoints share: family, ports and IPv4 addresses are
-    /// required, IPv6 addresses optional.
+    /// required, IPv6 addresses optional. Without `family` (5.10's reset tracepoints) the
+    /// program tells it from the IPv6 fields (`fields::family_of_v6`), which must then exist.
     pub fn addr(&mut self) -> AddrFields {
+        let family = if self.has("family", 2) || !self.has("saddr_v6", 16) {
+            self.required("family", 2)
+        } else {
+            NO_FIELD
+        };
         AddrFields {
-            family: self.required("family", 2),
+            family,
             sport: self.required("sport", 2),
             dport: self.required("dport", 2),
             saddr: self.required("saddr", 4),
@@ -336,6 +342,26 @@ pub(crate) mod tests {
         assert_eq!(r.required("saddr", 28), NO_FIELD);
         assert_eq!(r.missing_required, ["saddr"]);
         assert_eq!(r.missing_optional, ["reason"]);
+    }
+
+    #[test]
+    fn without_family_the_ipv6_fields_tell_it() {
+        // 5.10: no `family` in the reset tracepoints; IPv4 sockets' addresses are mapped into
+        // saddr_v6, which the program reads for it.
+        for name in ["tcp_send_reset", "tcp_receive_reset"] {
+            let f = fixture("5.10", name);
+            assert!(f.field("family").is_none());
+            let mut r = Resolver::new(&f);
+            let a = r.addr();
+            assert_eq!(a.family, NO_FIELD, "{name}");
+            assert_ne!(a.saddr_v6, NO_FIELD, "{name}");
+            assert!(
+                r.missing_required.is_empty() && r.missing_optional.is_empty(),
+                "{name}"
+            );
+        }
+        let f = fixture("6.1", "tcp_receive_reset");
+        assert_eq!(Resolver::new(&f).addr().family, 20);
     }
 
     #[test]

@@ -183,18 +183,21 @@ impl AgentMetrics {
         self.shed[kind.index()].inc_by(n);
     }
 
-    /// Brings a (hook, fault) counter up to the kernel's total since load.
-    pub fn ebpf_faults(&self, kind: EventKind, fault: FaultKind, total: u64) {
+    /// Brings a (hook, fault) counter up to the kernel's total since load; returns what it
+    /// was before.
+    pub fn ebpf_faults(&self, kind: EventKind, fault: FaultKind, total: u64) -> u64 {
         let Some(c) = self
             .faults
             .get(kind.index())
             .and_then(|per_kind| per_kind.get(fault as usize))
         else {
-            return;
+            return total;
         };
-        if let Some(grew) = total.checked_sub(c.get()) {
+        let before = c.get();
+        if let Some(grew) = total.checked_sub(before) {
             c.inc_by(grew);
         }
+        before
     }
 
     pub fn lost_count(&self, stage: LossStage) -> u64 {
@@ -225,8 +228,8 @@ impl AgentMetrics {
         self.watch_failures.inc();
     }
 
-    /// Which hook each signal uses (1) and which it tried that failed (0); whether the one it
-    /// uses is degraded.
+    /// Which hook each signal uses (1) and which it tried that failed (0); whether the signal
+    /// is degraded: its hook lacks fields or offsets, or no hook could attach at all.
     pub fn record_plan(&self, plan: &[Attach<'_>]) {
         for st in plan {
             let chosen = st.chosen();
@@ -243,7 +246,7 @@ impl AgentMetrics {
                 .get_or_create(&SignalLabels {
                     signal: st.signal.into(),
                 })
-                .set(i64::from(chosen.is_some() && st.degraded));
+                .set(i64::from(chosen.is_none() || st.degraded));
         }
     }
 }
@@ -275,6 +278,11 @@ mod tests {
         assert!(text.contains("drainwatch_probe_attached{signal=\"resets_sent\",hook=\"tracepoint:tcp:tcp_send_reset\"} 1"), "{text}");
         assert!(
             text.contains("drainwatch_probe_degraded{signal=\"resets_sent\"} 1"),
+            "{text}"
+        );
+        // Nothing attached: the signal is lost on this kernel, which is degraded too.
+        assert!(
+            text.contains("drainwatch_probe_degraded{signal=\"accept_wait\"} 1"),
             "{text}"
         );
     }

@@ -168,10 +168,75 @@ impl<E: Display> WatchUpdateFailed<E> {
     }
 }
 
+/// The kernel's running count of one eBPF program failure (`drainwatch_common::faults`), as
+/// the reader polled it. Counted always; logged (target `drainwatch::ebpf`) when the count
+/// reaches a power of two it had not reached at the last poll: the 1st, 2nd, 4th, 8th…
+/// failure, so one that fires on every packet costs a line per doubling, not per packet.
+pub struct EbpfFaults {
+    pub kind: drainwatch_common::EventKind,
+    pub fault: drainwatch_common::faults::FaultKind,
+    pub total: u64,
+}
+
+impl EbpfFaults {
+    pub fn emit(&self, t: &Telemetry) {
+        let before = t.agent.ebpf_faults(self.kind, self.fault, self.total);
+        if new_power_of_two(before, self.total) {
+            tracing::warn!(
+                target: "drainwatch::ebpf",
+                hook = self.kind.name(),
+                fault = self.fault.as_str(),
+                total = self.total,
+                "eBPF program failure (logged at powers of two; every one is counted)"
+            );
+        }
+    }
+}
+
+/// Whether a count going from `before` to `now` reached a power of two on the way.
+fn new_power_of_two(before: u64, now: u64) -> bool {
+    now > before && (before == 0 || now.ilog2() > before.ilog2())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::SECOND;
+
+    #[test]
+    fn faults_log_at_each_new_power_of_two() {
+        let logged: Vec<(u64, u64)> = [
+            (0, 0),
+            (0, 1),
+            (1, 2),
+            (2, 3),
+            (3, 4),
+            (4, 7),
+            (7, 9),
+            (9, 15),
+            (15, 100),
+        ]
+        .into_iter()
+        .filter(|&(b, n)| new_power_of_two(b, n))
+        .collect();
+        assert_eq!(logged, [(0, 1), (1, 2), (3, 4), (7, 9), (15, 100)]);
+        let t = Telemetry::new("k");
+        for total in [1, 5, 5] {
+            EbpfFaults {
+                kind: drainwatch_common::EventKind::TcpSendReset,
+                fault: drainwatch_common::faults::FaultKind::KernelRead,
+                total,
+            }
+            .emit(&t);
+        }
+        let text = t.encode_prometheus().unwrap();
+        assert!(
+            text.contains(
+                "drainwatch_ebpf_faults_total{kind=\"tcp_send_reset\",fault=\"kernel_read\"} 5\n"
+            ),
+            "{text}"
+        );
+    }
 
     #[test]
     fn one_line_per_window_then_the_suppressed_count() {

@@ -43,6 +43,9 @@ const APT_PACKAGES: &[&str] = &[
     "libcap2-bin",
     // The deploy tools' Python environment (DEPLOY_TOOLS_VENV) is made with Debian's python3.
     "python3-venv",
+    // The kernel matrix (`cargo xtask kernels`): other kernels booted under TCG. Depends pull
+    // in seabios; the initramfs is written by xtask itself (no cpio needed).
+    "qemu-system-x86",
 ];
 
 /// Python packages the tests need, installed with `python3 -m pip` (the python3 first on PATH;

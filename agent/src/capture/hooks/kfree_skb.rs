@@ -33,12 +33,24 @@ pub fn fields(r: &mut Resolver) -> Fields {
     f
 }
 
+/// The reason the kprobe fallback writes: kernels that need it have no number for the drop
+/// (`kfree_skb.rs` in the eBPF crate), but every record it makes is a listen overflow.
+pub const INFERRED: u32 = u32::MAX;
+
 pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<ListenOverflow, DecodeError> {
     let e: Event = read_record("kfree_skb", bytes)?;
+    let reason = if e.reason == INFERRED {
+        Named {
+            value: INFERRED,
+            name: Some("TCP_LISTEN_OVERFLOW".into()),
+        }
+    } else {
+        names.drop_reason(e.reason)
+    };
     Ok(ListenOverflow {
         meta: Meta::from(&e.header),
         listener: Endpoints::from_tuple(&e.tuple).map(|c| c.local),
-        reason: names.drop_reason(e.reason),
+        reason,
     })
 }
 
@@ -92,5 +104,13 @@ mod tests {
         let d = decode(&bytes_of(&e), &names).unwrap();
         assert_eq!(d.listener.unwrap().to_string(), "10.88.0.5:8080");
         assert_eq!(d.reason.to_string(), "TCP_LISTEN_OVERFLOW");
+        // The kprobe fallback's records, on a kernel with no number for the reason.
+        let kprobe = Event {
+            reason: INFERRED,
+            ..e
+        };
+        let d = decode(&bytes_of(&kprobe), &KernelNames::default()).unwrap();
+        assert_eq!(d.reason.name.as_deref(), Some("TCP_LISTEN_OVERFLOW"));
+        assert_eq!(d.listener.unwrap().to_string(), "10.88.0.5:8080");
     }
 }
