@@ -17,7 +17,7 @@ use std::{
 
 use drainwatch::{export::view::StopView, model::stop::Outcome};
 
-use super::{Runner, expect::Facts, scenarios::cgroup_v2_root};
+use super::{Runner, expect::Facts, processes::cgroup_v2_root};
 use crate::agent::{Agent, free_port, get, stop_record, wait_for};
 
 /// The port the container's server listens on, inside its own namespace.

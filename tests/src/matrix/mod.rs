@@ -16,6 +16,8 @@
 pub mod container;
 pub mod expect;
 pub mod memlock;
+mod processes;
+mod queues;
 pub mod scenarios;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
