@@ -7,7 +7,6 @@
 use std::{
     io::Write,
     net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
-    os::fd::AsRawFd,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -19,20 +18,8 @@ use std::{
 const PER_ROUND: u64 = 3;
 
 fn abort(s: &TcpStream) {
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: a valid socket and a correctly sized option value.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
-    }
+    // Best effort: a failed option only makes this connection close with a FIN.
+    let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
 }
 
 /// A port nothing listens on: bound and closed again.
