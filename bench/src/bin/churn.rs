@@ -2,7 +2,11 @@
 //! closes a connection, connects to a closed port (a reset) and aborts a connection with
 //! SO_LINGER 0 (a reset from the closing side). Prints one JSON line with what it did.
 //!
-//! churn <seconds> <threads> [<max connections per second, 0 = unbounded>]
+//! churn <seconds> <threads> [<max connections per second, 0 = unbounded>] [thirds|pod]
+//!
+//! The mix: `thirds` (the default) makes each of the three kinds a third of the connections;
+//! `pod` is a server's day: of every ten connections eight close cleanly with the server
+//! closing first (as an HTTP server ending a response does), one is refused and one aborted.
 
 use std::{
     io::Write,
@@ -14,8 +18,27 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// Connections per round: one closed normally, one refused, one aborted.
-const PER_ROUND: u64 = 3;
+/// Connections per round of each mix.
+#[derive(Clone, Copy)]
+enum Mix {
+    /// One closed normally (the client first), one refused, one aborted.
+    Thirds,
+    /// Eight closed normally (the server first), one refused, one aborted.
+    Pod,
+}
+
+impl Mix {
+    fn clean(self) -> u64 {
+        match self {
+            Mix::Thirds => 1,
+            Mix::Pod => 8,
+        }
+    }
+
+    fn per_round(self) -> u64 {
+        self.clean() + 2
+    }
+}
 
 fn abort(s: &TcpStream) {
     // Best effort: a failed option only makes this connection close with a FIN.
@@ -28,7 +51,12 @@ fn closed_port() -> Result<SocketAddr, String> {
     l.local_addr().map_err(|e| e.to_string())
 }
 
-fn worker(stop: &AtomicBool, done: &AtomicU64, per_thread_rate: f64) -> Result<(), String> {
+fn worker(
+    stop: &AtomicBool,
+    done: &AtomicU64,
+    per_thread_rate: f64,
+    mix: Mix,
+) -> Result<(), String> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| e.to_string())?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let refused = closed_port()?;
@@ -36,19 +64,24 @@ fn worker(stop: &AtomicBool, done: &AtomicU64, per_thread_rate: f64) -> Result<(
     let mut rounds: u64 = 0;
     while !stop.load(Ordering::Relaxed) {
         if per_thread_rate > 0.0 {
-            let due =
-                start + Duration::from_secs_f64((rounds * PER_ROUND) as f64 / per_thread_rate);
+            let due = start
+                + Duration::from_secs_f64((rounds * mix.per_round()) as f64 / per_thread_rate);
             let now = Instant::now();
             if due > now {
                 std::thread::sleep(due - now);
             }
         }
-        // Normal: the client sends a byte and closes first, the server closes after.
-        let mut c = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
-        let (s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
-        c.write_all(b"x").map_err(|e| format!("write: {e}"))?;
-        drop(c);
-        drop(s);
+        // Normal: the client sends a byte; the first to close is the client in `thirds`, the
+        // server in `pod`.
+        for _ in 0..mix.clean() {
+            let mut c = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+            let (s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+            c.write_all(b"x").map_err(|e| format!("write: {e}"))?;
+            match mix {
+                Mix::Thirds => drop((c, s)),
+                Mix::Pod => drop((s, c)),
+            }
+        }
         // Refused: RST from the kernel, ECONNREFUSED here.
         if TcpStream::connect(refused).is_ok() {
             return Err(format!("{refused} unexpectedly accepted"));
@@ -60,7 +93,7 @@ fn worker(stop: &AtomicBool, done: &AtomicU64, per_thread_rate: f64) -> Result<(
         drop(c);
         drop(s);
         rounds += 1;
-        done.fetch_add(PER_ROUND, Ordering::Relaxed);
+        done.fetch_add(mix.per_round(), Ordering::Relaxed);
     }
     Ok(())
 }
@@ -75,13 +108,18 @@ fn main() {
     let seconds = num(0, 5.0);
     let threads = num(1, 2.0).max(1.0) as usize;
     let rate = num(2, 0.0);
+    let mix = match args.get(3).map(String::as_str) {
+        None | Some("thirds") => Mix::Thirds,
+        Some("pod") => Mix::Pod,
+        Some(other) => panic!("unknown mix {other}: thirds or pod"),
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let handles: Vec<_> = (0..threads)
         .map(|_| {
             let (stop, done) = (stop.clone(), done.clone());
-            std::thread::spawn(move || worker(&stop, &done, rate / threads as f64))
+            std::thread::spawn(move || worker(&stop, &done, rate / threads as f64, mix))
         })
         .collect();
     std::thread::sleep(Duration::from_secs_f64(seconds));
