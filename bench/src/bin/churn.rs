@@ -5,11 +5,12 @@
 //! churn <seconds> <threads> [<max connections per second, 0 = unbounded>] [thirds|pod]
 //!
 //! The mix: `thirds` (the default) makes each of the three kinds a third of the connections;
-//! `pod` is a server's day: of every ten connections eight close cleanly with the server
-//! closing first (as an HTTP server ending a response does), one is refused and one aborted.
+//! `pod` is a server's day: of every ten connections eight carry a one-byte request and answer
+//! and close cleanly with the server closing first (as an HTTP server ending a response does),
+//! one is refused and one aborted.
 
 use std::{
-    io::Write,
+    io::{Read, Write},
     net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
     sync::{
         Arc,
@@ -71,15 +72,22 @@ fn worker(
                 std::thread::sleep(due - now);
             }
         }
-        // Normal: the client sends a byte; the first to close is the client in `thirds`, the
-        // server in `pod`.
         for _ in 0..mix.clean() {
             let mut c = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
-            let (s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+            let (mut s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
             c.write_all(b"x").map_err(|e| format!("write: {e}"))?;
             match mix {
+                // The client closes first; the server's close, with the byte unread, resets.
                 Mix::Thirds => drop((c, s)),
-                Mix::Pod => drop((s, c)),
+                // A request and its answer, then the server closes first, cleanly.
+                Mix::Pod => {
+                    let mut b = [0u8; 1];
+                    s.read_exact(&mut b).map_err(|e| format!("read: {e}"))?;
+                    s.write_all(b"y").map_err(|e| format!("write: {e}"))?;
+                    drop(s);
+                    c.read_exact(&mut b).map_err(|e| format!("read: {e}"))?;
+                    drop(c);
+                }
             }
         }
         // Refused: RST from the kernel, ECONNREFUSED here.
