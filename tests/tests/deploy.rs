@@ -274,6 +274,8 @@ fn the_daemonset_is_least_privilege_and_complete() {
         "every taint"
     );
     assert!(spec["terminationGracePeriodSeconds"].as_u64().is_some());
+    // Evicted last under node pressure, like the node's other agents.
+    assert_eq!(spec["priorityClassName"], "system-node-critical");
     let c = &spec["containers"][0];
     let sc = &c["securityContext"];
     assert_eq!(sc["privileged"], false);
