@@ -77,7 +77,7 @@ enum Cmd {
         and this kernel: about a minute with the kernels cached and the runner built, about \
         three on a fresh machine); \
         (5) `cargo xtask bench --smoke`, a seconds-long run of every benchmark step; \
-        (6) `cargo xtask fuzz --smoke`, every fuzz target for 15 seconds. \
+        (6) `cargo xtask fuzz --smoke`, every fuzz target for 8 seconds. \
         Runs `cargo xtask setup` first unless --no-setup. If the build fails the tests are \
         skipped; otherwise both test phases run. Prints one summary line per phase and exits \
         with the first failing phase's exit code.\n\n\
