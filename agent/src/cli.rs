@@ -167,6 +167,13 @@ pub struct Cli {
     #[arg(long, env = "DRAINWATCH_KUBE", value_enum, default_value_t = KubeMode::Auto)]
     pub kube: KubeMode,
 
+    /// With the Kubernetes API: at most this many Events a minute (a Warning on the pod,
+    /// ConnectionLossOnStop / ConnectionLossOnStart, for each settled stop or start that lost
+    /// connections); past it they are dropped and counted (drainwatch_kube_events_total). 0:
+    /// no Events.
+    #[arg(long, env = "DRAINWATCH_KUBE_EVENTS_PER_MINUTE", default_value_t = 30)]
+    pub kube_events_per_minute: u32,
+
     /// The node this agent runs on, whose pods it watches (spec.nodeName). Also read from
     /// NODE_NAME, as a DaemonSet sets it from the downward API.
     #[arg(long, env = "DRAINWATCH_NODE_NAME")]

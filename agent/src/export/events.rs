@@ -153,14 +153,16 @@ fn note(text: &str) -> String {
     text[..end].to_string()
 }
 
+/// A pod's uid, for the event's `regarding` (from the agent's pod store).
+pub type UidOf = Box<dyn Fn(&ContainerIdentity) -> Option<String> + Send>;
+
 /// Picks, rate-limits and publishes; owns the ids already handled.
 pub struct Emitter {
     recorder: Recorder,
     bucket: Bucket,
     seen: HashSet<String>,
     metrics: EventMetrics,
-    /// The pod's uid, for the event's `regarding` (from the agent's pod store).
-    uid_of: Box<dyn Fn(&ContainerIdentity) -> Option<String> + Send>,
+    uid_of: UidOf,
 }
 
 impl Emitter {
@@ -169,7 +171,7 @@ impl Emitter {
         node: &str,
         per_minute: u32,
         metrics: EventMetrics,
-        uid_of: Box<dyn Fn(&ContainerIdentity) -> Option<String> + Send>,
+        uid_of: UidOf,
     ) -> Self {
         let reporter = Reporter {
             controller: "drainwatch".into(),
