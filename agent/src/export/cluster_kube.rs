@@ -75,10 +75,11 @@ async fn get<T: DeserializeOwned>(
         req = req.header(AGENT_TOKEN_HEADER, format!("Bearer {token}"));
     }
     let req = req.body(Vec::new()).map_err(|e| e.to_string())?;
-    let text = client
-        .request_text(req)
-        .await
-        .map_err(|e| format!("{path}: {e}"))?;
+    let text = client.request_text(req).await.map_err(|e| match e {
+        // The API server's (or the agent's) answer, without kube-rs's debug dump.
+        kube::Error::Api(s) => format!("{path}: {} {}: {}", s.code, s.reason, s.message),
+        e => format!("{path}: {e}"),
+    })?;
     serde_json::from_str(&text).map_err(|e| format!("{path} is not valid JSON: {e}"))
 }
 
