@@ -111,19 +111,11 @@ fn cluster_report(o: &ClusterOpts, window_seconds: u64, json: bool) -> ExitCode 
     } else {
         print!("{}", cluster::render(&report));
     }
-    if report.unanswered.is_empty() {
-        return ExitCode::SUCCESS;
+    match cluster::missing(&report) {
+        None => ExitCode::SUCCESS,
+        Some(line) => {
+            eprintln!("drainwatch report --cluster: {line}");
+            ExitCode::from(1)
+        }
     }
-    eprintln!(
-        "drainwatch report --cluster: {} of {} agents did not answer: {}",
-        report.unanswered.len(),
-        report.agents,
-        report
-            .unanswered
-            .iter()
-            .map(|f| format!("{} on {} ({})", f.pod, f.node, f.error))
-            .collect::<Vec<_>>()
-            .join("; ")
-    );
-    ExitCode::from(1)
 }

@@ -267,6 +267,23 @@ pub fn render(r: &ClusterReport) -> String {
     out + &report::render_starts(&r.starts) + &report::render_storms(&r.storms)
 }
 
+/// The line for stderr when agents did not answer (the command then exits 1), None when all did.
+pub fn missing(r: &ClusterReport) -> Option<String> {
+    (!r.unanswered.is_empty()).then(|| {
+        let who: Vec<String> = r
+            .unanswered
+            .iter()
+            .map(|f| format!("{} on {} ({})", f.pod, f.node, f.error))
+            .collect();
+        format!(
+            "{} of {} agents did not answer: {}",
+            r.unanswered.len(),
+            r.agents,
+            who.join("; ")
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -344,6 +361,7 @@ mod tests {
             "newest first, node filled in"
         );
         assert!(r.unanswered.is_empty());
+        assert_eq!(missing(&r), None);
         let text = render(&r);
         assert!(
             text.starts_with("CLUSTER: 2 of 2 agents answered\n"),
@@ -410,6 +428,10 @@ mod tests {
                 node: "node-b".into(),
                 pod: "drainwatch-x9".into()
             }]
+        );
+        assert_eq!(
+            missing(&r).as_deref(),
+            Some("1 of 2 agents did not answer: drainwatch-x9 on node-b (pod not ready)")
         );
         let text = render(&r);
         assert!(text.starts_with("CLUSTER: 1 of 2 agents answered\nNO ANSWER from drainwatch-x9 on node node-b: pod not ready"), "{text}");
