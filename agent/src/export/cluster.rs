@@ -48,20 +48,20 @@ pub struct NodeFailure {
     pub pod: String,
 }
 
-/// What `report --cluster --json` prints.
+/// What `report --cluster --json` prints (fields in alphabetical order, as the API's).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClusterReport {
-    /// Newest first.
-    pub deploys: Vec<ClusterDeploy>,
     /// Agents asked.
     pub agents: usize,
-    /// Agents that did not answer: their nodes' records are missing above.
-    pub unanswered: Vec<NodeFailure>,
+    /// Newest first.
+    pub deploys: Vec<ClusterDeploy>,
     /// Newest first; `container.node` is the agent's node when its API did not say.
     pub starts: Vec<StartView>,
     pub stops: Vec<StopView>,
     /// `deploy_id` names the merged deploy.
     pub storms: Vec<StormView>,
+    /// Agents that did not answer: their nodes' records are missing.
+    pub unanswered: Vec<NodeFailure>,
 }
 
 fn wall(t: &str) -> Option<SystemTime> {
