@@ -186,8 +186,9 @@ impl Emitter {
         }
     }
 
-    /// The settled records of pods not handled yet that lost connections (under the correlator's lock: no I/O). Forgets ids no longer kept, so `seen` stays as
-    /// small as the records.
+    /// The settled records of pods not handled yet that lost connections (under the
+    /// correlator's lock: no I/O). Forgets ids no longer kept, so `seen` stays as small as the
+    /// records.
     pub fn select(
         &mut self,
         stops: &[Stop],
@@ -195,8 +196,12 @@ impl Emitter {
         storms: &[Storm],
         clock: &Clock,
     ) -> Vec<Candidate> {
-        self.seen
-            .retain(|id| stops.iter().any(|s| s.id == *id) || starts.iter().any(|s| s.id == *id));
+        let kept: HashSet<&str> = stops
+            .iter()
+            .map(|s| s.id.as_str())
+            .chain(starts.iter().map(|s| s.id.as_str()))
+            .collect();
+        self.seen.retain(|id| kept.contains(id.as_str()));
         let new = |id: &str, settled: bool, c: &ContainerIdentity| {
             settled && !c.pod.is_empty() && !self.seen.contains(id)
         };
