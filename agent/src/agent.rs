@@ -232,6 +232,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         .clone()
         .or_else(|| std::env::var("NODE_NAME").ok());
     let in_pod = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let page_host = node.clone();
     let kube_client = kube::client_for(cli.kube.into(), node, in_pod).await?;
     let kube_metrics = kube_client
         .as_ref()
@@ -270,6 +271,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         telemetry.clone(),
         correlator.clone(),
         cli.deploy_window_seconds * SECOND,
+        page_host,
     ));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let kube_store = kube_client.zip(kube_metrics).map(|((client, node), km)| {

@@ -8,11 +8,14 @@ use anyhow::{Context as _, Result, ensure};
 use super::say;
 use crate::{capture, run_cmd, secs};
 
-/// Debian packages, installed with `--no-install-recommends`.
-const APT_PACKAGES: &[&str] = &[
-    // bpf-linker is built against LLVM 22 (Debian 12's security archive carries 22.1.x).
-    "llvm-22-dev",
-    "libpolly-22-dev",
+/// Debian packages building and running the agent needs, installed with
+/// `--no-install-recommends`: bpf-linker is built against LLVM 22 (Debian 12's security archive
+/// carries 22.1.x).
+pub(super) const APT_BUILD: &[&str] = &["llvm-22-dev", "libpolly-22-dev"];
+
+/// What the tests, the demo and the labs need besides (`cargo xtask test`, `demo`, `bench`,
+/// `accuracy`, `soak`, `kernels`).
+pub(super) const APT_LAB: &[&str] = &[
     // Real containers for the tests: podman driving runc, a busybox image.
     "podman",
     "runc",
@@ -67,21 +70,21 @@ fn dpkg_installed(package: &str) -> bool {
         .is_some_and(|status| status.trim() == "install ok installed")
 }
 
-pub(super) fn apt() -> Result<String> {
-    let missing: Vec<&str> = APT_PACKAGES
+pub(super) fn apt(packages: &[&str]) -> Result<String> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|p| !dpkg_installed(p))
         .collect();
     if missing.is_empty() {
-        return Ok(format!("all {} packages present", APT_PACKAGES.len()));
+        return Ok(format!("all {} packages present", packages.len()));
     }
     say(
         "apt",
         &format!(
             "{} of {} packages missing: {}",
             missing.len(),
-            APT_PACKAGES.len(),
+            packages.len(),
             missing.join(" ")
         ),
     );
