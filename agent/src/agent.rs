@@ -387,8 +387,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
             let emitter = Emitter::new(client, &node, cli.kube_events_per_minute, metrics, uid_of);
             tokio::spawn(events::run(
                 emitter,
-                correlator.clone(),
-                state.clock,
+                state.clone(),
                 Duration::from_secs(2),
                 shutdown_rx.clone(),
             ));

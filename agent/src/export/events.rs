@@ -7,7 +7,7 @@
 //! `--kube-events-per-minute` per agent (a token bucket: past it events are dropped, not
 //! queued), every outcome counted in `drainwatch_kube_events_total{result}`.
 
-use std::{collections::HashSet, time::Duration};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::{
@@ -21,13 +21,13 @@ use prometheus_client::{
 };
 use tokio::sync::watch as shutdown_watch;
 
-use super::api::{self, Clock};
-use crate::{
-    model::{
-        ContainerIdentity, Loss, LossKind, Mono, SECOND, monotonic_now, start::Start, stop::Stop,
-        storm::Storm,
-    },
-    pipeline::SharedCorrelator,
+use super::{
+    api::{self, Clock},
+    http::State,
+};
+use crate::model::{
+    ContainerIdentity, Loss, LossKind, Mono, SECOND, monotonic_now, start::Start, stop::Stop,
+    storm::Storm,
 };
 
 /// The events' reasons (`kubectl get events` REASON).
@@ -292,15 +292,15 @@ impl Emitter {
     }
 }
 
-/// Every `every`, turns the correlator's newly settled records into events, until shutdown.
+/// Every `every`, turns the correlator's newly settled records into events, until shutdown;
+/// times in the verdicts as the API writes them (`State::clock`).
 pub async fn run(
     mut emitter: Emitter,
-    correlator: SharedCorrelator,
-    clock: Clock,
+    state: Arc<State>,
     every: Duration,
     mut shutdown: shutdown_watch::Receiver<bool>,
 ) {
-    if let Ok(t) = correlator.lock() {
+    if let Ok(t) = state.correlator.lock() {
         emitter.prime(t.stops(), t.starts());
     }
     let mut tick = tokio::time::interval(every);
@@ -309,7 +309,8 @@ pub async fn run(
             _ = tick.tick() => {}
             _ = shutdown.changed() => break,
         }
-        let candidates = match correlator.lock() {
+        let clock = state.clock();
+        let candidates = match state.correlator.lock() {
             Ok(t) => emitter.select(t.stops(), t.starts(), t.storms(), &clock),
             Err(_) => continue,
         };
