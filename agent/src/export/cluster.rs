@@ -6,7 +6,10 @@
 //! answer is listed, never skipped. The I/O (listing the DaemonSet's pods, the API server's pod
 //! proxy) is in `cluster_kube.rs`.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    collections::HashMap,
+    time::{Duration, SystemTime},
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -202,31 +205,30 @@ pub fn merge(answers: &[NodeAnswer], window: Duration) -> ClusterReport {
             report.storms.push(s);
         }
     }
-    // Record ids oldest first, as one agent lists them.
+    // Record ids oldest first, as one agent lists them (times looked up once: thousands of
+    // records across nodes).
     let stop_at = |s: &StopView| {
         s.sigterm_at
             .clone()
             .or(s.exit_at.clone())
             .unwrap_or_default()
     };
-    for m in &mut merged {
-        let d = &mut m.deploy.deploy;
-        d.stops.sort_by_key(|id| {
-            report
-                .stops
-                .iter()
-                .find(|s| s.id == *id)
-                .map(stop_at)
-                .unwrap_or_default()
-        });
-        d.starts.sort_by_key(|id| {
+    let at: HashMap<&str, String> = report
+        .stops
+        .iter()
+        .map(|s| (s.id.as_str(), stop_at(s)))
+        .chain(
             report
                 .starts
                 .iter()
-                .find(|s| s.id == *id)
-                .map(|s| s.started_at.clone())
-                .unwrap_or_default()
-        });
+                .map(|s| (s.id.as_str(), s.started_at.clone())),
+        )
+        .collect();
+    let when = |id: &String| at.get(id.as_str()).cloned().unwrap_or_default();
+    for m in &mut merged {
+        let d = &mut m.deploy.deploy;
+        d.stops.sort_by_key(when);
+        d.starts.sort_by_key(when);
     }
     report.deploys = merged.into_iter().rev().map(|m| m.deploy).collect();
     report.stops.sort_by_key(|s| std::cmp::Reverse(stop_at(s)));
