@@ -138,13 +138,14 @@ fn the_rendered_chart_validates_with_defaults_and_with_every_option() {
         "podLabels": {"team": "sre"},
         "seccompProfile": {"type": "RuntimeDefault"},
         "runtimeStateDirs": [{"name": "docker-containers", "path": "/var/lib/docker/containers"}],
+        "rbac": {"create": true, "viewer": true},
     });
     let all_off = json!({"rbac": {"create": false}, "serviceAccount": {"create": false},
         "service": {"enabled": false}});
     for (what, values, kinds) in [
         ("defaults", json!({}), 5),
         ("Prometheus Operator objects on", all_on(), 7),
-        ("every option", every_option, 9),
+        ("every option", every_option, 10),
         ("everything optional off", all_off, 1),
     ] {
         let (file, docs) = rendered(&values);
@@ -263,7 +264,10 @@ fn the_daemonset_is_least_privilege_and_complete() {
     let role = object(&docs, "ClusterRole", None);
     assert_eq!(
         role["rules"],
-        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}])
+        json!([
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}
+        ])
     );
     let spec = &object(&docs, "DaemonSet", None)["spec"]["template"]["spec"];
     assert_eq!(spec["hostPID"], true);
