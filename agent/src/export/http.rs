@@ -23,6 +23,7 @@ use tokio::{net::TcpListener, sync::watch};
 use super::{
     api,
     conns::{Conns, Opened},
+    guard::{Guard, Refusal},
     page,
 };
 use crate::telemetry::Telemetry;
@@ -47,6 +48,8 @@ pub struct State {
     pub deploy_window: Mono,
     /// The host name the page shows.
     pub host: String,
+    /// The Host header and token checks (`guard.rs`).
+    pub guard: Guard,
 }
 
 impl State {
@@ -58,6 +61,7 @@ impl State {
             clock: api::Clock::now(),
             deploy_window,
             host: hostname(),
+            guard: Guard::loopback(),
         }
     }
 
@@ -153,7 +157,7 @@ fn secure(r: &mut Response<Full<Bytes>>, csp: &'static str) {
 }
 
 /// This machine's host name (the node, when the agent runs with the host's UTS namespace).
-fn hostname() -> String {
+pub fn hostname() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it or fails.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
@@ -277,6 +281,18 @@ async fn handle_request(
         .path_and_query()
         .map_or_else(|| req.uri().path().to_string(), |p| p.as_str().to_string());
     let method = req.method().clone();
+    let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
+    let refused = state
+        .guard
+        .check(
+            req.uri().path(),
+            header(header::HOST),
+            header(header::AUTHORIZATION),
+        )
+        .await;
+    if let Some(r) = refused {
+        return Ok(refusal(r));
+    }
     // Rendering (the page, the API, the metrics) runs on the blocking pool: never on a
     // runtime thread the ring-buffer reader needs.
     let rendered =
@@ -288,6 +304,32 @@ async fn handle_request(
             "rendering failed\n",
         )
     }))
+}
+
+fn refusal(r: Refusal) -> Response<Full<Bytes>> {
+    let (status, text) = match r {
+        Refusal::Host => (
+            StatusCode::MISDIRECTED_REQUEST,
+            "unknown Host: use an address or a name given with --allowed-host\n",
+        ),
+        Refusal::Unauthenticated => (
+            StatusCode::UNAUTHORIZED,
+            "a valid bearer token is required\n",
+        ),
+        Refusal::Denied => (StatusCode::FORBIDDEN, "forbidden\n"),
+        Refusal::Unavailable => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "cannot verify the token now (Kubernetes API unreachable)\n",
+        ),
+    };
+    let mut resp = respond(status, "text/plain", text);
+    if r == Refusal::Unauthenticated {
+        resp.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+    }
+    resp
 }
 
 /// Connections served at once; one more closes the one idle longest (see `conns`).

@@ -2,10 +2,15 @@
 //! and how records become them), the verdicts, the deploy page and `drainwatch report`.
 
 pub mod api;
+pub mod auth;
 mod conns;
 pub mod format;
+pub mod guard;
 pub mod http;
 pub mod page;
 pub mod report;
 pub mod verdict;
 pub mod view;
+
+#[cfg(test)]
+mod auth_tests;
