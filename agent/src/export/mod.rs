@@ -9,6 +9,7 @@ pub mod guard;
 pub mod http;
 pub mod page;
 pub mod report;
+pub mod terminal;
 pub mod verdict;
 pub mod view;
 

@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 
 use super::{
     format::{hms, or_null},
-    verdict,
+    terminal, verdict,
     view::{DeployView, LossView, StartView, StopView, StormView},
 };
 use crate::model::{LossKind, stop::Outcome};
@@ -104,10 +104,14 @@ pub fn fetch<T: DeserializeOwned>(agent: &str, path: &str) -> Result<T, ReportEr
             status: status.into(),
         });
     }
-    serde_json::from_str(body).map_err(|source| ReportError::Json {
+    let json = |source| ReportError::Json {
         path: path.into(),
         source,
-    })
+    };
+    // Names go to a terminal: no control characters in any of them.
+    let mut v = serde_json::from_str(body).map_err(json)?;
+    terminal::clean(&mut v);
+    serde_json::from_value(v).map_err(json)
 }
 
 fn loss_line(loss: &LossView) -> String {
