@@ -248,3 +248,24 @@ async fn an_unreachable_api_server_fails_closed_and_is_counted() {
     // The probes still answer.
     assert_eq!(get(addr, "/healthz", LOCAL, None).await, 200);
 }
+
+#[test]
+fn outside_kubernetes_the_agent_listens_on_loopback_without_auth() {
+    use clap::Parser;
+    let cli = crate::cli::Cli::try_parse_from(["drainwatch"]).unwrap();
+    assert!(cli.listen.ip().is_loopback(), "{}", cli.listen);
+    assert_eq!(cli.auth, crate::cli::Auth::None);
+    assert!(!cli.auth_metrics && cli.allowed_hosts.is_empty());
+    let on = crate::cli::Cli::try_parse_from([
+        "drainwatch",
+        "--auth",
+        "kube",
+        "--auth-metrics",
+        "--allowed-host",
+        "a.example,b.example",
+    ])
+    .unwrap();
+    assert_eq!(on.auth, crate::cli::Auth::Kube);
+    assert!(on.auth_metrics);
+    assert_eq!(on.allowed_hosts, ["a.example", "b.example"]);
+}
