@@ -153,8 +153,14 @@ async fn agent(api: SocketAddr, auth_metrics: bool) -> (SocketAddr, GuardMetrics
 
 /// GET `path` with a Host header and maybe a token; the status code.
 async fn get(addr: SocketAddr, path: &str, host: &str, token: Option<&str>) -> u16 {
+    let auth = token.map(|t| format!("Authorization: Bearer {t}"));
+    get_with(addr, path, host, auth.as_deref()).await
+}
+
+/// GET `path` with a Host header and maybe one more header line; the status code.
+async fn get_with(addr: SocketAddr, path: &str, host: &str, line: Option<&str>) -> u16 {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let auth = line.map_or(String::new(), |l| format!("{l}\r\n"));
     let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await.unwrap();
     let mut raw = Vec::new();
@@ -210,7 +216,14 @@ async fn tokens_are_reviewed_allowed_denied_and_cached() {
         200
     );
 
-    assert_eq!(m.auth(Verdict::Allowed), 3);
+    // Through the API server's pod proxy, which strips Authorization: the fallback header.
+    let proxied = "X-Drainwatch-Authorization: Bearer alice-token";
+    assert_eq!(
+        get_with(addr, "/api/v1/stops", LOCAL, Some(proxied)).await,
+        200
+    );
+
+    assert_eq!(m.auth(Verdict::Allowed), 4);
     assert_eq!(m.auth(Verdict::Denied), 2);
     assert_eq!(m.auth(Verdict::Unauthenticated), 3);
     assert_eq!(m.auth(Verdict::Error), 0);

@@ -17,6 +17,11 @@ use prometheus_client::{
 
 use super::auth::{self, Access, Cache, Verdict};
 
+/// Where a client reaching the agent through the API server's pod proxy (`drainwatch report
+/// --cluster`) puts its `Bearer <token>`: the API server strips `Authorization` from proxied
+/// requests (kubernetes#34076). Read only when `Authorization` is absent.
+pub const PROXIED_AUTHORIZATION: &str = "x-drainwatch-authorization";
+
 /// The names a request's Host header may carry. Any IP literal is admitted: a DNS-rebinding
 /// page runs under the attacker's name, never under an address, so only names need listing.
 #[derive(Debug, Clone, Default)]
@@ -207,7 +212,7 @@ pub struct Guard {
 
 impl Guard {
     /// Host check with `localhost` and addresses only, no auth: for tests of the routes.
-    pub fn loopback() -> Self {
+    pub fn without_auth() -> Self {
         Self {
             hosts: Hosts::new([]),
             auth: None,
@@ -309,7 +314,7 @@ mod tests {
         let mut registry = Registry::default();
         let g = Guard {
             metrics: GuardMetrics::register(&mut registry, false),
-            ..Guard::loopback()
+            ..Guard::without_auth()
         };
         assert_eq!(g.check("/", Some("127.0.0.1:9464"), None).await, None);
         assert_eq!(

@@ -23,7 +23,7 @@ use tokio::{net::TcpListener, sync::watch};
 use super::{
     api,
     conns::{Conns, Opened},
-    guard::{Guard, Refusal},
+    guard::{Guard, PROXIED_AUTHORIZATION, Refusal},
     page,
 };
 use crate::telemetry::Telemetry;
@@ -61,7 +61,7 @@ impl State {
             clock: api::Clock::now(),
             deploy_window,
             host: hostname(),
-            guard: Guard::loopback(),
+            guard: Guard::without_auth(),
         }
     }
 
@@ -287,7 +287,9 @@ async fn handle_request(
         .check(
             req.uri().path(),
             header(header::HOST),
-            header(header::AUTHORIZATION),
+            header(header::AUTHORIZATION).or(header(header::HeaderName::from_static(
+                PROXIED_AUTHORIZATION,
+            ))),
         )
         .await;
     if let Some(r) = refused {
