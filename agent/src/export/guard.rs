@@ -2,7 +2,14 @@
 //! rebinding), and with `--auth kube` a bearer token, asked of the API server with a
 //! TokenReview and a SubjectAccessReview (decisions and cache in `auth.rs`). Thin I/O.
 
-use std::{net::IpAddr, sync::Mutex, time::Instant};
+use std::{
+    net::IpAddr,
+    sync::{
+        Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Instant,
+};
 
 use k8s_openapi::api::{
     authentication::v1::{TokenReview, TokenReviewSpec},
@@ -141,6 +148,8 @@ pub struct KubeAuth {
     /// `--auth-metrics`: `/metrics` needs a token too.
     metrics: bool,
     cache: Mutex<Cache>,
+    /// The last review failed: logged once per outage, not per request.
+    failing: AtomicBool,
 }
 
 impl KubeAuth {
@@ -150,7 +159,15 @@ impl KubeAuth {
             namespace,
             metrics,
             cache: Mutex::new(Cache::new(auth::CACHE_ENTRIES)),
+            failing: AtomicBool::new(false),
         }
+    }
+
+    fn failed(&self, what: &str, e: &kube::Error) -> Verdict {
+        if !self.failing.swap(true, Ordering::Relaxed) {
+            tracing::warn!(error = %e, "{what} failed: refusing requests until the Kubernetes API answers (drainwatch_auth_requests_total{{result=\"error\"}})");
+        }
+        Verdict::Error
     }
 
     /// Asks the API server: the token's user, then whether that user may read `access`.
@@ -168,10 +185,7 @@ impl KubeAuth {
         let user = match answered.map(|r| auth::authenticated(r.status)) {
             Ok(Ok(user)) => user,
             Ok(Err(v)) => return v,
-            Err(e) => {
-                tracing::warn!(error = %e, "TokenReview failed: refusing the request");
-                return Verdict::Error;
-            }
+            Err(e) => return self.failed("TokenReview", &e),
         };
         let sar = SubjectAccessReview {
             spec: auth::review_spec(&user, access, &self.namespace),
@@ -181,11 +195,13 @@ impl KubeAuth {
             .create(&PostParams::default(), &sar)
             .await
         {
-            Ok(r) => auth::authorized(r.status),
-            Err(e) => {
-                tracing::warn!(error = %e, "SubjectAccessReview failed: refusing the request");
-                Verdict::Error
+            Ok(r) => {
+                if self.failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!("the Kubernetes API answers token reviews again");
+                }
+                auth::authorized(r.status)
             }
+            Err(e) => self.failed("SubjectAccessReview", &e),
         }
     }
 }
