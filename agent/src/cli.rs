@@ -223,5 +223,9 @@ pub enum Command {
         /// Print the raw JSON of /api/v1/stops instead of the table.
         #[arg(long)]
         json: bool,
+        /// Bearer token for an agent run with --auth kube (e.g. from `kubectl create token`).
+        /// Prefer the variable: a flag shows in process listings.
+        #[arg(long, env = "DRAINWATCH_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
 }

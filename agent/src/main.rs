@@ -9,8 +9,8 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(Command::Report { agent, json }) = &cli.command {
-        return match report::run(agent, *json) {
+    if let Some(Command::Report { agent, json, token }) = &cli.command {
+        return match report::run(agent, *json, token.as_deref()) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS

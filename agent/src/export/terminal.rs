@@ -79,7 +79,8 @@ mod tests {
         );
     }
 
-    /// `drainwatch report`'s fetch from an agent whose answer carries a hostile name.
+    /// `drainwatch report`'s fetch, with a token, from an agent whose answer carries a hostile
+    /// name.
     #[test]
     fn report_reads_names_without_their_escapes() {
         use std::io::{Read, Write};
@@ -88,7 +89,12 @@ mod tests {
         let server = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
             let mut buf = [0u8; 1024];
-            let _ = s.read(&mut buf).unwrap();
+            let n = s.read(&mut buf).unwrap();
+            let request = String::from_utf8_lossy(&buf[..n]).to_string();
+            assert!(
+                request.contains("\r\nAuthorization: Bearer t0k\r\n"),
+                "{request}"
+            );
             let body = r#"["web\u001b]0;pwned\u0007\r\nDEPLOY fake"]"#;
             write!(
                 s,
@@ -97,7 +103,8 @@ mod tests {
             )
             .unwrap();
         });
-        let names: Vec<String> = super::super::report::fetch(&addr, "/api/v1/x").unwrap();
+        let names: Vec<String> =
+            super::super::report::fetch(&addr, "/api/v1/x", Some("t0k\n")).unwrap();
         server.join().unwrap();
         assert_eq!(names, ["web]0;pwnedDEPLOY fake"]);
     }
