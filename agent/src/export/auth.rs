@@ -33,12 +33,17 @@ pub enum Access {
     Api,
 }
 
+/// The kubelet's probes: open to anyone, under any Host (it sends no token, nor reliably a
+/// name).
+pub const PROBES: [&str; 2] = ["/healthz", "/readyz"];
+
 /// The access a path needs, or None for what anyone may read: the probes (`/healthz`,
 /// `/readyz`, the kubelet has no token), the page's static script, and `/metrics` unless
 /// `metrics` (`--auth-metrics`). Anything else, unknown paths included, needs `Access::Api`.
 pub fn access_for(path: &str, metrics: bool) -> Option<Access> {
     match path {
-        "/healthz" | "/readyz" | "/page.js" => None,
+        _ if PROBES.contains(&path) => None,
+        "/page.js" => None,
         "/metrics" => metrics.then_some(Access::Metrics),
         _ => Some(Access::Api),
     }

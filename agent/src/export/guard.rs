@@ -182,10 +182,16 @@ impl KubeAuth {
         let answered = Api::<TokenReview>::all(self.client.clone())
             .create(&PostParams::default(), &tr)
             .await;
-        let user = match answered.map(|r| auth::authenticated(r.status)) {
-            Ok(Ok(user)) => user,
-            Ok(Err(v)) => return v,
+        let status = match answered {
+            Ok(r) => r.status,
             Err(e) => return self.failed("TokenReview", &e),
+        };
+        if self.failing.swap(false, Ordering::Relaxed) {
+            tracing::info!("the Kubernetes API answers token reviews again");
+        }
+        let user = match auth::authenticated(status) {
+            Ok(user) => user,
+            Err(v) => return v,
         };
         let sar = SubjectAccessReview {
             spec: auth::review_spec(&user, access, &self.namespace),
@@ -195,12 +201,7 @@ impl KubeAuth {
             .create(&PostParams::default(), &sar)
             .await
         {
-            Ok(r) => {
-                if self.failing.swap(false, Ordering::Relaxed) {
-                    tracing::info!("the Kubernetes API answers token reviews again");
-                }
-                auth::authorized(r.status)
-            }
+            Ok(r) => auth::authorized(r.status),
             Err(e) => self.failed("SubjectAccessReview", &e),
         }
     }
@@ -244,7 +245,7 @@ impl Guard {
         host: Option<&str>,
         authorization: Option<&str>,
     ) -> Option<Refusal> {
-        if matches!(path, "/healthz" | "/readyz") {
+        if auth::PROBES.contains(&path) {
             return None;
         }
         if !self.hosts.admits(host) {
