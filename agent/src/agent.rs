@@ -16,7 +16,7 @@ use tokio::{
 use crate::{
     capture::{self, Capture, plan::SignalStatus, reader::Reader},
     checkpoint::{CheckpointError, StateDir},
-    cli::{Cli, HostTraffic},
+    cli::{self, Cli, HostTraffic},
     consumer::consume,
     correlate::{Correlator, stops, storms},
     enrich::{
@@ -26,6 +26,7 @@ use crate::{
     },
     export::{
         events::{self, Emitter, EventMetrics},
+        guard::{Guard, GuardMetrics, Hosts, KubeAuth},
         http,
     },
     model::{ContainerIdentity, SECOND, monotonic_now, stop::AgentGap},
@@ -64,6 +65,10 @@ pub enum StartupError {
     StateDir(#[from] CheckpointError),
     #[error(transparent)]
     Kube(#[from] kube::KubeError),
+    #[error(
+        "--auth kube needs the Kubernetes API: run in a pod (with NODE_NAME set) or with --kube on"
+    )]
+    AuthWithoutKube,
 }
 
 /// CAP_PERFMON (38) and CAP_BPF (39) from a `/proc/<pid>/status` text.
@@ -214,6 +219,33 @@ fn attach(st: &SignalStatus) -> Attach<'_> {
     }
 }
 
+/// The HTTP server's checks: the Host names it answers to, and with `--auth kube` the API
+/// server that checks tokens (the pod watch's client).
+fn guard(
+    cli: &Cli,
+    node: Option<&str>,
+    client: Option<&::kube::Client>,
+    metrics: GuardMetrics,
+) -> Result<Guard, StartupError> {
+    let host = http::hostname();
+    let names = cli.allowed_hosts.iter().map(String::as_str);
+    let hosts = Hosts::new(names.chain(node).chain([host.as_str()]));
+    let auth = match (cli.auth, client) {
+        (cli::Auth::None, _) => None,
+        (cli::Auth::Kube, None) => return Err(StartupError::AuthWithoutKube),
+        (cli::Auth::Kube, Some(c)) => {
+            let ns = c.default_namespace().to_string();
+            tracing::info!(namespace = %ns, metrics = cli.auth_metrics, "--auth kube: the page and the API need a token allowed get on pods/proxy here");
+            Some(KubeAuth::new(c.clone(), ns, cli.auth_metrics))
+        }
+    };
+    Ok(Guard {
+        hosts,
+        auth,
+        metrics,
+    })
+}
+
 pub async fn run(cli: Cli) -> Result<(), StartupError> {
     preflight(&cli)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(StartupError::Signals)?;
@@ -233,7 +265,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         .or_else(|| std::env::var("NODE_NAME").ok());
     let in_pod = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
     let page_host = node.clone();
-    let kube_client = kube::client_for(cli.kube.into(), node, in_pod).await?;
+    let kube_client = kube::client_for(cli.kube.into(), node.clone(), in_pod).await?;
     let kube_metrics = kube_client
         .as_ref()
         .map(|_| KubeMetrics::register(telemetry.registry_mut()));
@@ -248,6 +280,12 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
                 EventMetrics::register(telemetry.registry_mut()),
             )
         });
+    let guard = guard(
+        &cli,
+        node.as_deref(),
+        kube_client.as_ref().map(|(c, _)| c),
+        GuardMetrics::register(telemetry.registry_mut(), cli.auth == cli::Auth::Kube),
+    )?;
     let telemetry = Arc::new(telemetry);
     let state_dir = cli
         .state_dir
@@ -267,12 +305,14 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
             ..Default::default()
         },
     )));
-    let state = Arc::new(http::State::new(
+    let mut state = http::State::new(
         telemetry.clone(),
         correlator.clone(),
         cli.deploy_window_seconds * SECOND,
         page_host,
-    ));
+    );
+    state.guard = guard;
+    let state = Arc::new(state);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let kube_store = kube_client.zip(kube_metrics).map(|((client, node), km)| {
         let store = Arc::new(std::sync::Mutex::new(Store::new(

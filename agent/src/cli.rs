@@ -45,6 +45,18 @@ impl From<KubeMode> for crate::enrich::kube::Mode {
     }
 }
 
+/// Who may read the page, the report API (and /metrics with --auth-metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Auth {
+    /// Anyone who can connect (the default: outside Kubernetes the agent listens on loopback).
+    None,
+    /// A bearer token the Kubernetes API authenticates (TokenReview) and allows
+    /// (SubjectAccessReview): get on pods/proxy in the agent's namespace for the page and the
+    /// API, get on the non-resource URL /metrics for /metrics. Refused with 503 while the API
+    /// cannot be asked.
+    Kube,
+}
+
 /// drainwatch watches what every deploy does to TCP connections, from the kernel: resets sent
 /// and received with the kernel's reason, refused connects, listen overflows, the signals and
 /// exits of container stops. It serves Prometheus metrics on --listen.
@@ -179,6 +191,25 @@ pub struct Cli {
     #[arg(long, env = "DRAINWATCH_NODE_NAME")]
     pub node_name: Option<String>,
 
+    /// Who may read the page and the report API; /healthz, /readyz and (without
+    /// --auth-metrics) /metrics stay open.
+    #[arg(long, env = "DRAINWATCH_AUTH", value_enum, default_value_t = Auth::None)]
+    pub auth: Auth,
+
+    /// With --auth kube, /metrics needs a token too (get on the non-resource URL /metrics).
+    #[arg(long, env = "DRAINWATCH_AUTH_METRICS")]
+    pub auth_metrics: bool,
+
+    /// Host names (without port) requests may carry in their Host header, besides any IP
+    /// address, localhost, the node name and this machine's host name; others are refused
+    /// with 421 (DNS rebinding). E.g. the Service's DNS name.
+    #[arg(
+        long = "allowed-host",
+        env = "DRAINWATCH_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<String>,
+
     /// Kernel BTF to read struct offsets from.
     #[arg(
         long,
@@ -208,6 +239,10 @@ pub enum Command {
         cluster: bool,
         #[command(flatten)]
         cluster_opts: ClusterOpts,
+        /// Bearer token for an agent run with --auth kube (e.g. from `kubectl create token`).
+        /// Prefer the variable: a flag shows in process listings.
+        #[arg(long, env = "DRAINWATCH_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
 }
 

@@ -14,12 +14,13 @@ fn main() -> ExitCode {
         json,
         cluster,
         cluster_opts,
+        token,
     }) = &cli.command
     {
         if *cluster {
             return cluster_report(cluster_opts, cli.deploy_window_seconds, *json);
         }
-        return match report::run(agent, *json) {
+        return match report::run(agent, *json, token.as_deref()) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS

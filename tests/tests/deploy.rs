@@ -139,17 +139,28 @@ fn the_rendered_chart_validates_with_defaults_and_with_every_option() {
         "seccompProfile": {"type": "RuntimeDefault"},
         "runtimeStateDirs": [{"name": "docker-containers", "path": "/var/lib/docker/containers"}],
         "rbac": {"create": true, "viewer": true},
+        "auth": {"metricsReaders": [{"kind": "ServiceAccount", "name": "prometheus-k8s",
+            "namespace": "monitoring"}], "allowedHosts": ["drainwatch.drainwatch.svc"]},
+        "networkPolicy": {"namespaceSelector": {"matchLabels": {"team": "sre"}},
+            "apiServerCIDRs": ["10.0.0.0/24", "fd00::/64"]},
     });
     let all_off = json!({"rbac": {"create": false}, "serviceAccount": {"create": false},
-        "service": {"enabled": false}});
+        "service": {"enabled": false}, "auth": {"enabled": false},
+        "networkPolicy": {"enabled": false}});
+    let auth_without_metrics = json!({"auth": {"metrics": false}, "podMonitor": {"enabled": true}});
     for (what, values, kinds) in [
-        ("defaults", json!({}), 5),
-        ("Prometheus Operator objects on", all_on(), 7),
-        ("every option", every_option, 10),
+        ("defaults", json!({}), 9),
+        ("Prometheus Operator objects on", all_on(), 14),
+        ("every option", every_option, 17),
+        ("auth without /metrics", auth_without_metrics, 9),
         ("everything optional off", all_off, 1),
     ] {
         let (file, docs) = rendered(&values);
-        assert_eq!(docs.len(), kinds, "{what}: objects rendered");
+        let names: Vec<String> = docs
+            .iter()
+            .map(|d| format!("{}/{}", d["kind"], d["metadata"]["name"]))
+            .collect();
+        assert_eq!(docs.len(), kinds, "{what}: objects rendered: {names:?}");
         for version in KUBE_VERSIONS {
             assert_eq!(
                 validate(&file.0, version),
@@ -166,33 +177,28 @@ fn the_chart_defaults_render_the_plain_manifest() {
     plain.extend(yaml_file("deploy/kubernetes/monitoring.yaml"));
     let (_, chart) = rendered(&all_on());
     // The chart leaves the namespace to `helm install --create-namespace`.
-    let kinds = [
-        "ServiceAccount",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "DaemonSet",
-        "Service",
-        "PodMonitor",
-        "PrometheusRule",
-    ];
-    assert_eq!(plain.len(), kinds.len() + 1);
-    assert_eq!(chart.len(), kinds.len());
-    for kind in kinds {
-        let (p, c) = (
-            object(&plain, kind, Some("drainwatch")),
-            object(&chart, kind, Some("drainwatch")),
+    assert_eq!(plain.len(), chart.len() + 1);
+    for c in &chart {
+        let (kind, name) = (
+            c["kind"].as_str().unwrap(),
+            c["metadata"]["name"].as_str().unwrap(),
         );
-        assert_eq!(p["apiVersion"], c["apiVersion"], "{kind}");
+        let p = object(&plain, kind, Some(name));
+        assert_eq!(p["apiVersion"], c["apiVersion"], "{kind} {name}");
         assert_eq!(
             p["metadata"]["namespace"], c["metadata"]["namespace"],
-            "{kind} namespace"
+            "{kind} {name} namespace"
         );
-        for field in ["spec", "rules", "roleRef", "subjects"] {
+        for field in ["spec", "rules", "roleRef", "subjects", "type"] {
             assert_eq!(
                 p[field], c[field],
-                "{kind}.{field}: plain manifest vs chart defaults"
+                "{kind} {name}.{field}: plain manifest vs chart defaults"
             );
         }
+        assert_eq!(
+            p["metadata"]["annotations"], c["metadata"]["annotations"],
+            "{kind} {name} annotations"
+        );
     }
     let ns = object(&plain, "Namespace", Some("drainwatch"));
     assert_eq!(
@@ -261,7 +267,7 @@ fn the_pod_monitor_scrapes_the_daemonset_as_the_job_the_rules_select() {
 #[test]
 fn the_daemonset_is_least_privilege_and_complete() {
     let docs = yaml_file("deploy/kubernetes/drainwatch.yaml");
-    let role = object(&docs, "ClusterRole", None);
+    let role = object(&docs, "ClusterRole", Some("drainwatch"));
     assert_eq!(
         role["rules"],
         json!([
@@ -635,8 +641,8 @@ fn the_notes_say_how_to_read_the_report() {
         .expect("NOTES.txt")
         .1;
     for line in [
-        "kubectl exec -n observability ds/dw-drainwatch -- drainwatch report\n",
-        "kubectl exec -n observability ds/dw-drainwatch -- drainwatch report --cluster\n",
+        "kubectl exec -n observability ds/dw-drainwatch -- env DRAINWATCH_TOKEN=\"$TOKEN\" drainwatch report\n",
+        "drainwatch report --cluster --namespace observability --agent-token-file <file>\n",
         "kubectl -n observability port-forward ds/dw-drainwatch 9464\n",
         "PodMonitor dw-drainwatch in observability",
     ] {
@@ -646,7 +652,119 @@ fn the_notes_say_how_to_read_the_report() {
     let files = helm_render("drainwatch", "drainwatch", &json!({"port": 9000})).unwrap();
     let notes = &files["drainwatch/templates/NOTES.txt"];
     assert!(
-        notes.contains("-- drainwatch report --agent 127.0.0.1:9000\n"),
+        notes.contains("drainwatch report --agent 127.0.0.1:9000\n"),
         "{notes}"
     );
+    // Without --auth kube: no token.
+    let files = helm_render(
+        "drainwatch",
+        "drainwatch",
+        &json!({"auth": {"enabled": false}}),
+    )
+    .unwrap();
+    let notes = &files["drainwatch/templates/NOTES.txt"];
+    for line in [
+        "kubectl exec -n drainwatch ds/drainwatch -- drainwatch report\n",
+        "drainwatch report --cluster --namespace drainwatch\n",
+    ] {
+        assert!(notes.contains(line), "{line:?} in\n{notes}");
+    }
+}
+
+/// The rules of the ClusterRole a ClusterRoleBinding gives `subject` (`namespace/name` of a
+/// ServiceAccount), from `docs`.
+fn rules_bound_to<'a>(docs: &'a [Value], subject: &str) -> Vec<&'a Value> {
+    let (ns, name) = subject.split_once('/').unwrap();
+    docs.iter()
+        .filter(|d| d["kind"] == "ClusterRoleBinding")
+        .filter(|b| {
+            b["subjects"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["kind"] == "ServiceAccount" && s["namespace"] == ns && s["name"] == name)
+        })
+        .flat_map(|b| {
+            let role = object(docs, "ClusterRole", b["roleRef"]["name"].as_str());
+            role["rules"].as_array().unwrap().iter()
+        })
+        .collect()
+}
+
+#[test]
+fn the_api_needs_a_token_and_only_the_monitoring_namespace_connects() {
+    let mut docs = yaml_file("deploy/kubernetes/drainwatch.yaml");
+    docs.extend(yaml_file("deploy/kubernetes/monitoring.yaml"));
+    let ds = object(&docs, "DaemonSet", None);
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    let var = |name: &str| {
+        c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].clone())
+    };
+    assert_eq!(var("DRAINWATCH_AUTH"), Some(json!("kube")));
+    assert_eq!(var("DRAINWATCH_AUTH_METRICS"), Some(json!("true")));
+
+    // The agent's ServiceAccount may create both reviews, and nothing more than its pods.
+    let sa = ds["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .unwrap();
+    let agent_rules = rules_bound_to(&docs, &format!("drainwatch/{sa}"));
+    for (group, resource) in [
+        ("authentication.k8s.io", "tokenreviews"),
+        ("authorization.k8s.io", "subjectaccessreviews"),
+    ] {
+        assert!(
+            agent_rules.contains(&&json!({"apiGroups": [group], "resources": [resource],
+                "verbs": ["create"]})),
+            "create {resource}"
+        );
+    }
+    assert_eq!(
+        agent_rules.len(),
+        4,
+        "pods, events, tokenreviews, subjectaccessreviews"
+    );
+
+    // The PodMonitor sends the token of a ServiceAccount allowed get /metrics.
+    let endpoint = &object(&docs, "PodMonitor", None)["spec"]["podMetricsEndpoints"][0];
+    let auth = &endpoint["authorization"];
+    assert_eq!(auth["type"], "Bearer");
+    assert_eq!(auth["credentials"]["key"], "token");
+    let secret = object(&docs, "Secret", auth["credentials"]["name"].as_str());
+    assert_eq!(secret["type"], "kubernetes.io/service-account-token");
+    assert_eq!(secret["metadata"]["namespace"], "drainwatch");
+    let scraper = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+        .as_str()
+        .unwrap();
+    object(&docs, "ServiceAccount", Some(scraper));
+    assert_eq!(
+        rules_bound_to(&docs, &format!("drainwatch/{scraper}")),
+        [&json!({"nonResourceURLs": ["/metrics"], "verbs": ["get"]})]
+    );
+
+    // Ingress to the agent's pods: from the monitoring namespace, to its port, nothing else.
+    let np = object(&docs, "NetworkPolicy", Some("drainwatch"));
+    assert_eq!(np["metadata"]["namespace"], "drainwatch");
+    assert_eq!(
+        np["spec"]["podSelector"]["matchLabels"],
+        ds["spec"]["template"]["metadata"]["labels"]
+    );
+    assert_eq!(np["spec"]["policyTypes"], json!(["Ingress"]));
+    assert_eq!(
+        np["spec"]["ingress"],
+        json!([{
+            "from": [{"namespaceSelector": {"matchLabels":
+                {"kubernetes.io/metadata.name": "monitoring"}}}],
+            "ports": [{"port": c["ports"][0]["containerPort"], "protocol": "TCP"}],
+        }])
+    );
+
+    // The API server's CIDRs, when given, join the monitoring namespace.
+    let (_, chart) = rendered(&json!({"networkPolicy": {"apiServerCIDRs": ["10.0.0.0/24"]}}));
+    let from = &object(&chart, "NetworkPolicy", None)["spec"]["ingress"][0]["from"];
+    assert_eq!(from[1], json!({"ipBlock": {"cidr": "10.0.0.0/24"}}));
 }

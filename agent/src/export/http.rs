@@ -23,6 +23,7 @@ use tokio::{net::TcpListener, sync::watch};
 use super::{
     api,
     conns::{Conns, Opened},
+    guard::{Guard, PROXIED_AUTHORIZATION, Refusal},
     page,
 };
 use crate::telemetry::Telemetry;
@@ -49,6 +50,8 @@ pub struct State {
     /// The host name the page shows: the node's (`--node-name`, `NODE_NAME`), else this
     /// machine's (in a pod, the container's UTS name is the pod's, not the node's).
     pub host: String,
+    /// The Host header and token checks (`guard.rs`).
+    pub guard: Guard,
 }
 
 impl State {
@@ -65,6 +68,7 @@ impl State {
             clock: std::sync::Mutex::new(api::Clock::now()),
             deploy_window,
             host: node.filter(|n| !n.is_empty()).unwrap_or_else(hostname),
+            guard: Guard::without_auth(),
         }
     }
 
@@ -178,7 +182,7 @@ fn secure(r: &mut Response<Full<Bytes>>, csp: &'static str) {
 }
 
 /// This machine's host name (the node, when the agent runs with the host's UTS namespace).
-fn hostname() -> String {
+pub fn hostname() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it or fails.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
@@ -301,6 +305,20 @@ async fn handle_request(
         .path_and_query()
         .map_or_else(|| req.uri().path().to_string(), |p| p.as_str().to_string());
     let method = req.method().clone();
+    let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
+    let refused = state
+        .guard
+        .check(
+            req.uri().path(),
+            header(header::HOST),
+            header(header::AUTHORIZATION).or(header(header::HeaderName::from_static(
+                PROXIED_AUTHORIZATION,
+            ))),
+        )
+        .await;
+    if let Some(r) = refused {
+        return Ok(refusal(r));
+    }
     // Rendering (the page, the API, the metrics) runs on the blocking pool: never on a
     // runtime thread the ring-buffer reader needs.
     let rendered =
@@ -312,6 +330,32 @@ async fn handle_request(
             "rendering failed\n",
         )
     }))
+}
+
+fn refusal(r: Refusal) -> Response<Full<Bytes>> {
+    let (status, text) = match r {
+        Refusal::Host => (
+            StatusCode::MISDIRECTED_REQUEST,
+            "unknown Host: use an address or a name given with --allowed-host\n",
+        ),
+        Refusal::Unauthenticated => (
+            StatusCode::UNAUTHORIZED,
+            "a valid bearer token is required\n",
+        ),
+        Refusal::Denied => (StatusCode::FORBIDDEN, "forbidden\n"),
+        Refusal::Unavailable => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "cannot verify the token now (Kubernetes API unreachable)\n",
+        ),
+    };
+    let mut resp = respond(status, "text/plain", text);
+    if r == Refusal::Unauthenticated {
+        resp.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+    }
+    resp
 }
 
 /// Connections served at once; one more closes the one idle longest (see `conns`).

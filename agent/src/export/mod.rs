@@ -2,6 +2,7 @@
 //! and how records become them), the verdicts, the deploy page and `drainwatch report`.
 
 pub mod api;
+pub mod auth;
 pub mod cluster;
 pub mod cluster_kube;
 #[cfg(test)]
@@ -11,10 +12,15 @@ pub mod events;
 #[cfg(test)]
 mod events_tests;
 pub mod format;
+pub mod guard;
 pub mod http;
 #[cfg(test)]
 mod kube_double;
 pub mod page;
 pub mod report;
+pub mod terminal;
 pub mod verdict;
 pub mod view;
+
+#[cfg(test)]
+mod auth_tests;

@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 
 use super::{
     format::{hms, or_null},
-    verdict,
+    terminal, verdict,
     view::{DeployView, LossView, StartView, StopView, StormView},
 };
 use crate::model::{LossKind, stop::Outcome};
@@ -38,16 +38,16 @@ pub enum ReportError {
 
 /// What `drainwatch report` prints: the deploys, their stops and the storms, or with `json`
 /// the stop records as the agent serves them.
-pub fn run(agent: &str, json: bool) -> Result<String, ReportError> {
+pub fn run(agent: &str, json: bool, token: Option<&str>) -> Result<String, ReportError> {
     if json {
-        let stops: serde_json::Value = fetch(agent, "/api/v1/stops")?;
+        let stops: serde_json::Value = fetch(agent, "/api/v1/stops", token)?;
         return Ok(format!("{stops:#}\n"));
     }
-    let stops: Vec<StopView> = fetch(agent, "/api/v1/stops")?;
-    let deploys: Vec<DeployView> = fetch(agent, "/api/v1/deploys")?;
-    let storms: Vec<StormView> = fetch(agent, "/api/v1/storms")?;
+    let stops: Vec<StopView> = fetch(agent, "/api/v1/stops", token)?;
+    let deploys: Vec<DeployView> = fetch(agent, "/api/v1/deploys", token)?;
+    let storms: Vec<StormView> = fetch(agent, "/api/v1/storms", token)?;
     // An agent that predates start records answers 404: none then.
-    let starts: Vec<StartView> = match fetch(agent, "/api/v1/starts") {
+    let starts: Vec<StartView> = match fetch(agent, "/api/v1/starts", token) {
         Err(ReportError::Status { status, .. }) if status.contains(" 404 ") => Vec::new(),
         other => other?,
     };
@@ -78,7 +78,11 @@ pub fn render_starts(starts: &[StartView]) -> String {
 /// GET over plain HTTP/1.1 from an agent address (`127.0.0.1:9464` or `http://host:port`),
 /// the body read as `T`. Hand-written: a one-shot local request does not need an HTTP client
 /// stack.
-pub fn fetch<T: DeserializeOwned>(agent: &str, path: &str) -> Result<T, ReportError> {
+pub fn fetch<T: DeserializeOwned>(
+    agent: &str,
+    path: &str,
+    token: Option<&str>,
+) -> Result<T, ReportError> {
     let addr = agent
         .trim_start_matches("http://")
         .trim_end_matches('/')
@@ -90,7 +94,10 @@ pub fn fetch<T: DeserializeOwned>(agent: &str, path: &str) -> Result<T, ReportEr
     let mut s = TcpStream::connect(&addr).map_err(connect)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(connect)?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\nConnection: close\r\n\r\n")
+    let auth = token.map_or(String::new(), |t| {
+        format!("Authorization: Bearer {}\r\n", t.trim())
+    });
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\n{auth}Connection: close\r\n\r\n")
         .map_err(connect)?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).map_err(connect)?;
@@ -104,10 +111,14 @@ pub fn fetch<T: DeserializeOwned>(agent: &str, path: &str) -> Result<T, ReportEr
             status: status.into(),
         });
     }
-    serde_json::from_str(body).map_err(|source| ReportError::Json {
+    let json = |source| ReportError::Json {
         path: path.into(),
         source,
-    })
+    };
+    // Names go to a terminal: no control characters in any of them.
+    let mut v = serde_json::from_str(body).map_err(json)?;
+    terminal::clean(&mut v);
+    serde_json::from_value(v).map_err(json)
 }
 
 fn loss_line(loss: &LossView) -> String {
