@@ -7,6 +7,8 @@ mod packages;
 mod toolchain;
 mod tracefs;
 
+pub(crate) use packages::install_apt;
+
 use std::time::Instant;
 
 use anyhow::Result;

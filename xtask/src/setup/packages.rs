@@ -68,27 +68,33 @@ fn dpkg_installed(package: &str) -> bool {
 }
 
 pub(super) fn apt() -> Result<String> {
-    let missing: Vec<&str> = APT_PACKAGES
+    install_apt("apt", APT_PACKAGES)
+}
+
+/// Installs those of `packages` dpkg does not know as installed (`--no-install-recommends`);
+/// `step` names the progress lines. Also used by `cargo xtask image` for its own packages.
+pub(crate) fn install_apt(step: &str, packages: &[&str]) -> Result<String> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|p| !dpkg_installed(p))
         .collect();
     if missing.is_empty() {
-        return Ok(format!("all {} packages present", APT_PACKAGES.len()));
+        return Ok(format!("all {} packages present", packages.len()));
     }
     say(
-        "apt",
+        step,
         &format!(
             "{} of {} packages missing: {}",
             missing.len(),
-            APT_PACKAGES.len(),
+            packages.len(),
             missing.join(" ")
         ),
     );
     let t = Instant::now();
     run_cmd(Command::new("apt-get").args(["-q", "update"]))
         .context("apt-get update failed; check the network and the apt sources")?;
-    say("apt", &format!("apt-get update took {}", secs(t.elapsed())));
+    say(step, &format!("apt-get update took {}", secs(t.elapsed())));
     if missing.contains(&"llvm-22-dev") {
         let policy =
             capture(Command::new("apt-cache").args(["policy", "llvm-22-dev"])).unwrap_or_default();
@@ -102,7 +108,7 @@ pub(super) fn apt() -> Result<String> {
              (deb http://security.debian.org/debian-security bookworm-security main) to the apt sources"
         );
     }
-    say("apt", &format!("installing {}", missing.join(" ")));
+    say(step, &format!("installing {}", missing.join(" ")));
     run_cmd(
         Command::new("apt-get")
             .env("DEBIAN_FRONTEND", "noninteractive")
