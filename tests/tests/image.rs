@@ -389,4 +389,52 @@ fn the_image_runs_as_the_daemonset_attaches_records_and_stops_cleanly() {
     let written = std::fs::read_dir(&state).expect("state dir").count();
     assert!(written > 0, "a checkpoint in {}: {log}", state.display());
     println!("SIGTERM to exit 0 in {took:?}; {written} file(s) in the state directory");
+
+    // The control: the same pod with the profile less its bpf/perf_event_open rule (the runtime
+    // default alone) cannot start, so the profile is what lets it load its programs.
+    let profile_arg = args
+        .iter()
+        .position(|a| a.starts_with("seccomp="))
+        .expect("a Localhost profile");
+    let path = args[profile_arg].trim_start_matches("seccomp=").to_string();
+    let mut profile: Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("profile")).expect("JSON");
+    let rules = profile["syscalls"].as_array_mut().expect("syscalls");
+    let before = rules.len();
+    rules.retain(|r| !r["names"].to_string().contains("\"bpf\""));
+    assert_eq!(rules.len(), before - 1, "bpf is allowed by one rule");
+    let default_only = scratch.0.join("default-only.json");
+    std::fs::write(&default_only, profile.to_string()).expect("write the profile");
+    args[profile_arg] = format!("seccomp={}", default_only.display());
+    let control = unique_name("image-control");
+    *args.iter_mut().find(|a| **a == name).expect("name") = control.clone();
+    let _control = Container(control);
+    let mut child = Command::new("podman")
+        .args(["--runtime", "/usr/sbin/runc", "--cgroup-manager=cgroupfs"])
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("podman run");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the control still runs after 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut log)
+        .expect("log");
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "the control fails at start-up: {log}"
+    );
+    assert!(log.contains("failed to create map"), "{log}");
 }
