@@ -24,8 +24,11 @@ use crate::{
         host::{Procfs, netns_inode},
         kube::{self, KubeMetrics, Store},
     },
-    export::http,
-    model::{SECOND, monotonic_now, stop::AgentGap},
+    export::{
+        events::{self, Emitter, EventMetrics},
+        http,
+    },
+    model::{ContainerIdentity, SECOND, monotonic_now, stop::AgentGap},
     pipeline::Pipeline,
     queue,
     telemetry::{Attach, Telemetry},
@@ -229,10 +232,22 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         .clone()
         .or_else(|| std::env::var("NODE_NAME").ok());
     let in_pod = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let page_host = node.clone();
     let kube_client = kube::client_for(cli.kube.into(), node, in_pod).await?;
     let kube_metrics = kube_client
         .as_ref()
         .map(|_| KubeMetrics::register(telemetry.registry_mut()));
+    // Events on pods for stops and starts with loss: with the API, unless turned off.
+    let events_to = kube_client
+        .as_ref()
+        .filter(|_| cli.kube_events_per_minute > 0)
+        .map(|(c, n)| {
+            (
+                c.clone(),
+                n.clone(),
+                EventMetrics::register(telemetry.registry_mut()),
+            )
+        });
     let telemetry = Arc::new(telemetry);
     let state_dir = cli
         .state_dir
@@ -256,6 +271,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         telemetry.clone(),
         correlator.clone(),
         cli.deploy_window_seconds * SECOND,
+        page_host,
     ));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let kube_store = kube_client.zip(kube_metrics).map(|((client, node), km)| {
@@ -355,6 +371,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         enricher = enricher.with_host_netns(ns);
     }
     if let Some(store) = kube_store {
+        let store_for_events = store.clone();
         // Give the first list a moment, so containers found at start-up get their pods'
         // names at once rather than a second later.
         for _ in 0..40 {
@@ -362,6 +379,18 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if let Some((client, node, metrics)) = events_to {
+            let uid_of = Box::new(move |c: &ContainerIdentity| {
+                Some(store_for_events.lock().ok()?.lookup(&c.id, None)?.pod_uid)
+            });
+            let emitter = Emitter::new(client, &node, cli.kube_events_per_minute, metrics, uid_of);
+            tokio::spawn(events::run(
+                emitter,
+                state.clone(),
+                Duration::from_secs(2),
+                shutdown_rx.clone(),
+            ));
         }
         enricher = enricher.with_kube(store);
     }

@@ -167,6 +167,13 @@ pub struct Cli {
     #[arg(long, env = "DRAINWATCH_KUBE", value_enum, default_value_t = KubeMode::Auto)]
     pub kube: KubeMode,
 
+    /// With the Kubernetes API: at most this many Events a minute (a Warning on the pod,
+    /// ConnectionLossOnStop / ConnectionLossOnStart, for each settled stop or start that lost
+    /// connections); past it they are dropped and counted (drainwatch_kube_events_total). 0:
+    /// no Events.
+    #[arg(long, env = "DRAINWATCH_KUBE_EVENTS_PER_MINUTE", default_value_t = 30)]
+    pub kube_events_per_minute: u32,
+
     /// The node this agent runs on, whose pods it watches (spec.nodeName). Also read from
     /// NODE_NAME, as a DaemonSet sets it from the downward API.
     #[arg(long, env = "DRAINWATCH_NODE_NAME")]
@@ -189,8 +196,46 @@ pub enum Command {
         /// The agent to ask (its --listen address).
         #[arg(long, env = "DRAINWATCH_AGENT", default_value = "127.0.0.1:9464")]
         agent: String,
-        /// Print the raw JSON of /api/v1/stops instead of the table.
+        /// Print the raw JSON of /api/v1/stops instead of the table (with --cluster: the
+        /// merged deploys, stops, starts, storms and the agents that did not answer).
         #[arg(long)]
         json: bool,
+        /// Ask every agent of the DaemonSet through the Kubernetes API server's pod proxy
+        /// (kubeconfig or in-cluster credentials; needs get on pods and pods/proxy) and merge
+        /// their records: one deploy of a workload, whatever nodes its pods ran on. Exits 1
+        /// when an agent did not answer.
+        #[arg(long)]
+        cluster: bool,
+        #[command(flatten)]
+        cluster_opts: ClusterOpts,
     },
+}
+
+/// Where `report --cluster` finds the agents (defaults: deploy/kubernetes/drainwatch.yaml).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClusterOpts {
+    /// The DaemonSet's namespace.
+    #[arg(
+        long,
+        env = "DRAINWATCH_CLUSTER_NAMESPACE",
+        default_value = "drainwatch"
+    )]
+    pub namespace: String,
+    /// The label selector of the DaemonSet's pods.
+    #[arg(
+        long,
+        env = "DRAINWATCH_CLUSTER_SELECTOR",
+        default_value = "app.kubernetes.io/name=drainwatch"
+    )]
+    pub selector: String,
+    /// The agents' --listen port.
+    #[arg(long, env = "DRAINWATCH_CLUSTER_PORT", default_value_t = 9464)]
+    pub port: u16,
+    /// Seconds to wait for each agent before naming it as not answering.
+    #[arg(long, env = "DRAINWATCH_CLUSTER_TIMEOUT_SECONDS", default_value_t = 10)]
+    pub timeout_seconds: u64,
+    /// A file whose token is sent to every agent (x-drainwatch-authorization: Bearer …), for
+    /// agents that check tokens: the API server does not pass the user's own on.
+    #[arg(long, env = "DRAINWATCH_AGENT_TOKEN_FILE")]
+    pub agent_token_file: Option<PathBuf>,
 }

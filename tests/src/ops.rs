@@ -101,6 +101,39 @@ for path in sorted(out):
     String::from_utf8(out.stdout).expect("UTF-8")
 }
 
+/// Every file the chart renders (NOTES.txt included) by path, or why Helm refused: the values
+/// checked against the chart's values.schema.json first, as `helm install` does.
+pub fn helm_render(
+    release: &str,
+    namespace: &str,
+    values: &Value,
+) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let script = r#"
+import json, sys
+import helm_python as helm
+chart_dir, release, namespace, values = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+chart = helm.Chart.load(chart_dir)
+try:
+    chart.validate_schema(values)
+    out = chart.render(values, name=release, namespace=namespace, is_install=True)
+except Exception as e:
+    sys.exit(str(e))
+print(json.dumps(out))
+"#;
+    let chart = repo().join("deploy/helm/drainwatch");
+    let out = Command::new(tools_venv().join("bin/python"))
+        .arg("-c")
+        .arg(script)
+        .arg(&chart)
+        .args([release, namespace, &values.to_string()])
+        .output()
+        .expect("python of the deploy tools");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(serde_json::from_slice(&out.stdout).expect("rendered files as JSON"))
+}
+
 /// The DaemonSet's pod spec and its agent container (`drainwatch`), from
 /// deploy/kubernetes/drainwatch.yaml.
 pub fn manifest_agent() -> (Value, Value) {

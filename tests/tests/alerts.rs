@@ -68,7 +68,7 @@ fn selectors_without_job(expr: &str) -> Vec<String> {
     while i < bytes.len() {
         let word_start = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
         let rest = &expr[i..];
-        let metric = ["drainwatch_", "up{"]
+        let metric = ["drainwatch_", "process_", "up{"]
             .iter()
             .find(|p| word_start && rest.starts_with(**p));
         if metric.is_some() {
@@ -138,4 +138,8 @@ fn the_job_selector_check_catches_a_missing_job() {
         vec!["drainwatch_events_total"]
     );
     assert!(selectors_without_job("up{job=\"drainwatch\"} == 0").is_empty());
+    assert_eq!(
+        selectors_without_job("changes(process_start_time_seconds[1h])"),
+        vec!["process_start_time_seconds"]
+    );
 }

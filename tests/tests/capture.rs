@@ -555,21 +555,9 @@ fn accept_returns_the_queued_connection_and_how_long_it_waited() {
 
 /// SO_LINGER 0: close() sends a RST instead of a FIN.
 fn abort_on_close(s: &TcpStream) {
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: valid fd and a correctly sized option value.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(rc, 0);
+    socket2::SockRef::from(s)
+        .set_linger(Some(std::time::Duration::ZERO))
+        .expect("SO_LINGER 0");
 }
 
 /// What the state changes, received resets and socket errors on `ports` say, minus the time

@@ -58,7 +58,10 @@ fn dashboards_follow_the_conventions() {
                     "{name}/{title}: target datasource"
                 );
                 let expr = t["expr"].as_str().unwrap_or_default();
-                assert!(expr.contains("drainwatch_"), "{name}/{title}: {expr}");
+                assert!(
+                    expr.contains("drainwatch_") || expr.contains("process_"),
+                    "{name}/{title}: {expr}"
+                );
                 assert!(
                     expr.contains("job=\"$job\""),
                     "{name}/{title}: job selector in {expr}"
@@ -91,11 +94,17 @@ fn queries(d: &Value) -> Vec<String> {
     out
 }
 
-/// `drainwatch_*` names in a text.
+/// `drainwatch_*` and `process_*` names in a text.
 fn metric_names(text: &str) -> Vec<String> {
+    let mut out = metric_names_of(text, "drainwatch_");
+    out.extend(metric_names_of(text, "process_"));
+    out
+}
+
+fn metric_names_of(text: &str, prefix: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut rest = text;
-    while let Some(i) = rest.find("drainwatch_") {
+    while let Some(i) = rest.find(prefix) {
         let tail = &rest[i..];
         let end = tail
             .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
@@ -117,16 +126,20 @@ fn every_metric_named_is_one_the_agent_registers() {
         .map(|e| e.unwrap().path())
         .collect();
     files.sort();
+    // The Kubernetes watch's metrics, registered only when the API is used.
+    files.push(root.join("agent/src/enrich/kube/watch.rs"));
     let source: String = files
         .iter()
         .map(|f| std::fs::read_to_string(f).unwrap())
         .collect();
-    // Registered names are the string literals "drainwatch_..." in telemetry/; the exposition
-    // adds _total (counters), _info, and _bucket/_sum/_count (histograms).
+    // Registered names are the string literals "drainwatch_..." (and the process collector's
+    // "process_...") in telemetry/; the exposition adds _total (counters), _info, and
+    // _bucket/_sum/_count (histograms).
     let registered: std::collections::BTreeSet<String> = source
         .split('"')
         .filter(|s| {
-            s.starts_with("drainwatch_") && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            (s.starts_with("drainwatch_") || s.starts_with("process_"))
+                && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
         })
         .map(str::to_string)
         .collect();
@@ -156,8 +169,8 @@ fn every_metric_named_is_one_the_agent_registers() {
         }
     }
     assert_eq!(
-        metric_names("x{drainwatch_a_total} mydrainwatch_b drainwatch_c"),
-        ["drainwatch_a_total", "drainwatch_c"]
+        metric_names("x{drainwatch_a_total} mydrainwatch_b drainwatch_c process_d_bytes"),
+        ["drainwatch_a_total", "drainwatch_c", "process_d_bytes"]
     );
 }
 

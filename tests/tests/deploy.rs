@@ -11,7 +11,8 @@
 use std::{path::Path, process::Command};
 
 use drainwatch_tests::ops::{
-    helm_template, manifest_capabilities, object, repo, run_ok, tools_venv, yaml_docs, yaml_file,
+    helm_render, helm_template, manifest_capabilities, object, repo, run_ok, tools_venv, yaml_docs,
+    yaml_file,
 };
 use serde_json::{Value, json};
 
@@ -66,6 +67,7 @@ fn plain_manifests_validate_against_the_kubernetes_schemas() {
     for file in [
         "deploy/kubernetes/drainwatch.yaml",
         "deploy/kubernetes/monitoring.yaml",
+        "deploy/kubernetes/dashboards.yaml",
     ] {
         let docs = yaml_file(file);
         for version in KUBE_VERSIONS {
@@ -111,8 +113,18 @@ fn all_on() -> Value {
 #[test]
 fn the_rendered_chart_validates_with_defaults_and_with_every_option() {
     let every_option = json!({
-        "podMonitor": {"enabled": true, "labels": {"release": "kube-prometheus-stack"}},
-        "prometheusRule": {"enabled": true, "labels": {"release": "kube-prometheus-stack"}},
+        "podMonitor": {"enabled": true, "labels": {"release": "kube-prometheus-stack"},
+            "namespace": "monitoring", "interval": "30s", "scrapeTimeout": "20s",
+            "relabelings": [{"targetLabel": "cluster", "replacement": "prod"}],
+            "metricRelabelings": [{"action": "drop", "sourceLabels": ["__name__"],
+                "regex": "drainwatch_ebpf_faults_total"}]},
+        "prometheusRule": {"enabled": true, "labels": {"release": "kube-prometheus-stack"},
+            "namespace": "monitoring"},
+        "dashboards": {"enabled": true, "label": "grafana_dashboard", "labelValue": "1",
+            "namespace": "monitoring", "labels": {"team": "sre"},
+            "annotations": {"grafana_folder": "drainwatch"}},
+        "updateStrategy": {"type": "RollingUpdate",
+            "rollingUpdate": {"maxUnavailable": "10%", "maxSurge": 0}},
         "serviceAccount": {"create": true, "name": "dw", "annotations": {"a": "b"}},
         "image": {"tag": "9.9.9"},
         "imagePullSecrets": [{"name": "pull"}],
@@ -121,18 +133,19 @@ fn the_rendered_chart_validates_with_defaults_and_with_every_option() {
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [{"matchExpressions": [
                 {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
-        "priorityClassName": "system-node-critical",
+        "priorityClassName": "node-agents",
         "podAnnotations": {"x": "y"},
         "podLabels": {"team": "sre"},
         "seccompProfile": {"type": "RuntimeDefault"},
         "runtimeStateDirs": [{"name": "docker-containers", "path": "/var/lib/docker/containers"}],
+        "rbac": {"create": true, "viewer": true},
     });
     let all_off = json!({"rbac": {"create": false}, "serviceAccount": {"create": false},
         "service": {"enabled": false}});
     for (what, values, kinds) in [
         ("defaults", json!({}), 5),
         ("Prometheus Operator objects on", all_on(), 7),
-        ("every option", every_option, 7),
+        ("every option", every_option, 10),
         ("everything optional off", all_off, 1),
     ] {
         let (file, docs) = rendered(&values);
@@ -251,7 +264,10 @@ fn the_daemonset_is_least_privilege_and_complete() {
     let role = object(&docs, "ClusterRole", None);
     assert_eq!(
         role["rules"],
-        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}])
+        json!([
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}
+        ])
     );
     let spec = &object(&docs, "DaemonSet", None)["spec"]["template"]["spec"];
     assert_eq!(spec["hostPID"], true);
@@ -262,6 +278,8 @@ fn the_daemonset_is_least_privilege_and_complete() {
         "every taint"
     );
     assert!(spec["terminationGracePeriodSeconds"].as_u64().is_some());
+    // Evicted last under node pressure, like the node's other agents.
+    assert_eq!(spec["priorityClassName"], "system-node-critical");
     let c = &spec["containers"][0];
     let sc = &c["securityContext"];
     assert_eq!(sc["privileged"], false);
@@ -395,4 +413,261 @@ fn the_daemonset_is_least_privilege_and_complete() {
             "{name} is no flag of the agent"
         );
     }
+}
+
+/// The dashboards of dashboards/, in the order of their file names.
+fn dashboard_files() -> Vec<(String, String)> {
+    let mut files: Vec<(String, String)> = std::fs::read_dir(repo().join("dashboards"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read_to_string(&p).unwrap())
+        })
+        .collect();
+    files.sort();
+    assert!(files.len() >= 2, "{files:?}");
+    files
+}
+
+/// deploy/kubernetes/dashboards.yaml as it must read: one ConfigMap per dashboard, as the
+/// chart renders them with `dashboards.enabled=true` (without Helm's labels).
+fn dashboards_manifest() -> String {
+    let mut out = String::from(
+        "# The Grafana dashboards of dashboards/ as ConfigMaps for Grafana's dashboard sidecar\n\
+         # (kube-prometheus-stack loads every ConfigMap labelled grafana_dashboard: \"1\" in its\n\
+         # namespace, or everywhere with sidecar.dashboards.searchNamespace: ALL). Written by\n\
+         # tests/tests/deploy.rs from dashboards/*.json: do not edit; after changing a dashboard run\n\
+         # DRAINWATCH_WRITE_MANIFESTS=1 cargo test -p drainwatch-tests --test deploy dashboards\n",
+    );
+    for (name, text) in dashboard_files() {
+        let short = name
+            .trim_end_matches(".json")
+            .trim_start_matches("drainwatch-");
+        out += &format!(
+            "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: drainwatch-{short}\n  \
+             namespace: drainwatch\n  labels:\n    app.kubernetes.io/name: drainwatch\n    \
+             grafana_dashboard: \"1\"\ndata:\n  {name}: |-\n"
+        );
+        for line in text.trim().lines() {
+            if line.is_empty() {
+                out.push('\n');
+            } else {
+                out += &format!("    {line}\n");
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_dashboards_ship_as_configmaps_in_the_chart_and_the_plain_manifest() {
+    // The chart's copies (Helm reads only files inside the chart).
+    for (name, text) in dashboard_files() {
+        let copy = std::fs::read_to_string(
+            repo()
+                .join("deploy/helm/drainwatch/files/dashboards")
+                .join(&name),
+        )
+        .unwrap_or_default();
+        assert!(
+            copy == text,
+            "deploy/helm/drainwatch/files/dashboards/{name} differs from dashboards/{name}: copy it"
+        );
+    }
+    let plain_path = repo().join("deploy/kubernetes/dashboards.yaml");
+    let expected = dashboards_manifest();
+    if std::env::var_os("DRAINWATCH_WRITE_MANIFESTS").is_some() {
+        std::fs::write(&plain_path, &expected).unwrap();
+    }
+    assert!(
+        std::fs::read_to_string(&plain_path).unwrap_or_default() == expected,
+        "deploy/kubernetes/dashboards.yaml is not dashboards/*.json: run \
+         DRAINWATCH_WRITE_MANIFESTS=1 cargo test -p drainwatch-tests --test deploy dashboards"
+    );
+    let plain = yaml_file("deploy/kubernetes/dashboards.yaml");
+    // Off by default in the chart (it needs Grafana's sidecar), like the Prometheus Operator
+    // objects; the plain manifests keep each in a file of its own.
+    let (_, defaults) = rendered(&json!({}));
+    assert!(!defaults.iter().any(|d| d["kind"] == "ConfigMap"));
+    let (_, chart) = rendered(&json!({"dashboards": {"enabled": true}}));
+    let maps: Vec<&Value> = chart.iter().filter(|d| d["kind"] == "ConfigMap").collect();
+    assert_eq!(maps.len(), dashboard_files().len());
+    assert_eq!(plain.len(), maps.len());
+    for (name, text) in dashboard_files() {
+        let from_chart = maps
+            .iter()
+            .find(|m| m["data"].get(&name).is_some())
+            .unwrap_or_else(|| panic!("no ConfigMap holds {name}"));
+        let p = object(&plain, "ConfigMap", from_chart["metadata"]["name"].as_str());
+        for (what, m) in [("chart", *from_chart), ("plain", p)] {
+            assert_eq!(m["metadata"]["namespace"], "drainwatch", "{what} {name}");
+            assert_eq!(
+                m["metadata"]["labels"]["grafana_dashboard"], "1",
+                "{what} {name}"
+            );
+            assert_eq!(m["data"].as_object().unwrap().len(), 1);
+            // The dashboard itself, as Grafana's sidecar hands it to Grafana.
+            let served: Value = serde_json::from_str(m["data"][&name].as_str().unwrap()).unwrap();
+            let original: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(served, original, "{what} {name}");
+        }
+    }
+}
+
+#[test]
+fn the_chart_fits_kube_prometheus_stack() {
+    let values = json!({
+        "podMonitor": {"enabled": true, "namespace": "monitoring",
+            "labels": {"release": "kube-prometheus-stack"},
+            "interval": "30s", "scrapeTimeout": "20s",
+            "relabelings": [{"targetLabel": "cluster", "replacement": "prod"}],
+            "metricRelabelings": [{"action": "drop", "sourceLabels": ["__name__"],
+                "regex": "drainwatch_ebpf_faults_total"}]},
+        "prometheusRule": {"enabled": true, "namespace": "monitoring",
+            "labels": {"release": "kube-prometheus-stack"}},
+        "dashboards": {"enabled": true, "namespace": "monitoring", "label": "dashboards",
+            "labelValue": "drainwatch", "annotations": {"grafana_folder": "Drainwatch"}},
+        "updateStrategy": {"type": "RollingUpdate",
+            "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": 0}},
+    });
+    let (_, docs) = rendered(&values);
+    let pm = object(&docs, "PodMonitor", Some("drainwatch"));
+    assert_eq!(pm["metadata"]["namespace"], "monitoring");
+    assert_eq!(pm["metadata"]["labels"]["release"], "kube-prometheus-stack");
+    // From another namespace it must name the agents' own.
+    assert_eq!(
+        pm["spec"]["namespaceSelector"],
+        json!({"matchNames": ["drainwatch"]})
+    );
+    let ep = &pm["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(ep["interval"], "30s");
+    assert_eq!(ep["scrapeTimeout"], "20s");
+    let relabelings = ep["relabelings"].as_array().unwrap();
+    // The chart's own first (node label, the agent pod's labels dropped), then the user's.
+    assert_eq!(relabelings.len(), 3);
+    assert_eq!(relabelings[1]["regex"], "namespace|pod|container");
+    assert_eq!(relabelings[2]["targetLabel"], "cluster");
+    assert_eq!(ep["metricRelabelings"][0]["action"], "drop");
+    let rule = object(&docs, "PrometheusRule", Some("drainwatch"));
+    assert_eq!(rule["metadata"]["namespace"], "monitoring");
+    assert_eq!(
+        rule["metadata"]["labels"]["release"],
+        "kube-prometheus-stack"
+    );
+    for m in docs.iter().filter(|d| d["kind"] == "ConfigMap") {
+        assert_eq!(m["metadata"]["namespace"], "monitoring");
+        assert_eq!(m["metadata"]["labels"]["dashboards"], "drainwatch");
+        assert!(m["metadata"]["labels"].get("grafana_dashboard").is_none());
+        assert_eq!(m["metadata"]["annotations"]["grafana_folder"], "Drainwatch");
+    }
+    let ds = &object(&docs, "DaemonSet", Some("drainwatch"))["spec"];
+    assert_eq!(
+        ds["updateStrategy"],
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": 0}})
+    );
+    assert_eq!(
+        ds["template"]["spec"]["priorityClassName"],
+        "system-node-critical"
+    );
+    // In the release's namespace by default, where no namespaceSelector is needed.
+    let (_, docs) = rendered(&all_on());
+    let pm = object(&docs, "PodMonitor", Some("drainwatch"));
+    assert_eq!(pm["metadata"]["namespace"], "drainwatch");
+    assert!(pm["spec"].get("namespaceSelector").is_none());
+    let ep = &pm["spec"]["podMetricsEndpoints"][0];
+    assert!(ep.get("scrapeTimeout").is_none() && ep.get("metricRelabelings").is_none());
+    // No priority class when asked for none.
+    let (_, docs) = rendered(&json!({"priorityClassName": ""}));
+    let pod = &object(&docs, "DaemonSet", Some("drainwatch"))["spec"]["template"]["spec"];
+    assert!(pod.get("priorityClassName").is_none(), "{pod}");
+}
+
+#[test]
+fn the_values_schema_takes_every_option_and_refuses_wrong_types() {
+    // The defaults and every option validate (also through `helm lint --strict` in
+    // `rendered`, above).
+    for values in [json!({}), all_on()] {
+        helm_render("drainwatch", "drainwatch", &values).unwrap();
+    }
+    for (what, values) in [
+        ("port as a string", json!({"port": "9464"})),
+        (
+            "interval as a number",
+            json!({"podMonitor": {"interval": 15}}),
+        ),
+        (
+            "interval not a duration",
+            json!({"podMonitor": {"interval": "15 s"}}),
+        ),
+        (
+            "scrapeTimeout as a number",
+            json!({"podMonitor": {"scrapeTimeout": 10}}),
+        ),
+        (
+            "relabelings as an object",
+            json!({"podMonitor": {"relabelings": {"a": 1}}}),
+        ),
+        (
+            "enabled as a string",
+            json!({"dashboards": {"enabled": "yes"}}),
+        ),
+        (
+            "label value as a number",
+            json!({"dashboards": {"labelValue": 1}}),
+        ),
+        (
+            "a surge",
+            json!({"updateStrategy": {"type": "RollingUpdate",
+            "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 1}}}),
+        ),
+        ("OnDelete", json!({"updateStrategy": {"type": "OnDelete"}})),
+        (
+            "maxUnavailable as a word",
+            json!({"updateStrategy": {"type": "RollingUpdate",
+            "rollingUpdate": {"maxUnavailable": "one"}}}),
+        ),
+        (
+            "priorityClassName as a number",
+            json!({"priorityClassName": 1000}),
+        ),
+        ("a log format the agent lacks", json!({"logFormat": "xml"})),
+        ("a misspelt key", json!({"podMonitr": {"enabled": true}})),
+        (
+            "a misspelt nested key",
+            json!({"podMonitor": {"enable": true}}),
+        ),
+    ] {
+        let err = helm_render("drainwatch", "drainwatch", &values)
+            .err()
+            .unwrap_or_else(|| panic!("{what}: {values} passed the schema"));
+        // Helm names the offending key.
+        assert!(err.contains("- at '"), "{what}: {err}");
+    }
+}
+
+#[test]
+fn the_notes_say_how_to_read_the_report() {
+    let files = helm_render("dw", "observability", &all_on()).unwrap();
+    let notes = files
+        .iter()
+        .find(|(p, _)| p.ends_with("NOTES.txt"))
+        .expect("NOTES.txt")
+        .1;
+    for line in [
+        "kubectl exec -n observability ds/dw-drainwatch -- drainwatch report\n",
+        "kubectl exec -n observability ds/dw-drainwatch -- drainwatch report --cluster\n",
+        "kubectl -n observability port-forward ds/dw-drainwatch 9464\n",
+        "PodMonitor dw-drainwatch in observability",
+    ] {
+        assert!(notes.contains(line), "{line:?} in\n{notes}");
+    }
+    // Another port: the report is asked there.
+    let files = helm_render("drainwatch", "drainwatch", &json!({"port": 9000})).unwrap();
+    let notes = &files["drainwatch/templates/NOTES.txt"];
+    assert!(
+        notes.contains("-- drainwatch report --agent 127.0.0.1:9000\n"),
+        "{notes}"
+    );
 }

@@ -1,6 +1,14 @@
 //! `cargo xtask bench`: the agent's overhead, each figure next to a baseline measured in the
 //! same run (these machines are shared and noisy: an absolute time alone means little).
 //!
+//! - Pod churn, the headline: the same churn with a pod's mix (of ten connections eight close
+//!   cleanly, the server first, one is refused, one aborted) inside a podman container's
+//!   network namespace, which the kernel filter keeps whole: nothing attached, the agent at its
+//!   defaults, and bpftrace `count()` on the same hooks, interleaved over rounds. Throughput,
+//!   the agent's CPU per 10,000 connections/s (measured from before each churn to 1.5 s after
+//!   it, so the draining of its records counts), kernel program time per connection (every
+//!   program the process holds, against bpftrace's) and records per connection
+//!   (`bench/src/bin/churn.rs pod`, `xtask/src/bench/pod.rs`).
 //! - Churn: loopback connect/accept/close, refused connects and aborts (`bench/src/bin/churn.rs`)
 //!   with nothing attached, with the agent, with the agent's hooks attached but its programs
 //!   returning at once (`--attach-only`: the floor that attaching these hooks costs on this
@@ -27,6 +35,7 @@
 mod agent;
 mod bpf;
 mod phases;
+mod pod;
 mod report;
 
 use anyhow::{Context as _, Result};
@@ -81,6 +90,7 @@ pub fn run(settings: &Settings) -> Result<()> {
     ]))?;
     let bin = target_dir(&root).join("release");
     let mut rows = Vec::new();
+    pod::pod_phase(&bin, &plan, &mut rows)?;
     let churn = phases::churn_phase(&bin, &plan, &mut rows)?;
     phases::pipeline_phase(&bin, &plan, &mut rows)?;
     phases::footprint_phase(&bin, &plan, &churn, &mut rows)?;

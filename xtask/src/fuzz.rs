@@ -28,7 +28,7 @@ use crate::{capture, repo_root, run_cmd, secs, show};
 /// The cargo-fuzz release installed when none is on PATH.
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
 /// Each target's share of `--smoke`.
-const SMOKE_SECS: u64 = 15;
+const SMOKE_SECS: u64 = 8;
 /// How often a long run prints where it is.
 const PROGRESS_EVERY: Duration = Duration::from_secs(60);
 /// The triple cargo-fuzz builds for (its default), which names its output directory.
@@ -45,7 +45,7 @@ pub struct FuzzArgs {
     /// Only these targets (repeat the flag or separate with commas); default: all
     #[arg(long = "target", value_name = "NAME", value_delimiter = ',')]
     targets: Vec<String>,
-    /// The CI smoke: every target for 15 seconds, built unoptimized (quick to rebuild)
+    /// The CI smoke: every target for 8 seconds, built unoptimized (quick to rebuild)
     #[arg(long, conflicts_with_all = ["minutes", "runs"])]
     smoke: bool,
 }

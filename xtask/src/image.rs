@@ -106,7 +106,8 @@ pub struct Built {
 }
 
 pub fn run(args: &ImageArgs) -> ExitCode {
-    if !args.no_setup && setup::run().is_err() {
+    // Building needs what `run` needs; the image's own packages come in `build`.
+    if !args.no_setup && setup::run_for(setup::Purpose::Run).is_err() {
         return ExitCode::FAILURE;
     }
     let t = Instant::now();
@@ -150,7 +151,7 @@ pub fn build(arch: Arch) -> Result<Built> {
         std::env::consts::ARCH == "x86_64",
         "cargo xtask image builds on x86_64 machines only (amd64 natively, arm64 cross)"
     );
-    let outcome = setup::install_apt("image", arch.packages())?;
+    let outcome = setup::apt(arch.packages())?;
     say(&format!("packages: {outcome}"));
     let root = repo_root();
     if let Some(target) = arch.rust_target() {

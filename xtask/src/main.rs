@@ -9,6 +9,7 @@ mod kernels;
 mod lab;
 mod setup;
 mod soak;
+mod sudo;
 mod test;
 
 use std::{
@@ -23,9 +24,6 @@ use std::{
 
 use anyhow::{Context as _, Result, ensure};
 use clap::{Args, Parser, Subcommand};
-
-/// Set when xtask re-runs itself through sudo, so it never loops.
-const REEXEC_ENV: &str = "DRAINWATCH_XTASK_SUDO";
 
 #[derive(Parser)]
 #[command(
@@ -53,13 +51,16 @@ enum Cmd {
         bpftool, bpftrace, chromium, ...); the busybox image localhost/bb:latest and a podman \
         smoke test; an LLVM 22 `nightly` Rust toolchain with rust-src (for the eBPF build); \
         bpf-linker 0.13.0 built against LLVM 22; Python test packages (none yet); the deploy tests' tools (kubernetes-validate, helm-python-sdk) in /opt/drainwatch-tools/venv.\n\n\
+        `--for run` installs only what building and running the agent needs (tracefs, \
+        LLVM 22, the nightly toolchain, bpf-linker): what `cargo xtask run` does.\n\n\
         Progress lines start with `[setup]`. On failure it prints one sentence saying what \
         failed and exits non-zero."
     )]
-    Setup,
+    Setup(SetupArgs),
     /// Build the agent in release mode and run it as root
     #[command(long_about = "Build the agent in release mode and run it as root.\n\n\
-        Runs `cargo xtask setup` first (unless --no-setup), then \
+        Runs `cargo xtask setup --for run` first (unless --no-setup: only what building and \
+        running needs, no test lab), then \
         `cargo build --release -p drainwatch`, then replaces itself with \
         `target/release/drainwatch AGENT_ARGS...`. Without arguments the agent uses its own \
         defaults (metrics on 127.0.0.1:9464).\n\n\
@@ -77,7 +78,7 @@ enum Cmd {
         and this kernel: about a minute with the kernels cached and the runner built, about \
         three on a fresh machine); \
         (5) `cargo xtask bench --smoke`, a seconds-long run of every benchmark step; \
-        (6) `cargo xtask fuzz --smoke`, every fuzz target for 15 seconds. \
+        (6) `cargo xtask fuzz --smoke`, every fuzz target for 8 seconds. \
         Runs `cargo xtask setup` first unless --no-setup. If the build fails the tests are \
         skipped; otherwise both test phases run. Prints one summary line per phase and exits \
         with the first failing phase's exit code.\n\n\
@@ -207,6 +208,13 @@ struct BenchArgs {
 }
 
 #[derive(Args)]
+struct SetupArgs {
+    /// What to set up for: `run` (build and run the agent) or `test` (everything)
+    #[arg(long = "for", value_enum, default_value = "test")]
+    purpose: setup::Purpose,
+}
+
+#[derive(Args)]
 struct RunArgs {
     /// Skip `cargo xtask setup` (when the machine is known to be set up)
     #[arg(long)]
@@ -218,11 +226,11 @@ struct RunArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(code) = ensure_root() {
+    if let Err(code) = sudo::ensure_root() {
         return code;
     }
-    match cli.command {
-        Cmd::Setup => match setup::run() {
+    let code = match cli.command {
+        Cmd::Setup(args) => match setup::run_for(args.purpose) {
             Ok(()) => ExitCode::SUCCESS,
             Err(()) => ExitCode::FAILURE,
         },
@@ -246,41 +254,14 @@ fn main() -> ExitCode {
                 }
             }
         }
-    }
-}
-
-/// Returns when running as root; otherwise re-runs this very command through `sudo -E` (this
-/// process is replaced), or says root is needed and hands back exit code 2.
-fn ensure_root() -> Result<(), ExitCode> {
-    let uid = capture(Command::new("id").arg("-u"));
-    if uid.as_deref().map(str::trim) == Some("0") {
-        return Ok(());
-    }
-    if env::var_os(REEXEC_ENV).is_none() && capture(Command::new("sudo").arg("--version")).is_some()
-    {
-        eprintln!("[xtask] not root: re-running through sudo -E");
-        let exe = env::current_exe()
-            .unwrap_or_else(|_| PathBuf::from(env::args_os().next().unwrap_or_default()));
-        // sudo resets PATH (secure_path) even with -E: pass ours on, cargo and rustup live in it.
-        let mut path = OsString::from("PATH=");
-        path.push(env::var_os("PATH").unwrap_or_default());
-        let err = Command::new("sudo")
-            .args([OsStr::new("-E"), OsStr::new("env"), &path])
-            .arg(format!("{REEXEC_ENV}=1"))
-            .arg(exe)
-            .args(env::args_os().skip(1))
-            .exec();
-        eprintln!("[xtask] could not re-run through sudo: {err}");
-        return Err(ExitCode::from(2));
-    }
-    eprintln!(
-        "[xtask] cargo xtask must run as root (it installs packages, mounts tracefs and loads eBPF programs): run it again as root."
-    );
-    Err(ExitCode::from(2))
+    };
+    let root = repo_root();
+    sudo::give_back_to_invoking_user(&root, &target_dir(&root));
+    code
 }
 
 fn run_agent(args: &RunArgs) -> ExitCode {
-    if !args.no_setup && setup::run().is_err() {
+    if !args.no_setup && setup::run_for(setup::Purpose::Run).is_err() {
         return ExitCode::FAILURE;
     }
     let root = repo_root();
@@ -300,6 +281,8 @@ fn run_agent(args: &RunArgs) -> ExitCode {
         return exit_code(status.code());
     }
     let bin = target_dir(&root).join("release/drainwatch");
+    // The agent replaces this process: give the build back to the user first.
+    sudo::give_back_to_invoking_user(&root, &target_dir(&root));
     println!(
         "[run] built in {}; exec {}",
         secs(t.elapsed()),

@@ -1,13 +1,16 @@
 //! `cargo xtask setup`: installs what a fresh Debian 12 machine (root, rustup's stable toolchain,
-//! nothing else) lacks to build, run and test drainwatch. Every step checks first, so a second run
-//! installs nothing.
+//! a C compiler, nothing else) lacks to build, run and test drainwatch. Every step checks first,
+//! so a second run installs nothing. What running the agent needs (`Purpose::Run`: tracefs, LLVM,
+//! the nightly toolchain, bpf-linker) is a subset: `cargo xtask run` installs only that, the
+//! lab's packages (podman, proxies, Prometheus, Chromium, the deploy tools) come with `test`,
+//! `demo` and the other lab commands.
 
 mod containers;
 mod packages;
 mod toolchain;
 mod tracefs;
 
-pub(crate) use packages::install_apt;
+pub(crate) use packages::apt;
 
 use std::time::Instant;
 
@@ -15,19 +18,40 @@ use anyhow::Result;
 
 use crate::secs;
 
-/// Runs every step in order; a failing step has printed why and stops the rest.
+/// What the machine is set up for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Purpose {
+    /// Build and run the agent (`cargo xtask run`).
+    Run,
+    /// Everything: also the tests, the demo and the labs (their containers, proxies,
+    /// Prometheus, Chromium, QEMU, the deploy tools).
+    Test,
+}
+
+/// Every step for `Test`; a failing step has printed why and stops the rest.
 pub fn run() -> Result<(), ()> {
+    run_for(Purpose::Test)
+}
+
+/// The steps `purpose` needs, in order; a failing step has printed why and stops the rest.
+pub fn run_for(purpose: Purpose) -> Result<(), ()> {
     let t = Instant::now();
+    let lab = purpose == Purpose::Test;
     step("tracefs", tracefs::tracefs)?;
-    step("apt", packages::apt)?;
-    step("busybox image", containers::busybox_image)?;
-    step("podman", containers::podman_check)?;
+    step("apt", || packages::apt(packages::APT_BUILD))?;
+    if lab {
+        step("apt (tests and labs)", || packages::apt(packages::APT_LAB))?;
+        step("busybox image", containers::busybox_image)?;
+        step("podman", containers::podman_check)?;
+    }
     step("rust nightly", toolchain::nightly)?;
     step("rust-src", toolchain::rust_src)?;
     step("bpf-linker", toolchain::bpf_linker)?;
-    step("pip", packages::pip)?;
-    step("deploy tools", packages::deploy_tools)?;
-    println!("[setup] done ({})", secs(t.elapsed()));
+    if lab {
+        step("pip", packages::pip)?;
+        step("deploy tools", packages::deploy_tools)?;
+    }
+    println!("[setup] done for {purpose:?} ({})", secs(t.elapsed()));
     Ok(())
 }
 

@@ -39,11 +39,7 @@ pub(super) fn attach_tracepoint(
     if let Some(missing) = res.missing_required.get(name).filter(|m| !m.is_empty()) {
         return Err(format!("format lacks required fields {missing:?}"));
     }
-    let prog: &mut TracePoint = ebpf
-        .program_mut(program)
-        .ok_or_else(|| format!("program {program} missing from the eBPF object"))?
-        .try_into()
-        .map_err(|e| format!("{e}"))?;
+    let prog: &mut TracePoint = program_of(ebpf, program)?;
     if prog.fd().is_err() {
         prog.load().map_err(|e| format!("load: {e}"))?;
     }
@@ -121,11 +117,7 @@ fn attach_btf_tracepoint(
     (btf_path, btf): (&str, &mut Option<aya::Btf>),
     (name, program): (&str, &str),
 ) -> Result<(), String> {
-    let prog: &mut BtfTracePoint = ebpf
-        .program_mut(program)
-        .ok_or_else(|| format!("program {program} missing from the eBPF object"))?
-        .try_into()
-        .map_err(|e| format!("{e}"))?;
+    let prog: &mut BtfTracePoint = program_of(ebpf, program)?;
     if prog.fd().is_err() {
         // aya resolves the tracepoint's BTF type itself.
         let btf = match btf {
@@ -155,11 +147,7 @@ pub(super) fn attach_kprobes(
     let mut attached: Vec<Box<dyn Send>> = Vec::new();
     for (function, program) in functions {
         let step = (|| {
-            let prog: &mut KProbe = ebpf
-                .program_mut(program)
-                .ok_or_else(|| format!("program {program} missing from the eBPF object"))?
-                .try_into()
-                .map_err(|e| format!("{e}"))?;
+            let prog: &mut KProbe = program_of(ebpf, program)?;
             if prog.fd().is_err() {
                 prog.load().map_err(|e| format!("load: {e}"))?;
             }
@@ -172,6 +160,17 @@ pub(super) fn attach_kprobes(
     }
     links.extend(attached);
     Ok(())
+}
+
+/// The object's program `name` as its kind `P`.
+fn program_of<'a, P>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut P, String>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or_else(|| format!("program {name} missing from the eBPF object"))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| e.to_string())
 }
 
 /// An error with its causes, `a: b: c`: aya's messages alone often omit the OS error.

@@ -11,7 +11,7 @@
 //!
 //! Pure: fed the proxies' upstream connections and a clock (their open times).
 
-use std::collections::VecDeque;
+use std::{borrow::Cow, collections::VecDeque};
 
 use crate::model::{HashMap, Mono, Proxy, SECOND};
 
@@ -366,7 +366,7 @@ impl Probes {
     }
 
     /// The schedules learned, by (proxy process, backend), for a checkpoint.
-    pub fn learned(&self) -> Vec<(u32, std::borrow::Cow<'_, str>, Learned)> {
+    pub fn learned(&self) -> Vec<(u32, Cow<'_, str>, Learned)> {
         let routes = self.routes.iter();
         routes
             .filter_map(|((pid, b), r)| Some((*pid, b.as_str().into(), r.learned?)))
@@ -374,9 +374,10 @@ impl Probes {
     }
 
     /// Schedules a previous run of the agent learned: checks go on being told apart at once.
-    pub fn restore(&mut self, learned: Vec<(u32, String, Learned)>) {
+    pub fn restore<'a>(&mut self, learned: impl IntoIterator<Item = (u32, Cow<'a, str>, Learned)>) {
         for (pid, backend, l) in learned {
-            self.routes.entry((pid, backend)).or_default().learned = Some(l);
+            let key = (pid, backend.into_owned());
+            self.routes.entry(key).or_default().learned = Some(l);
         }
     }
 

@@ -22,17 +22,40 @@ use super::{
 /// Converts kernel monotonic time to wall-clock time.
 #[derive(Debug, Clone, Copy)]
 pub struct Clock {
-    /// Wall-clock nanoseconds since the epoch minus monotonic nanoseconds, taken at start-up.
+    /// Wall-clock nanoseconds since the epoch minus monotonic nanoseconds.
     pub offset_ns: i128,
 }
 
+/// How far a fresh reading of the offset may stray from the one in use before it replaces it:
+/// two reads of two clocks differ by the time between them (microseconds, more when the
+/// thread is preempted), which must not move every time by a millisecond from one answer to
+/// the next; a step of the wall clock (NTP, an operator) is larger.
+pub const CLOCK_STEP_NS: i128 = 50_000_000;
+
 impl Clock {
+    /// Reads both clocks now.
     pub fn now() -> Self {
         let wall = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i128);
+        Self::from_readings(wall, monotonic_now())
+    }
+
+    /// The offset of a wall-clock and a monotonic reading taken together.
+    pub fn from_readings(wall_ns: i128, mono: Mono) -> Self {
         Self {
-            offset_ns: wall - monotonic_now() as i128,
+            offset_ns: wall_ns - mono as i128,
+        }
+    }
+
+    /// The clock to use after a fresh reading: `fresh` when the wall clock was stepped (or
+    /// slewed by `CLOCK_STEP_NS` in all) since `self` was taken, else `self`, so times stay
+    /// identical between answers while the wall clock does not move.
+    pub fn follow(self, fresh: Self) -> Self {
+        if (fresh.offset_ns - self.offset_ns).abs() >= CLOCK_STEP_NS {
+            fresh
+        } else {
+            self
         }
     }
 
@@ -250,6 +273,32 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
+
+    #[test]
+    fn times_follow_a_stepped_wall_clock() {
+        let mono = 5 * SECOND;
+        let start = Clock::from_readings(1_700_000_000 * SECOND as i128, mono);
+        assert_eq!(start.rfc3339(mono), "2023-11-14T22:13:20.000Z");
+        // A second reading 2 s later, 30 µs apart: the same offset give or take the gap
+        // between the reads, so every time stays what it was.
+        let later =
+            Clock::from_readings(1_700_000_002 * SECOND as i128 + 30_000, mono + 2 * SECOND);
+        assert_eq!(start.follow(later).offset_ns, start.offset_ns);
+        // NTP steps the wall clock back 90 s: a moment already recorded is now shown on the
+        // new clock, and a moment after the step too.
+        let stepped = Clock::from_readings(1_699_999_912 * SECOND as i128, mono + 2 * SECOND);
+        let now = start.follow(later).follow(stepped);
+        assert_eq!(now.offset_ns, start.offset_ns - 90 * SECOND as i128);
+        assert_eq!(now.rfc3339(mono), "2023-11-14T22:11:50.000Z");
+        assert_eq!(now.rfc3339(mono + 2 * SECOND), "2023-11-14T22:11:52.000Z");
+        // Forwards too, and a step just under the threshold is jitter.
+        let ahead = Clock::from_readings(now.offset_ns + 3600 * SECOND as i128, 0);
+        assert_eq!(now.follow(ahead).rfc3339(mono), "2023-11-14T23:11:50.000Z");
+        let small = Clock {
+            offset_ns: now.offset_ns + CLOCK_STEP_NS - 1,
+        };
+        assert_eq!(now.follow(small).offset_ns, now.offset_ns);
+    }
     use crate::model::{
         ContainerIdentity, ExitInfo, Loss, LossKind, SECOND, Sender,
         stop::{ListenerTimeline, LossEvent},

@@ -42,22 +42,42 @@ pub struct State {
     pub metrics: Arc<Telemetry>,
     pub ready: AtomicBool,
     pub correlator: SharedCorrelator,
-    pub clock: api::Clock,
+    /// The wall clock's offset in use, re-read at every answer (`api::Clock::follow`).
+    clock: std::sync::Mutex<api::Clock>,
     /// Stops of one workload this close together are one deploy.
     pub deploy_window: Mono,
-    /// The host name the page shows.
+    /// The host name the page shows: the node's (`--node-name`, `NODE_NAME`), else this
+    /// machine's (in a pod, the container's UTS name is the pod's, not the node's).
     pub host: String,
 }
 
 impl State {
-    pub fn new(metrics: Arc<Telemetry>, correlator: SharedCorrelator, deploy_window: Mono) -> Self {
+    pub fn new(
+        metrics: Arc<Telemetry>,
+        correlator: SharedCorrelator,
+        deploy_window: Mono,
+        node: Option<String>,
+    ) -> Self {
         Self {
             metrics,
             ready: AtomicBool::new(false),
             correlator,
-            clock: api::Clock::now(),
+            clock: std::sync::Mutex::new(api::Clock::now()),
             deploy_window,
-            host: hostname(),
+            host: node.filter(|n| !n.is_empty()).unwrap_or_else(hostname),
+        }
+    }
+
+    /// Monotonic-to-wall-clock conversion for one answer: re-read now, so times follow the
+    /// wall clock when NTP or an operator steps it while the agent runs.
+    pub fn clock(&self) -> api::Clock {
+        let fresh = api::Clock::now();
+        match self.clock.lock() {
+            Ok(mut c) => {
+                *c = c.follow(fresh);
+                *c
+            }
+            Err(_) => fresh,
         }
     }
 
@@ -70,16 +90,17 @@ impl State {
                 "state unavailable\n",
             );
         };
+        let clock = self.clock();
         let grouped = deploys::group(t.stops(), t.starts(), self.deploy_window);
-        let deploys = api::deploy_views(&grouped, &self.clock);
-        let stops = api::stop_views(t.stops(), t.storms(), &self.clock);
-        let starts = api::start_views(t.starts(), &self.clock);
-        let storms = api::storm_views(t.storms(), &grouped, &self.clock);
+        let deploys = api::deploy_views(&grouped, &clock);
+        let stops = api::stop_views(t.stops(), t.storms(), &clock);
+        let starts = api::start_views(t.starts(), &clock);
+        let storms = api::storm_views(t.storms(), &grouped, &clock);
         drop(t);
         let info = page::PageInfo {
             host: self.host.clone(),
             version: env!("CARGO_PKG_VERSION").into(),
-            rendered_at: self.clock.rfc3339(monotonic_now()),
+            rendered_at: clock.rfc3339(monotonic_now()),
         };
         let html = page::render(&deploys, &stops, &starts, &storms, &info);
         let mut r = respond(StatusCode::OK, "text/html; charset=utf-8", html);
@@ -87,7 +108,11 @@ impl State {
         r
     }
 
-    fn json<T: Serialize>(&self, f: impl FnOnce(&Correlator) -> T) -> Response<Full<Bytes>> {
+    fn json<T: Serialize>(
+        &self,
+        clock: &api::Clock,
+        f: impl FnOnce(&Correlator) -> T,
+    ) -> Response<Full<Bytes>> {
         let Ok(t) = self.correlator.lock() else {
             return respond(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -105,10 +130,10 @@ impl State {
                 // an event at time T knows the answer includes it once this is >= T.
                 r.headers_mut()
                     .insert("x-drainwatch-processed-until-ns", processed.into());
-                // Wall-clock minus monotonic ns behind every time in the answer: a client on
-                // this host turns them back into monotonic time exactly, however NTP has moved
-                // the wall clock since the agent started.
-                if let Ok(v) = header::HeaderValue::from_str(&self.clock.offset_ns.to_string()) {
+                // Wall-clock minus monotonic ns behind every time in the answer (read for
+                // this answer): a client on this host turns them back into monotonic time
+                // exactly, however NTP has moved the wall clock since.
+                if let Ok(v) = header::HeaderValue::from_str(&clock.offset_ns.to_string()) {
                     r.headers_mut().insert("x-drainwatch-clock-offset-ns", v);
                 }
                 r
@@ -180,6 +205,7 @@ pub fn route(
         return respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n");
     }
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let clock = state.clock();
     let parsed = if path.starts_with("/api/") {
         Page::parse(query)
     } else {
@@ -215,21 +241,19 @@ pub fn route(
                 ),
             }
         }
-        "/api/v1/stops" => state.json(|t| {
-            page.of(api::stop_views(t.stops(), t.storms(), &state.clock), |v| {
-                &v.id
-            })
+        "/api/v1/stops" => state.json(&clock, |t| {
+            page.of(api::stop_views(t.stops(), t.storms(), &clock), |v| &v.id)
         }),
-        "/api/v1/starts" => {
-            state.json(|t| page.of(api::start_views(t.starts(), &state.clock), |v| &v.id))
-        }
-        "/api/v1/deploys" => state.json(|t| {
-            let deploys = deploys::group(t.stops(), t.starts(), state.deploy_window);
-            page.of(api::deploy_views(&deploys, &state.clock), |v| &v.id)
+        "/api/v1/starts" => state.json(&clock, |t| {
+            page.of(api::start_views(t.starts(), &clock), |v| &v.id)
         }),
-        "/api/v1/storms" => state.json(|t| {
+        "/api/v1/deploys" => state.json(&clock, |t| {
             let deploys = deploys::group(t.stops(), t.starts(), state.deploy_window);
-            api::storm_views(t.storms(), &deploys, &state.clock)
+            page.of(api::deploy_views(&deploys, &clock), |v| &v.id)
+        }),
+        "/api/v1/storms" => state.json(&clock, |t| {
+            let deploys = deploys::group(t.stops(), t.starts(), state.deploy_window);
+            api::storm_views(t.storms(), &deploys, &clock)
         }),
         "/healthz" => {
             let stalled = state.metrics.heartbeats.stalled(monotonic_now());
@@ -426,9 +450,27 @@ mod tests {
             Arc::new(Telemetry::new("test")),
             Arc::default(),
             600 * crate::model::SECOND,
+            None,
         );
         s.ready.store(ready, Ordering::Relaxed);
         s
+    }
+
+    #[test]
+    fn the_page_names_the_node_when_it_is_known() {
+        let s = |node: Option<&str>| {
+            State::new(
+                Arc::new(Telemetry::new("test")),
+                Arc::default(),
+                crate::model::SECOND,
+                node.map(str::to_string),
+            )
+        };
+        assert_eq!(s(Some("node-7")).host, "node-7");
+        // Outside Kubernetes (or NODE_NAME empty): this machine's name.
+        assert_eq!(s(None).host, hostname());
+        assert_eq!(s(Some("")).host, hostname());
+        assert!(!hostname().is_empty());
     }
 
     #[test]

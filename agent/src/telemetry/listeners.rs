@@ -101,7 +101,7 @@ impl ListenerMetrics {
         );
         registry.register(
             "drainwatch_accept_queue_depth",
-            "Connections waiting in a container listener's accept queue (sampled each second)",
+            "Connections waiting in a container listener's accept queue, read from procfs: every 100 ms while a container of its workload is stopping or its clients storm back (the 10 s after a stop, or an open storm), every 10 s otherwise, and when the container is found",
             m.accept_queue_depth.clone(),
         );
         registry.register(
@@ -115,8 +115,8 @@ impl ListenerMetrics {
             m.storms.clone(),
         );
         registry.register(
-            "drainwatch_reconnect_storm_peak_rate",
-            "Peak arrivals per second (100 ms resolution) of the last reconnect storm",
+            "drainwatch_reconnect_storm_peak_arrivals_per_second",
+            "Peak arrival rate of the last reconnect storm, in connections per second (the busiest 100 ms window's arrivals times 10)",
             m.storm_peak_rate.clone(),
         );
         registry.register(

@@ -2,7 +2,8 @@
 //! [`Telemetry`] owns the registry and one part per subsystem, each registering its own
 //! families (`register(&mut Registry) -> Self`, as linkerd2-proxy does): the agent's own
 //! health (`agent`), per-container stop and start families (`stops`, `starts`), the accept path and storms
-//! (`listeners`), behind one cardinality cap (`cap`). The pipeline reaches it only through
+//! (`listeners`), behind one cardinality cap (`cap`), and the process's own CPU, memory and
+//! descriptors (`process`, read at scrape time). The pipeline reaches it only through
 //! [`Telemetry::record`]; the agent's internal events count and log through `internal`.
 //! prometheus-client appends `_total` to counters and `_info` to info metrics itself.
 
@@ -13,6 +14,7 @@ pub mod heartbeat;
 pub mod internal;
 pub mod labels;
 pub mod listeners;
+pub mod process;
 pub mod starts;
 pub mod state;
 pub mod stops;
@@ -58,6 +60,7 @@ impl Telemetry {
         let listeners = ListenerMetrics::register(&mut registry, cap.clone());
         let state = state::StateMetrics::register(&mut registry);
         let checkpoint = checkpoint::CheckpointMetrics::register(&mut registry);
+        registry.register_collector(Box::new(process::ProcessCollector));
         Self {
             registry,
             agent,

@@ -128,7 +128,7 @@ impl StopMetrics {
         );
         registry.register(
             "drainwatch_routing_lag_seconds",
-            "Stop signal to the last connection accepted after it",
+            "Stop signal to the last connection routed to the container after it: accepted, refused or unreachable (how long load balancers kept sending)",
             m.routing_lag.clone(),
         );
         registry.register(

@@ -2,12 +2,16 @@
 //! closes a connection, connects to a closed port (a reset) and aborts a connection with
 //! SO_LINGER 0 (a reset from the closing side). Prints one JSON line with what it did.
 //!
-//! churn <seconds> <threads> [<max connections per second, 0 = unbounded>]
+//! churn <seconds> <threads> [<max connections per second, 0 = unbounded>] [thirds|pod]
+//!
+//! The mix: `thirds` (the default) makes each of the three kinds a third of the connections;
+//! `pod` is a server's day: of every ten connections eight carry a one-byte request and answer
+//! and close cleanly with the server closing first (as an HTTP server ending a response does),
+//! one is refused and one aborted.
 
 use std::{
-    io::Write,
+    io::{Read, Write},
     net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
-    os::fd::AsRawFd,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -15,24 +19,31 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// Connections per round: one closed normally, one refused, one aborted.
-const PER_ROUND: u64 = 3;
+/// Connections per round of each mix.
+#[derive(Clone, Copy)]
+enum Mix {
+    /// One closed normally (the client first), one refused, one aborted.
+    Thirds,
+    /// Eight closed normally (the server first), one refused, one aborted.
+    Pod,
+}
+
+impl Mix {
+    fn clean(self) -> u64 {
+        match self {
+            Mix::Thirds => 1,
+            Mix::Pod => 8,
+        }
+    }
+
+    fn per_round(self) -> u64 {
+        self.clean() + 2
+    }
+}
 
 fn abort(s: &TcpStream) {
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: a valid socket and a correctly sized option value.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
-    }
+    // Best effort: a failed option only makes this connection close with a FIN.
+    let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
 }
 
 /// A port nothing listens on: bound and closed again.
@@ -41,7 +52,12 @@ fn closed_port() -> Result<SocketAddr, String> {
     l.local_addr().map_err(|e| e.to_string())
 }
 
-fn worker(stop: &AtomicBool, done: &AtomicU64, per_thread_rate: f64) -> Result<(), String> {
+fn worker(
+    stop: &AtomicBool,
+    done: &AtomicU64,
+    per_thread_rate: f64,
+    mix: Mix,
+) -> Result<(), String> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| e.to_string())?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let refused = closed_port()?;
@@ -49,19 +65,31 @@ fn worker(stop: &AtomicBool, done: &AtomicU64, per_thread_rate: f64) -> Result<(
     let mut rounds: u64 = 0;
     while !stop.load(Ordering::Relaxed) {
         if per_thread_rate > 0.0 {
-            let due =
-                start + Duration::from_secs_f64((rounds * PER_ROUND) as f64 / per_thread_rate);
+            let due = start
+                + Duration::from_secs_f64((rounds * mix.per_round()) as f64 / per_thread_rate);
             let now = Instant::now();
             if due > now {
                 std::thread::sleep(due - now);
             }
         }
-        // Normal: the client sends a byte and closes first, the server closes after.
-        let mut c = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
-        let (s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
-        c.write_all(b"x").map_err(|e| format!("write: {e}"))?;
-        drop(c);
-        drop(s);
+        for _ in 0..mix.clean() {
+            let mut c = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+            let (mut s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+            c.write_all(b"x").map_err(|e| format!("write: {e}"))?;
+            match mix {
+                // The client closes first; the server's close, with the byte unread, resets.
+                Mix::Thirds => drop((c, s)),
+                // A request and its answer, then the server closes first, cleanly.
+                Mix::Pod => {
+                    let mut b = [0u8; 1];
+                    s.read_exact(&mut b).map_err(|e| format!("read: {e}"))?;
+                    s.write_all(b"y").map_err(|e| format!("write: {e}"))?;
+                    drop(s);
+                    c.read_exact(&mut b).map_err(|e| format!("read: {e}"))?;
+                    drop(c);
+                }
+            }
+        }
         // Refused: RST from the kernel, ECONNREFUSED here.
         if TcpStream::connect(refused).is_ok() {
             return Err(format!("{refused} unexpectedly accepted"));
@@ -73,7 +101,7 @@ fn worker(stop: &AtomicBool, done: &AtomicU64, per_thread_rate: f64) -> Result<(
         drop(c);
         drop(s);
         rounds += 1;
-        done.fetch_add(PER_ROUND, Ordering::Relaxed);
+        done.fetch_add(mix.per_round(), Ordering::Relaxed);
     }
     Ok(())
 }
@@ -88,13 +116,18 @@ fn main() {
     let seconds = num(0, 5.0);
     let threads = num(1, 2.0).max(1.0) as usize;
     let rate = num(2, 0.0);
+    let mix = match args.get(3).map(String::as_str) {
+        None | Some("thirds") => Mix::Thirds,
+        Some("pod") => Mix::Pod,
+        Some(other) => panic!("unknown mix {other}: thirds or pod"),
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let handles: Vec<_> = (0..threads)
         .map(|_| {
             let (stop, done) = (stop.clone(), done.clone());
-            std::thread::spawn(move || worker(&stop, &done, rate / threads as f64))
+            std::thread::spawn(move || worker(&stop, &done, rate / threads as f64, mix))
         })
         .collect();
     std::thread::sleep(Duration::from_secs_f64(seconds));

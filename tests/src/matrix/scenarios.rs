@@ -4,7 +4,6 @@
 
 use std::{
     net::{SocketAddr, TcpListener, TcpStream},
-    os::fd::AsRawFd,
     panic::{AssertUnwindSafe, catch_unwind},
     time::Duration,
 };
@@ -107,21 +106,9 @@ fn closed_port() -> SocketAddr {
 
 /// SO_LINGER 0: close() sends a RST instead of a FIN.
 fn abort_on_close(s: &TcpStream) {
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: valid fd and a correctly sized option value.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(rc, 0);
+    socket2::SockRef::from(s)
+        .set_linger(Some(Duration::ZERO))
+        .expect("SO_LINGER 0");
 }
 
 fn refused() -> SocketAddr {

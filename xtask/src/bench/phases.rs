@@ -385,20 +385,20 @@ pub(super) fn footprint_phase(
     Ok(())
 }
 
-fn median(v: &[f64]) -> f64 {
+pub(super) fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-fn num(v: &Value, key: &str) -> Result<f64> {
+pub(super) fn num(v: &Value, key: &str) -> Result<f64> {
     v[key]
         .as_f64()
         .with_context(|| format!("no number {key} in {v}"))
 }
 
 /// Runs a workload that prints one JSON line.
-fn json_of(cmd: &mut Command) -> Result<Value> {
+pub(super) fn json_of(cmd: &mut Command) -> Result<Value> {
     let out = cmd
         .stderr(Stdio::inherit())
         .output()

@@ -12,7 +12,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use serde_json::Value;
+use serde::Deserialize;
 
 /// What one kernel's run showed.
 #[derive(Debug, Default)]
@@ -173,9 +173,30 @@ pub fn qemu(
     Ok(row)
 }
 
+/// A `DWK-PLAN` line: the plan's outcome for one signal under one way of loading.
+#[derive(Deserialize)]
+struct PlanLine {
+    variant: String,
+    signal: String,
+    chosen: Option<String>,
+    #[serde(default)]
+    degraded: Vec<String>,
+    unavailable: Option<String>,
+}
+
+/// The `DWK-DONE` line: the runner's tally.
+#[derive(Deserialize)]
+struct DoneLine {
+    kernel: String,
+    passed: usize,
+    total: usize,
+    #[serde(default)]
+    failed: Vec<String>,
+}
+
 /// The JSON after `prefix` on `line`, wherever the prefix starts (a console may put noise
 /// before it).
-fn json_after(line: &str, prefix: &str) -> Option<Value> {
+fn json_after<T: serde::de::DeserializeOwned>(line: &str, prefix: &str) -> Option<T> {
     let at = line.find(prefix)?;
     serde_json::from_str(line[at + prefix.len()..].trim()).ok()
 }
@@ -185,40 +206,22 @@ pub fn parse(lines: &[String], timed_out: bool, timeout: Duration) -> Row {
     let mut row = Row::default();
     let mut done = false;
     for line in lines {
-        if let Some(v) = json_after(line, "DWK-PLAN ") {
-            if v["variant"] == "natural" {
-                let mut degraded: Vec<String> = v["degraded"]
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|d| d.as_str().map(String::from))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                if v["chosen"].is_null()
-                    && let Some(needs) = v["unavailable"].as_str()
+        if let Some(p) = json_after::<PlanLine>(line, "DWK-PLAN ") {
+            if p.variant == "natural" {
+                let mut degraded = p.degraded;
+                if p.chosen.is_none()
+                    && let Some(needs) = p.unavailable
                 {
-                    degraded.push(needs.to_string());
+                    degraded.push(needs);
                 }
-                row.plan.push((
-                    v["signal"].as_str().unwrap_or("?").to_string(),
-                    v["chosen"].as_str().map(String::from),
-                    degraded,
-                ));
+                row.plan.push((p.signal, p.chosen, degraded));
             }
-        } else if let Some(v) = json_after(line, "DWK-DONE ") {
+        } else if let Some(d) = json_after::<DoneLine>(line, "DWK-DONE ") {
             done = true;
-            row.release = v["kernel"].as_str().unwrap_or("?").to_string();
-            row.passed = v["passed"].as_u64().unwrap_or(0) as usize;
-            row.total = v["total"].as_u64().unwrap_or(0) as usize;
-            row.failed = v["failed"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|d| d.as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default();
+            row.release = d.kernel;
+            row.passed = d.passed;
+            row.total = d.total;
+            row.failed = d.failed;
         } else if line.contains("DWK-TEST ok memlock ") {
             row.memlock_charged = Some(line.contains("charges maps to RLIMIT_MEMLOCK"));
         } else if let Some(at) = line.find("DWK-LOAD natural ") {

@@ -8,11 +8,14 @@ use anyhow::{Context as _, Result, ensure};
 use super::say;
 use crate::{capture, run_cmd, secs};
 
-/// Debian packages, installed with `--no-install-recommends`.
-const APT_PACKAGES: &[&str] = &[
-    // bpf-linker is built against LLVM 22 (Debian 12's security archive carries 22.1.x).
-    "llvm-22-dev",
-    "libpolly-22-dev",
+/// Debian packages building and running the agent needs, installed with
+/// `--no-install-recommends`: bpf-linker is built against LLVM 22 (Debian 12's security archive
+/// carries 22.1.x).
+pub(super) const APT_BUILD: &[&str] = &["llvm-22-dev", "libpolly-22-dev"];
+
+/// What the tests, the demo and the labs need besides (`cargo xtask test`, `demo`, `bench`,
+/// `accuracy`, `soak`, `kernels`).
+pub(super) const APT_LAB: &[&str] = &[
     // Real containers for the tests: podman driving runc, a busybox image.
     "podman",
     "runc",
@@ -67,13 +70,8 @@ fn dpkg_installed(package: &str) -> bool {
         .is_some_and(|status| status.trim() == "install ok installed")
 }
 
-pub(super) fn apt() -> Result<String> {
-    install_apt("apt", APT_PACKAGES)
-}
-
-/// Installs those of `packages` dpkg does not know as installed (`--no-install-recommends`);
-/// `step` names the progress lines. Also used by `cargo xtask image` for its own packages.
-pub(crate) fn install_apt(step: &str, packages: &[&str]) -> Result<String> {
+/// Installs those of `packages` dpkg does not list as installed (also `cargo xtask image`'s own).
+pub(crate) fn apt(packages: &[&str]) -> Result<String> {
     let missing: Vec<&str> = packages
         .iter()
         .copied()
@@ -83,7 +81,7 @@ pub(crate) fn install_apt(step: &str, packages: &[&str]) -> Result<String> {
         return Ok(format!("all {} packages present", packages.len()));
     }
     say(
-        step,
+        "apt",
         &format!(
             "{} of {} packages missing: {}",
             missing.len(),
@@ -94,7 +92,7 @@ pub(crate) fn install_apt(step: &str, packages: &[&str]) -> Result<String> {
     let t = Instant::now();
     run_cmd(Command::new("apt-get").args(["-q", "update"]))
         .context("apt-get update failed; check the network and the apt sources")?;
-    say(step, &format!("apt-get update took {}", secs(t.elapsed())));
+    say("apt", &format!("apt-get update took {}", secs(t.elapsed())));
     if missing.contains(&"llvm-22-dev") {
         let policy =
             capture(Command::new("apt-cache").args(["policy", "llvm-22-dev"])).unwrap_or_default();
@@ -108,7 +106,7 @@ pub(crate) fn install_apt(step: &str, packages: &[&str]) -> Result<String> {
              (deb http://security.debian.org/debian-security bookworm-security main) to the apt sources"
         );
     }
-    say(step, &format!("installing {}", missing.join(" ")));
+    say("apt", &format!("installing {}", missing.join(" ")));
     run_cmd(
         Command::new("apt-get")
             .env("DEBIAN_FRONTEND", "noninteractive")

@@ -51,12 +51,7 @@ impl Tracker {
     /// Takes up what a previous run checkpointed, before any observation of this run: open
     /// stops go on (their containers point at them again), marked with `gap`.
     pub fn resume(&mut self, cp: StopsCheckpoint<'_>, gap: AgentGap) {
-        self.probes.restore(
-            cp.schedules
-                .into_iter()
-                .map(|(pid, backend, l)| (pid, backend.into_owned(), l))
-                .collect(),
-        );
+        self.probes.restore(cp.schedules);
         for stop in cp.stops {
             let mut stop = stop.into_owned();
             let key = stop.container.id.clone();

@@ -34,3 +34,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- default "default" .Values.serviceAccount.name }}
 {{- end }}
 {{- end }}
+
+{{- /* A label map as k=v,k=v (NOTES.txt). */}}
+{{- define "drainwatch.inlineLabels" -}}
+{{- $out := list }}
+{{- range $k, $v := . }}{{ $out = append $out (printf "%s=%v" $k $v) }}{{ end }}
+{{- join "," $out }}
+{{- end }}
