@@ -199,8 +199,12 @@ fn pod_flags(
             "hostPID" if v == true => args.extend(["--pid".into(), "host".into()]),
             "hostNetwork" if v == true => args.extend(["--network".into(), "host".into()]),
             "hostPID" | "hostNetwork" | "containers" | "volumes" => {}
-            // Scheduling and API identity: nothing to map on one machine without an API server.
-            "serviceAccountName" | "tolerations" | "terminationGracePeriodSeconds" => {}
+            // Scheduling and API identity: nothing to map on one machine without an API
+            // server; the grace period is `podman stop -t` below.
+            "serviceAccountName"
+            | "tolerations"
+            | "priorityClassName"
+            | "terminationGracePeriodSeconds" => {}
             other => panic!("pod spec {other}: this test does not map it to podman yet"),
         }
     }

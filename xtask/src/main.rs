@@ -190,8 +190,8 @@ enum Cmd {
         that root (chroot; arm64 under qemu-aarch64), builds deploy/Containerfile (FROM scratch) \
         as localhost/drainwatch:<version> (arm64: <version>-arm64), runs the amd64 image once, \
         and saves it with `podman save --format oci-archive` as \
-        target/image/drainwatch-<version>-<arch>.oci.tar. Runs `cargo xtask setup` first unless \
-        --no-setup.\n\n\
+        target/image/drainwatch-<version>-<arch>.oci.tar. First sets up what `cargo xtask run` \
+        needs (the eBPF toolchain) unless --no-setup.\n\n\
         Example: cargo xtask image --no-setup --arch arm64"
     )]
     Image(image::ImageArgs),
