@@ -103,6 +103,12 @@ impl Agent {
             .stderr(stderr)
             .spawn()
             .expect("spawn drainwatch");
+        Self::attach(child, port)
+    }
+
+    /// An agent `child` started (itself, or e.g. `podman run` in the foreground), serving on
+    /// 127.0.0.1:`port`: returns once it is ready.
+    pub fn attach(child: Child, port: u16) -> Self {
         let mut agent = Self { child, port };
         // Bounded wait for readiness: the condition, not a fixed sleep.
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -2,6 +2,7 @@
 //! JSON values, and the tools `cargo xtask setup` installs for them.
 
 use std::{
+    collections::BTreeSet,
     path::{Path, PathBuf},
     process::{Command, Output},
 };
@@ -133,18 +134,25 @@ print(json.dumps(out))
     Ok(serde_json::from_slice(&out.stdout).expect("rendered files as JSON"))
 }
 
+/// The DaemonSet's pod spec and its agent container (`drainwatch`), from
+/// deploy/kubernetes/drainwatch.yaml.
+pub fn manifest_agent() -> (Value, Value) {
+    let docs = yaml_file("deploy/kubernetes/drainwatch.yaml");
+    let pod = object(&docs, "DaemonSet", Some("drainwatch"))["spec"]["template"]["spec"].clone();
+    let agent = pod["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .find(|c| c["name"] == "drainwatch")
+        .expect("container drainwatch")
+        .clone();
+    (pod, agent)
+}
+
 /// The capabilities the DaemonSet's agent container adds (names as Kubernetes writes them:
 /// `BPF`, `SYS_PTRACE`), after checking it drops all others.
 pub fn manifest_capabilities() -> Vec<String> {
-    let docs = yaml_file("deploy/kubernetes/drainwatch.yaml");
-    let ds = object(&docs, "DaemonSet", Some("drainwatch"));
-    let containers = ds["spec"]["template"]["spec"]["containers"]
-        .as_array()
-        .expect("containers");
-    let agent = containers
-        .iter()
-        .find(|c| c["name"] == "drainwatch")
-        .expect("container drainwatch");
+    let (_, agent) = manifest_agent();
     let caps = &agent["securityContext"]["capabilities"];
     assert_eq!(caps["drop"], serde_json::json!(["ALL"]), "drop: [ALL]");
     caps["add"]
@@ -153,4 +161,25 @@ pub fn manifest_capabilities() -> Vec<String> {
         .iter()
         .map(|c| c.as_str().expect("capability name").to_string())
         .collect()
+}
+
+/// A process's effective capabilities, decoded by `capsh` (e.g. `cap_bpf`).
+pub fn effective_caps(pid: u32) -> BTreeSet<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .expect("CapEff")
+        .trim()
+        .to_string();
+    let out = Command::new("capsh")
+        .arg(format!("--decode={hex}"))
+        .output()
+        .expect("capsh");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "0x000000c000080004=cap_dac_read_search,cap_sys_ptrace,cap_perfmon,cap_bpf"
+    text.trim()
+        .split_once('=')
+        .map(|(_, names)| names.split(',').map(str::to_string).collect())
+        .unwrap_or_default()
 }

@@ -10,74 +10,15 @@
 use std::{
     collections::BTreeSet,
     process::{Command, Stdio},
-    time::{Duration, Instant},
 };
 
 use drainwatch_tests::{
     agent::{Agent, binary, free_port, stop_record, sync},
-    lab::container::{IMAGE, podman, setup_once, unique_name},
-    ops::manifest_capabilities,
+    lab::container::{Httpd, podman},
+    ops::{effective_caps, manifest_capabilities},
     require_root,
 };
 use serde_json::Value;
-
-/// A podman container running busybox httpd on port 8080 as `user` (PID 1, no init: it ignores
-/// SIGTERM and is killed at the stop's deadline). Removed on drop.
-struct Httpd {
-    name: String,
-    id: String,
-}
-
-impl Httpd {
-    fn start(what: &str, user: Option<&str>) -> Httpd {
-        setup_once();
-        let name = unique_name(what);
-        let label = format!("drainwatch.lab={}", std::process::id());
-        let mut args = vec!["run", "-d", "--name", &name, "--label", &label];
-        args.extend([
-            "--ulimit",
-            "nofile=10000:10000",
-            "--ulimit",
-            "nproc=1000:1000",
-        ]);
-        if let Some(u) = user {
-            args.extend(["--user", u]);
-        }
-        args.extend([IMAGE, "/bin/busybox", "httpd", "-f", "-p", "8080"]);
-        let out = podman(&args).unwrap_or_else(|e| panic!("starting {name}: {e}"));
-        let c = Httpd {
-            name: name.clone(),
-            id: out.lines().last().unwrap_or_default().to_string(),
-        };
-        // Listening: a LISTEN socket (state 0A) on 8080 (0x1F90) in its network namespace;
-        // busybox binds [::].
-        let pid = podman(&["inspect", "--format", "{{.State.Pid}}", &name]).expect("pid");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let listening = ["tcp", "tcp6"].iter().any(|f| {
-                std::fs::read_to_string(format!("/proc/{pid}/net/{f}"))
-                    .unwrap_or_default()
-                    .lines()
-                    .any(|l| {
-                        let cols: Vec<&str> = l.split_whitespace().collect();
-                        cols.len() > 3 && cols[1].ends_with(":1F90") && cols[3] == "0A"
-                    })
-            });
-            if listening {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{name} does not listen on 8080");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        c
-    }
-}
-
-impl Drop for Httpd {
-    fn drop(&mut self) {
-        let _ = podman(&["rm", "-f", "-t", "0", &self.name]);
-    }
-}
 
 /// `setpriv` keeping uid 0 and only `caps` (Kubernetes names: `SYS_PTRACE`).
 fn setpriv(caps: &[String]) -> Vec<String> {
@@ -96,27 +37,6 @@ fn setpriv(caps: &[String]) -> Vec<String> {
     ]
     .map(String::from)
     .to_vec()
-}
-
-/// A process's effective capabilities, decoded by `capsh` (e.g. `cap_bpf`).
-fn effective_caps(pid: u32) -> BTreeSet<String> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let hex = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .expect("CapEff")
-        .trim()
-        .to_string();
-    let out = Command::new("capsh")
-        .arg(format!("--decode={hex}"))
-        .output()
-        .expect("capsh");
-    let text = String::from_utf8_lossy(&out.stdout);
-    // "0x000000c000080004=cap_dac_read_search,cap_sys_ptrace,cap_perfmon,cap_bpf"
-    text.trim()
-        .split_once('=')
-        .map(|(_, names)| names.split(',').map(str::to_string).collect())
-        .unwrap_or_default()
 }
 
 /// What one agent run saw.

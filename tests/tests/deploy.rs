@@ -295,6 +295,27 @@ fn the_daemonset_is_least_privilege_and_complete() {
         manifest_capabilities(),
         ["BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH"]
     );
+    // Confined: the Localhost profile shipped in deploy/seccomp/, flat (no conditions on
+    // capabilities or architectures: containerd reads a profile as the OCI runtime spec's
+    // seccomp object and would ignore them), denying by default.
+    assert_eq!(sc["seccompProfile"]["type"], "Localhost");
+    let profile = repo()
+        .join("deploy/seccomp")
+        .join(sc["seccompProfile"]["localhostProfile"].as_str().unwrap());
+    let profile: Value = serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
+    assert_eq!(profile["defaultAction"], "SCMP_ACT_ERRNO");
+    let rules = profile["syscalls"].as_array().unwrap();
+    for rule in rules {
+        for key in rule.as_object().unwrap().keys() {
+            assert!(
+                ["names", "action", "errnoRet", "args"].contains(&key.as_str()),
+                "{key} in {rule}"
+            );
+        }
+    }
+    assert!(rules.iter().any(
+        |r| r["action"] == "SCMP_ACT_ALLOW" && r["names"] == json!(["bpf", "perf_event_open"])
+    ));
     for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
         assert_eq!(c[probe]["httpGet"]["path"], path);
         assert_eq!(c[probe]["httpGet"]["port"], "metrics");

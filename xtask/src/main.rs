@@ -4,6 +4,7 @@
 
 mod bench;
 mod fuzz;
+mod image;
 mod kernels;
 mod lab;
 mod setup;
@@ -178,6 +179,22 @@ enum Cmd {
         Example: cargo xtask kernels --no-setup --only 5.10 --filter abort"
     )]
     Kernels(kernels::KernelsArgs),
+    /// Build the agent's OCI image (FROM scratch, no pulls) and save it under target/image/
+    #[command(
+        long_about = "Build the agent's OCI image with podman, from nothing that must be pulled.\n\n\
+        Installs what it needs first (podman, binutils; for arm64 Debian's cross toolchain \
+        gcc-aarch64-linux-gnu + libc6-dev-arm64-cross, qemu-user and the Rust target \
+        aarch64-unknown-linux-gnu), builds `cargo build --release -p drainwatch` (cross for \
+        arm64), puts the stripped binary and exactly the shared libraries its ELF headers name \
+        (the loader, libc, libm, libgcc_s) into an empty root, runs `drainwatch --version` from \
+        that root (chroot; arm64 under qemu-aarch64), builds deploy/Containerfile (FROM scratch) \
+        as localhost/drainwatch:<version> (arm64: <version>-arm64), runs the amd64 image once, \
+        and saves it with `podman save --format oci-archive` as \
+        target/image/drainwatch-<version>-<arch>.oci.tar. First sets up what `cargo xtask run` \
+        needs (the eBPF toolchain) unless --no-setup.\n\n\
+        Example: cargo xtask image --no-setup --arch arm64"
+    )]
+    Image(image::ImageArgs),
 }
 
 #[derive(Args)]
@@ -224,6 +241,7 @@ fn main() -> ExitCode {
         Cmd::Fuzz(args) => fuzz::run(&args),
         Cmd::Soak(args) => soak::run(&args),
         Cmd::Kernels(args) => kernels::run(&args),
+        Cmd::Image(args) => image::run(&args),
         Cmd::Bench(args) => {
             if !args.no_setup && setup::run().is_err() {
                 return ExitCode::FAILURE;

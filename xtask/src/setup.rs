@@ -10,6 +10,8 @@ mod packages;
 mod toolchain;
 mod tracefs;
 
+pub(crate) use packages::apt;
+
 use std::time::Instant;
 
 use anyhow::Result;

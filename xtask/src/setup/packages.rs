@@ -70,7 +70,8 @@ fn dpkg_installed(package: &str) -> bool {
         .is_some_and(|status| status.trim() == "install ok installed")
 }
 
-pub(super) fn apt(packages: &[&str]) -> Result<String> {
+/// Installs those of `packages` dpkg does not list as installed (also `cargo xtask image`'s own).
+pub(crate) fn apt(packages: &[&str]) -> Result<String> {
     let missing: Vec<&str> = packages
         .iter()
         .copied()

@@ -10,6 +10,7 @@
 //! (no RST: the address no longer exists).
 
 mod backend;
+mod httpd;
 mod logs;
 mod names;
 mod podman;
@@ -22,6 +23,7 @@ use std::{
 };
 
 pub use backend::{backend_script, lab_python};
+pub use httpd::Httpd;
 pub use names::{cleanup_leftovers, dead_run, setup_once, unique_name};
 pub use podman::{ensure_image, podman};
 pub use probe::{greeting, http_get, on_local_link};
