@@ -37,11 +37,17 @@ pub type Reply = (u16, Vec<(String, String)>, String);
 
 /// A minimal HTTP/1.1 GET.
 pub fn get(port: u16, path: &str, accept: &str) -> std::io::Result<Reply> {
+    get_as(port, path, accept, None)
+}
+
+/// A minimal HTTP/1.1 GET with a bearer token, for an agent run with `--auth kube`.
+pub fn get_as(port: u16, path: &str, accept: &str, token: Option<&str>) -> std::io::Result<Reply> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nAccept: {accept}\r\n{auth}Connection: close\r\n\r\n"
     )?;
     let mut raw = String::new();
     s.read_to_string(&mut raw)?;
@@ -62,6 +68,8 @@ pub fn get(port: u16, path: &str, accept: &str) -> std::io::Result<Reply> {
 pub struct Agent {
     pub child: Child,
     pub port: u16,
+    /// Sent as a bearer token with every request of the helpers below (`--auth kube`).
+    pub token: Option<String>,
 }
 
 impl Agent {
@@ -109,7 +117,11 @@ impl Agent {
     /// An agent `child` started (itself, or e.g. `podman run` in the foreground), serving on
     /// 127.0.0.1:`port`: returns once it is ready.
     pub fn attach(child: Child, port: u16) -> Self {
-        let mut agent = Self { child, port };
+        let mut agent = Self {
+            child,
+            port,
+            token: None,
+        };
         // Bounded wait for readiness: the condition, not a fixed sleep.
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -137,7 +149,8 @@ impl Agent {
     }
 
     pub fn metric(&self, name_and_labels: &str) -> Option<f64> {
-        let (_, _, body) = get(self.port, "/metrics", "text/plain").ok()?;
+        let (_, _, body) =
+            get_as(self.port, "/metrics", "text/plain", self.token.as_deref()).ok()?;
         body.lines()
             .find_map(|l| l.strip_prefix(name_and_labels))
             .and_then(|v| v.trim().parse().ok())
@@ -174,7 +187,9 @@ pub fn metric_sum(metrics: &str, family: &str, want: &[(&str, &str)]) -> f64 {
 
 /// The agent's answer to `path` and how far its event processing had got (kernel monotonic ns).
 pub fn api(agent: &Agent, path: &str) -> (u64, Value) {
-    let (status, headers, body) = get(agent.port, path, "application/json").expect("agent answers");
+    let (status, headers, body) =
+        get_as(agent.port, path, "application/json", agent.token.as_deref())
+            .expect("agent answers");
     assert_eq!(status, 200, "{path}: {body}");
     let processed = headers
         .iter()
@@ -300,7 +315,8 @@ pub fn promtool_check(text: &str) {
 impl Agent {
     /// The whole /metrics text, Prometheus 0.0.4 format.
     pub fn metrics_text(&self) -> String {
-        let (status, _, body) = get(self.port, "/metrics", "text/plain").expect("scrape");
+        let (status, _, body) =
+            get_as(self.port, "/metrics", "text/plain", self.token.as_deref()).expect("scrape");
         assert_eq!(status, 200);
         body
     }

@@ -4,118 +4,17 @@
 //! `DRAINWATCH_TOKEN`, and an API server gone (fail closed).
 
 use std::{
-    io::{BufRead, BufReader, Read, Write},
-    net::{TcpListener, TcpStream},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
-    },
+    io::{Read, Write},
+    net::TcpStream,
+    sync::atomic::Ordering,
     time::Duration,
 };
 
-use drainwatch_tests::agent::{Agent, binary, metric_sum};
-use serde_json::{Value, json};
-
-/// Tokens: `alice` may read everything, `bob` only /metrics; others are not authenticated.
-struct Double {
-    addr: String,
-    reviews: Arc<AtomicUsize>,
-    down: Arc<AtomicBool>,
-}
-
-fn answer(path: &str, mut body: Value) -> (u16, Value) {
-    match path {
-        "/apis/authentication.k8s.io/v1/tokenreviews" => {
-            let user = match body["spec"]["token"].as_str() {
-                Some("alice") => Some("alice"),
-                Some("bob") => Some("bob"),
-                _ => None,
-            };
-            body["status"] = json!({"authenticated": user.is_some(),
-                "user": user.map(|u| json!({"username": u}))});
-            (201, body)
-        }
-        "/apis/authorization.k8s.io/v1/subjectaccessreviews" => {
-            let s = &body["spec"];
-            let pods_proxy = s["resourceAttributes"]
-                == json!({"namespace": "drainwatch", "verb": "get", "group": "",
-                    "version": "v1", "resource": "pods", "subresource": "proxy"});
-            let metrics = s["nonResourceAttributes"] == json!({"path": "/metrics", "verb": "get"});
-            let allowed = match s["user"].as_str() {
-                Some("alice") => pods_proxy || metrics,
-                Some("bob") => metrics,
-                _ => false,
-            };
-            body["status"] = json!({"allowed": allowed});
-            (201, body)
-        }
-        // The pod watch: nothing here.
-        _ => (
-            404,
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404}),
-        ),
-    }
-}
-
-fn serve(mut s: TcpStream, reviews: &AtomicUsize) -> Option<()> {
-    let mut r = BufReader::new(s.try_clone().ok()?);
-    let mut line = String::new();
-    r.read_line(&mut line).ok()?;
-    let path = line.split(' ').nth(1)?.split('?').next()?.to_string();
-    let mut len = 0;
-    loop {
-        let mut h = String::new();
-        r.read_line(&mut h).ok()?;
-        if h.trim().is_empty() {
-            break;
-        }
-        if let Some((k, v)) = h.split_once(':')
-            && k.eq_ignore_ascii_case("content-length")
-        {
-            len = v.trim().parse().ok()?;
-        }
-    }
-    let mut body = vec![0; len];
-    r.read_exact(&mut body).ok()?;
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    if path.contains("review") {
-        reviews.fetch_add(1, Ordering::SeqCst);
-    }
-    let (status, answer) = answer(&path, body);
-    let text = answer.to_string();
-    write!(
-        s,
-        "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
-        text.len()
-    )
-    .ok()
-}
-
-impl Double {
-    fn start() -> Self {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap().to_string();
-        let (reviews, down) = (
-            Arc::new(AtomicUsize::new(0)),
-            Arc::new(AtomicBool::new(false)),
-        );
-        let (r, d) = (reviews.clone(), down.clone());
-        std::thread::spawn(move || {
-            for s in l.incoming().flatten() {
-                // "Down": connections are closed unanswered.
-                if !d.load(Ordering::SeqCst) {
-                    let r = r.clone();
-                    std::thread::spawn(move || serve(s, &r));
-                }
-            }
-        });
-        Self {
-            addr,
-            reviews,
-            down,
-        }
-    }
-}
+use drainwatch_tests::{
+    agent::{Agent, binary, metric_sum},
+    kube_api::ApiDouble,
+};
+use serde_json::Value;
 
 /// GET with a Host header and maybe a token: status and body.
 fn get(port: u16, path: &str, host: &str, token: Option<&str>) -> (u16, String) {
@@ -146,20 +45,10 @@ fn auth_count(port: u16, result: &str) -> f64 {
 
 #[test]
 fn the_agent_asks_the_api_server_and_fails_closed_without_it() {
-    let api = Double::start();
+    let api = ApiDouble::start("127.0.0.1");
     let kubeconfig =
         std::env::temp_dir().join(format!("dw-auth-{}.kubeconfig", std::process::id()));
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: d, cluster: {{server: \"http://{}\"}}}}]\n\
-             users: [{{name: u, user: {{token: agent}}}}]\n\
-             contexts: [{{name: c, context: {{cluster: d, user: u, namespace: drainwatch}}}}]\n\
-             current-context: c\n",
-            api.addr
-        ),
-    )
-    .unwrap();
+    api.kubeconfig(&kubeconfig, None);
     let env = format!("KUBECONFIG={}", kubeconfig.display());
     let agent = Agent::start_wrapped(
         &["env", &env],

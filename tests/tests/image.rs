@@ -3,7 +3,9 @@
 //! no privilege escalation), hostPID, the network, every hostPath mount with its readOnly, the
 //! environment (the downward API's node name replaced by a test value), args and resource
 //! limits, all parsed from deploy/kubernetes/drainwatch.yaml; a field this test cannot map fails
-//! it, so the two cannot drift. The containerized agent attaches every probe the host's root
+//! it, so the two cannot drift. The API server is a double reached by a kubeconfig (a node's pod
+//! gets the real one from the kubelet), so the manifest's `--auth kube` is on: the API refuses
+//! a request without a token. The containerized agent attaches every probe the host's root
 //! agent attaches, records a real container's stop with its listener, and exits 0 on SIGTERM
 //! (`podman stop`) within the grace period, leaving its checkpoint.
 
@@ -11,11 +13,13 @@ use std::{
     collections::BTreeSet,
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
 use drainwatch_tests::{
-    agent::{Agent, free_port, stop_record, sync},
+    agent::{Agent, free_port, get, stop_record, sync},
+    kube_api::ApiDouble,
     lab::container::{Httpd, LAB_DIR, podman, setup_once, unique_name},
     ops::{effective_caps, manifest_agent, manifest_capabilities, repo},
     require_root,
@@ -316,7 +320,42 @@ fn the_image_runs_as_the_daemonset_attaches_records_and_stops_cleanly() {
     let scratch = Scratch(PathBuf::from(LAB_DIR).join(&name));
     let port = free_port();
     let (mut args, state) = pod_flags(&pod, &c, &name, port, &scratch.0);
-    *args.iter_mut().find(|a| *a == "IMAGE").expect("image slot") = tag.clone();
+    // The kubelet gives a pod the API server (KUBERNETES_SERVICE_HOST and a token); here a
+    // double on the host's side of the containers' bridge stands in, reached by a kubeconfig,
+    // so that the manifest's `--auth kube` checks tokens as on a node.
+    let gateway = podman(&[
+        "inspect",
+        "--format",
+        "{{.NetworkSettings.Gateway}}",
+        &httpd.name,
+    ])
+    .expect("the bridge's gateway");
+    let api = ApiDouble::start(gateway.trim());
+    let kube_dir = scratch.0.join("kube");
+    std::fs::create_dir_all(&kube_dir).expect("scratch");
+    // As a pod's ca.crt: the image has no system roots.
+    std::fs::copy(
+        "/etc/ssl/certs/ca-certificates.crt",
+        kube_dir.join("ca.crt"),
+    )
+    .expect("the host's CA bundle (ca-certificates)");
+    api.kubeconfig(
+        &kube_dir.join("kubeconfig"),
+        Some("/etc/drainwatch-test/ca.crt"),
+    );
+    let slot = args.iter().position(|a| a == "IMAGE").expect("image slot");
+    args.splice(
+        slot..slot,
+        [
+            "-v".to_string(),
+            format!("{}:/etc/drainwatch-test:ro", kube_dir.display()),
+            "-e".into(),
+            "KUBECONFIG=/etc/drainwatch-test/kubeconfig".into(),
+            "-e".into(),
+            "DRAINWATCH_KUBE=on".into(),
+        ],
+    );
+    args[slot + 6] = tag.clone();
     println!("podman {}", args.join(" "));
     let _container = Container(name.clone());
     let child = Command::new("podman")
@@ -328,7 +367,19 @@ fn the_image_runs_as_the_daemonset_attaches_records_and_stops_cleanly() {
         .spawn()
         .expect("podman run");
     let mut agent = Agent::attach(child, port);
+    // The manifest's --auth kube: the API refused without a token, allowed with one.
+    assert_eq!(
+        get(port, "/api/v1/stops", "application/json")
+            .expect("get")
+            .0,
+        401
+    );
+    agent.token = Some("alice".into());
     sync(&agent);
+    assert!(
+        api.reviews.load(Ordering::SeqCst) >= 2,
+        "the token went through a TokenReview and a SubjectAccessReview"
+    );
 
     // The container really has the DaemonSet's confinement.
     let pid: u32 = podman(&["inspect", "--format", "{{.State.Pid}}", &name])

@@ -54,7 +54,11 @@ fn start_agent(log: &PathBuf) -> Agent {
         .stderr(File::create(log).expect("agent log file"))
         .spawn()
         .expect("spawn drainwatch");
-    let mut agent = Agent { child, port };
+    let mut agent = Agent {
+        child,
+        port,
+        token: None,
+    };
     let t = Instant::now();
     loop {
         if let Ok((200, _, _)) = get(port, "/readyz", "*/*") {
