@@ -30,6 +30,13 @@ pub fn raise_soft_to_hard() -> Option<u64> {
     (lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
 }
 
+/// Whether this kernel charges map memory to RLIMIT_MEMLOCK (before 5.11; assumed when the
+/// version cannot be read).
+pub fn charged() -> bool {
+    use aya::util::KernelVersion;
+    KernelVersion::current().map_or(true, |v| v < KernelVersion::new(5, 11, 0))
+}
+
 /// Whether `e`, or an error it was caused by, is EPERM from the kernel.
 pub fn is_eperm(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur = Some(e);

@@ -43,7 +43,7 @@ pub enum CaptureError {
     #[error(transparent)]
     Btf(#[from] btf::BtfError),
     #[error(
-        "loading the eBPF programs failed: {0} (drainwatch needs root, or CAP_BPF and CAP_PERFMON)"
+        "loading the eBPF programs failed: {0} (drainwatch needs root, or CAP_BPF and CAP_PERFMON, and a seccomp profile that allows bpf() and perf_event_open(): deploy/seccomp/)"
     )]
     Load(#[source] aya::EbpfError),
     #[error(
@@ -210,11 +210,14 @@ impl Capture {
             .load(EBPF_OBJECT)
             .map_err(|e| match memlock {
                 // aya lifts the limit on EPERM where it can; still EPERM under a finite
-                // limit is the limit (the preflight checked the capabilities).
-                Some(bytes) if memlock::is_eperm(&e) => CaptureError::Memlock {
-                    kib: bytes / 1024,
-                    source: e,
-                },
+                // limit is the limit where the kernel charges it (the preflight checked the
+                // capabilities). Elsewhere EPERM is a seccomp filter or an LSM.
+                Some(bytes) if memlock::is_eperm(&e) && memlock::charged() => {
+                    CaptureError::Memlock {
+                        kib: bytes / 1024,
+                        source: e,
+                    }
+                }
                 _ => CaptureError::Load(e),
             })?;
 
