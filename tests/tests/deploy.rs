@@ -662,7 +662,7 @@ fn the_notes_say_how_to_read_the_report() {
         .expect("NOTES.txt")
         .1;
     for line in [
-        "kubectl exec -n observability ds/dw-drainwatch -- env DRAINWATCH_TOKEN=\"$TOKEN\" drainwatch report\n",
+        "kubectl exec -n observability ds/dw-drainwatch -- drainwatch report --token \"$TOKEN\"\n",
         "drainwatch report --cluster --namespace observability --agent-token-file <file>\n",
         "kubectl -n observability port-forward ds/dw-drainwatch 9464\n",
         "PodMonitor dw-drainwatch in observability",
@@ -673,7 +673,7 @@ fn the_notes_say_how_to_read_the_report() {
     let files = helm_render("drainwatch", "drainwatch", &json!({"port": 9000})).unwrap();
     let notes = &files["drainwatch/templates/NOTES.txt"];
     assert!(
-        notes.contains("drainwatch report --agent 127.0.0.1:9000\n"),
+        notes.contains(" --agent 127.0.0.1:9000\n"),
         "{notes}"
     );
     // Without --auth kube: no token.
