@@ -672,10 +672,7 @@ fn the_notes_say_how_to_read_the_report() {
     // Another port: the report is asked there.
     let files = helm_render("drainwatch", "drainwatch", &json!({"port": 9000})).unwrap();
     let notes = &files["drainwatch/templates/NOTES.txt"];
-    assert!(
-        notes.contains(" --agent 127.0.0.1:9000\n"),
-        "{notes}"
-    );
+    assert!(notes.contains(" --agent 127.0.0.1:9000\n"), "{notes}");
     // Without --auth kube: no token.
     let files = helm_render(
         "drainwatch",

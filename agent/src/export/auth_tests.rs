@@ -1,20 +1,9 @@
 //! `--auth kube` end to end: the agent's real HTTP server on 127.0.0.1:0, its guard asking a
-//! local API-server double (hyper, answering TokenReviews and SubjectAccessReviews as the
-//! Kubernetes API does, counting them) through a real kube client.
+//! local API-server double (`kube_double`, answering TokenReviews and SubjectAccessReviews as
+//! the Kubernetes API does; the reviews it answered are counted) through a real kube client.
 
-use std::{
-    convert::Infallible,
-    net::SocketAddr,
-    sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
-    },
-};
+use std::{net::SocketAddr, sync::Arc};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::{Request, Response, body::Incoming, server::conn::http1, service::service_fn};
-use hyper_util::rt::TokioIo;
 use k8s_openapi::api::{
     authentication::v1::{TokenReview, TokenReviewStatus, UserInfo},
     authorization::v1::{SubjectAccessReview, SubjectAccessReviewStatus},
@@ -26,103 +15,74 @@ use super::{
     auth::Verdict,
     guard::{Guard, GuardMetrics, Hosts, KubeAuth},
     http::{State, serve},
+    kube_double::{Answer, Asked, Double},
 };
 use crate::telemetry::Telemetry;
 
-/// Tokens `alice-token` (user alice, allowed everything), `bob-token` (user bob, allowed
-/// /metrics only); any other token is not authenticated.
-#[derive(Default)]
-struct FakeApi {
-    token_reviews: AtomicUsize,
-    access_reviews: AtomicUsize,
-}
-
-impl FakeApi {
-    async fn respond(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
-        let path = req.uri().path().to_string();
-        let body = req.into_body().collect().await.unwrap().to_bytes();
-        let answer = match path.as_str() {
-            "/apis/authentication.k8s.io/v1/tokenreviews" => {
-                self.token_reviews.fetch_add(1, Ordering::SeqCst);
-                let mut tr: TokenReview = serde_json::from_slice(&body).unwrap();
-                let user = match tr.spec.token.as_deref() {
-                    Some("alice-token") => Some("alice"),
-                    Some("bob-token") => Some("bob"),
-                    _ => None,
-                };
-                tr.status = Some(TokenReviewStatus {
-                    authenticated: Some(user.is_some()),
-                    user: user.map(|u| UserInfo {
-                        username: Some(u.into()),
-                        groups: Some(vec!["system:authenticated".into()]),
-                        ..Default::default()
-                    }),
+/// The API server's answer to a review: tokens `alice-token` (user alice, allowed everything),
+/// `bob-token` (user bob, allowed /metrics only); any other token is not authenticated.
+fn review(asked: &Asked) -> Answer {
+    let answer = match path_of(asked) {
+        TOKEN_REVIEWS => {
+            let mut tr: TokenReview = serde_json::from_slice(&asked.body).unwrap();
+            let user = match tr.spec.token.as_deref() {
+                Some("alice-token") => Some("alice"),
+                Some("bob-token") => Some("bob"),
+                _ => None,
+            };
+            tr.status = Some(TokenReviewStatus {
+                authenticated: Some(user.is_some()),
+                user: user.map(|u| UserInfo {
+                    username: Some(u.into()),
+                    groups: Some(vec!["system:authenticated".into()]),
                     ..Default::default()
-                });
-                serde_json::to_vec(&tr).unwrap()
-            }
-            "/apis/authorization.k8s.io/v1/subjectaccessreviews" => {
-                self.access_reviews.fetch_add(1, Ordering::SeqCst);
-                let mut sar: SubjectAccessReview = serde_json::from_slice(&body).unwrap();
-                let s = &sar.spec;
-                let pods_proxy_here = s.resource_attributes.as_ref().is_some_and(|r| {
-                    r.namespace.as_deref() == Some("drainwatch")
-                        && r.resource.as_deref() == Some("pods")
-                        && r.subresource.as_deref() == Some("proxy")
-                        && r.verb.as_deref() == Some("get")
-                });
-                let metrics = s
-                    .non_resource_attributes
-                    .as_ref()
-                    .is_some_and(|n| n.path.as_deref() == Some("/metrics"));
-                let allowed = match s.user.as_deref() {
-                    Some("alice") => pods_proxy_here || metrics,
-                    Some("bob") => metrics,
-                    _ => false,
-                };
-                sar.status = Some(SubjectAccessReviewStatus {
-                    allowed,
-                    ..Default::default()
-                });
-                serde_json::to_vec(&sar).unwrap()
-            }
-            other => panic!("unexpected API call {other}"),
-        };
-        let mut r = Response::new(Full::new(Bytes::from(answer)));
-        *r.status_mut() = hyper::StatusCode::CREATED;
-        r.headers_mut().insert(
-            hyper::header::CONTENT_TYPE,
-            hyper::header::HeaderValue::from_static("application/json"),
-        );
-        r
-    }
-
-    fn reviews(&self) -> (usize, usize) {
-        (
-            self.token_reviews.load(Ordering::SeqCst),
-            self.access_reviews.load(Ordering::SeqCst),
-        )
-    }
-}
-
-async fn serve_api(api: Arc<FakeApi>) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let api = api.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req| {
-                    let api = api.clone();
-                    async move { Ok::<_, Infallible>(api.respond(req).await) }
-                });
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
+                }),
+                ..Default::default()
             });
+            serde_json::to_string(&tr).unwrap()
         }
-    });
-    addr
+        ACCESS_REVIEWS => {
+            let mut sar: SubjectAccessReview = serde_json::from_slice(&asked.body).unwrap();
+            let s = &sar.spec;
+            let pods_proxy_here = s.resource_attributes.as_ref().is_some_and(|r| {
+                r.namespace.as_deref() == Some("drainwatch")
+                    && r.resource.as_deref() == Some("pods")
+                    && r.subresource.as_deref() == Some("proxy")
+                    && r.verb.as_deref() == Some("get")
+            });
+            let metrics = s
+                .non_resource_attributes
+                .as_ref()
+                .is_some_and(|n| n.path.as_deref() == Some("/metrics"));
+            let allowed = match s.user.as_deref() {
+                Some("alice") => pods_proxy_here || metrics,
+                Some("bob") => metrics,
+                _ => false,
+            };
+            sar.status = Some(SubjectAccessReviewStatus {
+                allowed,
+                ..Default::default()
+            });
+            serde_json::to_string(&sar).unwrap()
+        }
+        other => panic!("unexpected API call {other}"),
+    };
+    (201, answer)
+}
+
+const TOKEN_REVIEWS: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
+const ACCESS_REVIEWS: &str = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
+
+/// The path asked, without the query.
+fn path_of(asked: &Asked) -> &str {
+    asked.path.split('?').next().unwrap_or_default()
+}
+
+/// TokenReviews and SubjectAccessReviews the double answered.
+fn reviews(api: &Double) -> (usize, usize) {
+    let asked = api.asked();
+    let count = |path| asked.iter().filter(|a| path_of(a) == path).count();
+    (count(TOKEN_REVIEWS), count(ACCESS_REVIEWS))
 }
 
 /// The agent's server with `--auth kube` against the API at `api`; its address and counters.
@@ -174,27 +134,27 @@ const LOCAL: &str = "127.0.0.1:9464";
 
 #[tokio::test]
 async fn tokens_are_reviewed_allowed_denied_and_cached() {
-    let api = Arc::new(FakeApi::default());
-    let (addr, m) = agent(serve_api(api.clone()).await, false).await;
+    let api = Double::start(review).await;
+    let (addr, m) = agent(api.addr, false).await;
 
     // No token: 401 without asking anyone.
     assert_eq!(get(addr, "/api/v1/stops", LOCAL, None).await, 401);
-    assert_eq!(api.reviews(), (0, 0));
+    assert_eq!(reviews(&api), (0, 0));
     // A token the API server does not authenticate: 401 after one TokenReview.
     assert_eq!(get(addr, "/", LOCAL, Some("forged")).await, 401);
-    assert_eq!(api.reviews(), (1, 0));
+    assert_eq!(reviews(&api), (1, 0));
     // Authenticated, pods/proxy allowed: served.
     assert_eq!(
         get(addr, "/api/v1/stops", LOCAL, Some("alice-token")).await,
         200
     );
-    assert_eq!(api.reviews(), (2, 1));
+    assert_eq!(reviews(&api), (2, 1));
     // Authenticated, not allowed pods/proxy: 403.
     assert_eq!(
         get(addr, "/api/v1/deploys", LOCAL, Some("bob-token")).await,
         403
     );
-    assert_eq!(api.reviews(), (3, 2));
+    assert_eq!(reviews(&api), (3, 2));
     // Cache hits: the same tokens again ask nothing (allowed and denied alike).
     assert_eq!(get(addr, "/", LOCAL, Some("alice-token")).await, 200);
     assert_eq!(
@@ -202,7 +162,7 @@ async fn tokens_are_reviewed_allowed_denied_and_cached() {
         403
     );
     assert_eq!(get(addr, "/", LOCAL, Some("forged")).await, 401);
-    assert_eq!(api.reviews(), (3, 2));
+    assert_eq!(reviews(&api), (3, 2));
     // Open paths need nothing; /metrics is open without --auth-metrics.
     assert_eq!(get(addr, "/healthz", "any.name", None).await, 200);
     assert_eq!(get(addr, "/metrics", LOCAL, None).await, 200);
@@ -233,14 +193,14 @@ async fn tokens_are_reviewed_allowed_denied_and_cached() {
 
 #[tokio::test]
 async fn metrics_need_their_own_permission_with_auth_metrics() {
-    let api = Arc::new(FakeApi::default());
-    let (addr, m) = agent(serve_api(api.clone()).await, true).await;
+    let api = Double::start(review).await;
+    let (addr, m) = agent(api.addr, true).await;
     assert_eq!(get(addr, "/metrics", LOCAL, None).await, 401);
     // bob may get /metrics but not the API: the two accesses are cached apart.
     assert_eq!(get(addr, "/metrics", LOCAL, Some("bob-token")).await, 200);
     assert_eq!(get(addr, "/", LOCAL, Some("bob-token")).await, 403);
     assert_eq!(get(addr, "/metrics", LOCAL, Some("bob-token")).await, 200);
-    assert_eq!(api.reviews(), (2, 2));
+    assert_eq!(reviews(&api), (2, 2));
     assert_eq!(m.auth(Verdict::Allowed), 2);
     assert_eq!(m.auth(Verdict::Denied), 1);
 }
