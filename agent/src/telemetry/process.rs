@@ -147,26 +147,33 @@ mod tests {
             x = x.wrapping_mul(31).wrapping_add(std::hint::black_box(7));
         }
         std::hint::black_box(x);
+        // The test harness runs other tests on other threads of this process meanwhile: each
+        // check holds whatever they do (their descriptors and memory come and go, their CPU
+        // time adds up).
+        let cpu_of = || {
+            let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: a valid out-pointer for the call.
+            assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) }, 0);
+            let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+            tv(usage.ru_utime) + tv(usage.ru_stime)
+        };
+        let earlier = cpu_of();
         let after = read_self().unwrap();
-        // The CPU time grew, and agrees with the kernel's other account of it (getrusage), to
-        // the clock tick /proc/self/stat counts in.
+        let later = cpu_of();
+        // The CPU time grew, and lies between the kernel's other account of it (getrusage)
+        // just before and just after, to the clock tick /proc/self/stat counts in.
         assert!(
             after.cpu_seconds > before.cpu_seconds,
             "{before:?} {after:?}"
         );
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: a valid out-pointer for the call.
-        assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) }, 0);
-        let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-        let rusage = tv(usage.ru_utime) + tv(usage.ru_stime);
         assert!(
-            (rusage - after.cpu_seconds).abs() < 0.05,
-            "getrusage {rusage} vs {after:?}"
+            earlier - 0.02 <= after.cpu_seconds && after.cpu_seconds <= later + 0.02,
+            "getrusage {earlier}..{later} vs {after:?}"
         );
-        assert!(after.open_fds >= before.open_fds + 20, "{after:?}");
+        assert!(after.open_fds >= 20, "the 20 files held: {after:?}");
         assert!(
-            after.resident_bytes >= before.resident_bytes + (30 << 20),
-            "{after:?}"
+            after.resident_bytes >= 30 << 20,
+            "the 32 MiB block held: {after:?}"
         );
         assert!(after.virtual_bytes >= after.resident_bytes);
         assert!(after.max_fds.is_some_and(|m| m >= after.open_fds));
