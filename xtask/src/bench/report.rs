@@ -68,8 +68,12 @@ pub(super) fn document(table: &str, plan: &Plan) -> Result<String> {
     Ok(format!(
         "# Benchmarks\n\n\
         Written by `cargo xtask bench` on {date_trim}: kernel {kernel_trim}, {cpus} CPUs. \
-        Churn phases of {secs} s, {rounds} interleaved rounds (off, agent, agent keeping \
-        every event, bpftrace), medians; throughput with `kernel.bpf_stats_enabled` off, as in \
+        The first rows are pod traffic, what the agent exists for: churn inside a podman \
+        container's network namespace (of ten connections eight a request and its answer \
+        closed by the server, one refused, one aborted), which the kernel filter keeps whole; \
+        the loopback rows after them are host traffic, which it drops unless told to keep it. \
+        Churn phases of {secs} s, {rounds} interleaved rounds (pod: off, agent, bpftrace; \
+        loopback: off, agent, agent keeping every event, hooks alone, bpftrace), medians; throughput with `kernel.bpf_stats_enabled` off, as in \
         production, and the kernel cost per run from a following phase of half the length with \
         it on. \
         Every figure sits beside a baseline measured in the same run; absolute numbers move \
