@@ -246,16 +246,28 @@ fn guard(
     })
 }
 
+/// The API's listener. Its accept queue is 4,096 deep (the kernel caps it at somaxconn), not
+/// tokio's 1,024: under a connection flood a full queue drops SYNs, and a probe whose SYN is
+/// dropped waits a second for its retransmission, half a kubelet probe's timeout.
+fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(4096)
+}
+
 pub async fn run(cli: Cli) -> Result<(), StartupError> {
     preflight(&cli)?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(StartupError::Signals)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(StartupError::Signals)?;
-    let listener = TcpListener::bind(cli.listen)
-        .await
-        .map_err(|source| StartupError::Listen {
-            addr: cli.listen,
-            source,
-        })?;
+    let listener = listen(cli.listen).map_err(|source| StartupError::Listen {
+        addr: cli.listen,
+        source,
+    })?;
 
     let mut telemetry = Telemetry::new(&kernel_release(&cli.procfs_root));
     // Pod metadata from the Kubernetes API: only this node's pods, only when asked or in a pod.
