@@ -354,7 +354,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         host_netns,
         skip_hooks: cli.skip_hooks.clone(),
         attach_only: cli.attach_only,
-        retry_window: capture::RETRY_WINDOW,
+        retry_window: std::time::Duration::from_millis(cli.retry_window_ms),
         packet_events_per_cpu: cli.packet_events_per_cpu,
     })?;
     if cli.attach_only {

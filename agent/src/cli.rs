@@ -105,6 +105,14 @@ pub struct Cli {
     #[arg(long, env = "DRAINWATCH_PACKET_EVENTS_PER_CPU", default_value_t = crate::capture::PACKET_EVENTS_PER_CPU)]
     pub packet_events_per_cpu: u32,
 
+    /// How long after a proxy worker closes an upstream connection a backend cut, its next
+    /// upstream connect or request counts as the cut request's retry (milliseconds). Any other
+    /// socket I/O of that worker thread first (its answer to a client, say) ends the wait
+    /// sooner; a worker descheduled between its close and its connect on a busy node needs
+    /// the slack.
+    #[arg(long, env = "DRAINWATCH_RETRY_WINDOW_MS", default_value_t = crate::capture::RETRY_WINDOW.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub retry_window_ms: u64,
+
     /// Which connections of the host's own network namespace to capture (containers'
     /// namespaces are always captured whole).
     #[arg(long, env = "DRAINWATCH_HOST_TRAFFIC", value_enum, default_value_t = HostTraffic::Containers)]

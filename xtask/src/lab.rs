@@ -26,8 +26,8 @@ pub struct AccuracyArgs {
     /// The first seed
     #[arg(long, default_value_t = 1)]
     first: u64,
-    /// The labs, comma-separated: retry (its wide draw), slow (its first draw), stop, storm,
-    /// streams
+    /// The labs, comma-separated: retry (its wide draw), slow (its first draw), gone (the
+    /// wide draw through nginx, clients giving up around the stop), stop, storm, streams
     #[arg(
         long,
         default_value = "retry,stop,storm,streams",
@@ -37,6 +37,14 @@ pub struct AccuracyArgs {
     /// Run every seed that ever failed instead (tests/tests/accuracy.rs: REGRESSIONS)
     #[arg(long)]
     regressions: bool,
+    /// An argument for every agent the labs start (repeat it), e.g. `--agent-arg=--retry-window-ms=50`
+    /// for an A/B run of an option
+    #[arg(long = "agent-arg", value_name = "ARG", allow_hyphen_values = true)]
+    agent_args: Vec<String>,
+    /// Keep this many threads spinning on the CPUs while the labs run: the contention of a
+    /// busy node (proxies' workers and backends wait for a CPU)
+    #[arg(long, default_value_t = 0)]
+    load: usize,
 }
 
 #[derive(Args)]
@@ -105,13 +113,54 @@ pub fn accuracy(args: &AccuracyArgs) -> ExitCode {
             .collect();
         items.join(" ")
     };
+    if !args.agent_args.is_empty() {
+        run.env("DRAINWATCH_ACCURACY_AGENT_ARGS", args.agent_args.join(" "));
+    }
     run.env("DRAINWATCH_ACCURACY_SEEDS", seeds)
         .args(["test", "-p", "drainwatch-tests", "--test", "accuracy"])
         .args(["--", "--test-threads=1", "--nocapture"]);
-    for (name, cmd) in [("build", &mut build), ("accuracy", &mut run)] {
-        if let Phase::Failed(..) = phase(name, cmd) {
-            return ExitCode::FAILURE;
-        }
+    if let Phase::Failed(..) = phase("build", &mut build) {
+        return ExitCode::FAILURE;
+    }
+    let _load = Spin::start(args.load);
+    if let Phase::Failed(..) = phase("accuracy", &mut run) {
+        return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// Threads spinning until dropped: CPU contention for the labs (`--load`).
+struct Spin {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Spin {
+    fn start(n: usize) -> Spin {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        if n > 0 {
+            println!("[accuracy] {n} threads spinning meanwhile (--load)");
+        }
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        Spin { stop, threads }
+    }
+}
+
+impl Drop for Spin {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
 }

@@ -104,11 +104,13 @@ pub enum Lab {
 
 impl Lab {
     /// The name a seed list uses: `retry` (the wide draw), `slow` (the retry labs' first
-    /// draw), `stop`, `storm`, `streams`.
+    /// draw), `gone` (the wide draw through nginx with clients giving up), `stop`, `storm`,
+    /// `streams`.
     pub fn parse(name: &str) -> Option<Lab> {
         Some(match name {
             "retry" => Lab::Retry(Draw::Wide),
             "slow" => Lab::Retry(Draw::Slow),
+            "gone" => Lab::Retry(Draw::Gone),
             "stop" => Lab::Stop,
             "storm" => Lab::Storm,
             "streams" => Lab::Streams,
@@ -120,6 +122,7 @@ impl Lab {
         match self {
             Lab::Retry(Draw::Wide) => "retry",
             Lab::Retry(Draw::Slow) => "slow",
+            Lab::Retry(Draw::Gone) => "gone",
             Lab::Stop => "stop",
             Lab::Storm => "storm",
             Lab::Streams => "streams",
@@ -135,7 +138,7 @@ pub fn parse_seeds(spec: &str) -> Result<Vec<(Lab, u64)>, String> {
         let (lab, seeds) = match item.split_once(':') {
             Some((name, seeds)) => (
                 Lab::parse(name).ok_or_else(|| {
-                    format!("{name:?} is no lab (retry, slow, stop, storm, streams)")
+                    format!("{name:?} is no lab (retry, slow, gone, stop, storm, streams)")
                 })?,
                 seeds,
             ),
@@ -180,6 +183,14 @@ pub fn run(lab: Lab, seed: u64) -> (String, Vec<Check>) {
             (shape.to_string(), streams::run(&shape))
         }
     }
+}
+
+/// The agent for one seed, with the arguments in `DRAINWATCH_ACCURACY_AGENT_ARGS`
+/// (space-separated; `cargo xtask accuracy --agent-arg`), for an A/B run of an option.
+pub fn start_agent() -> Agent {
+    let extra = std::env::var("DRAINWATCH_ACCURACY_AGENT_ARGS").unwrap_or_default();
+    let args: Vec<&str> = extra.split_whitespace().collect();
+    Agent::start(&args)
 }
 
 /// A stop record once its verdicts are in: settled, and an abort is decided a second after its

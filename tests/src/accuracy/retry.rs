@@ -10,9 +10,8 @@ use serde_json::Value;
 
 use super::{Check, loss, settled_stop};
 use crate::{
-    agent::Agent,
     lab::{
-        HaproxyRetry, HaproxySteadyLab, Method, NginxOpts, RetryLab, RetrySpec, Stream,
+        Gone, HaproxyRetry, HaproxySteadyLab, Method, NginxOpts, RetryLab, RetrySpec, Stream,
         steady_haproxy::HaproxySteadyRun,
     },
 };
@@ -50,12 +49,17 @@ pub enum Draw {
     /// A request every 5–80 ms (log-uniform: high rates are where a new request and a retry
     /// meet in one event-loop turn), the stop within the stream's first half.
     Wide,
+    /// As `Wide`, through nginx only, and some clients give up around the stop: a cut whose
+    /// client is gone gets no answer, the one socket I/O that otherwise ends its worker's
+    /// wait for a retry, so a new same-size request the worker sends next must still not be
+    /// taken for one.
+    Gone,
 }
 
 impl Shape {
     pub fn from_seed(seed: u64, draw: Draw) -> Shape {
         let mut rng = fastrand::Rng::with_seed(seed);
-        let proxy = match rng.u32(0..6) {
+        let proxy = match if draw == Draw::Gone { 0 } else { rng.u32(0..6) } {
             0..=3 => Proxy::Nginx {
                 retry: rng.bool(),
                 keepalive: rng.bool().then(|| rng.u32(2..=16)),
@@ -76,8 +80,9 @@ impl Shape {
                 ms: rng.u64(250..=900),
                 waves: rng.usize(6..=10),
                 stop_after: Duration::from_millis(rng.u64(1200..=2500)),
+                gone: None,
             },
-            Draw::Wide => {
+            Draw::Wide | Draw::Gone => {
                 let interval = Duration::from_secs_f64(0.005 * 16f64.powf(rng.f64()));
                 let waves = rng.usize(6..=10);
                 let span = interval * (waves as u32 * 10);
@@ -89,6 +94,12 @@ impl Shape {
                     stop_after: span
                         .mul_f64(0.2 + 0.4 * rng.f64())
                         .max(Duration::from_millis(200)),
+                    gone: (draw == Draw::Gone).then(|| Gone {
+                        seed: rng.u64(..),
+                        share: 0.2 + 0.6 * rng.f64(),
+                        around: Duration::from_millis(rng.u64(2..=60)),
+                        proxy_ignores: rng.bool(),
+                    }),
                 }
             }
         };
@@ -118,6 +129,19 @@ impl fmt::Display for Shape {
             s.waves * 10,
             s.stop_after.as_millis()
         )?;
+        if let Some(g) = s.gone {
+            write!(
+                f,
+                ", {:.0}% of the clients in flight give up within {} ms of the stop{}",
+                g.share * 100.0,
+                g.around.as_millis(),
+                if g.proxy_ignores {
+                    " (proxy_ignore_client_abort on)"
+                } else {
+                    ""
+                }
+            )?;
+        }
         if matches!(self.proxy, Proxy::Haproxy(_)) {
             write!(
                 f,
@@ -132,12 +156,13 @@ impl fmt::Display for Shape {
 
 /// Runs `shape` with a fresh agent and compares.
 pub fn run(shape: &Shape) -> Vec<Check> {
-    let agent = Agent::start(&[]);
+    let agent = super::start_agent();
     match shape.proxy {
         Proxy::Nginx { retry, keepalive } => {
             let mut spec = RetrySpec::new(shape.stream.method, (!retry).then_some("off"));
             spec.nginx = NginxOpts {
                 keepalive,
+                ignore_client_abort: shape.stream.gone.is_some_and(|g| g.proxy_ignores),
                 ..spec.nginx
             };
             let lab = RetryLab::setup(spec);

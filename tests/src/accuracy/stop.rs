@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use super::{Check, loss};
 use crate::{
-    agent::{Agent, instant, stop_record},
+    agent::{instant, stop_record},
     lab::{ConnMode, Lab, Mode, ScenarioRun, ScenarioSpec, Trigger, clock::secs_since},
 };
 
@@ -115,7 +115,7 @@ impl fmt::Display for StopShape {
 
 /// Runs `shape` with a fresh agent and compares.
 pub fn run(shape: &StopShape) -> Vec<Check> {
-    let agent = Agent::start(&[]);
+    let agent = super::start_agent();
     let lab = Lab::setup(shape.spec.clone());
     let run = lab.run();
     print!("{}", run.report());

@@ -170,7 +170,7 @@ impl StormCase {
     /// Starts an agent, runs the storm lab and reads the one storm of its workload. Lost
     /// events make every count meaningless: that fails here, with when they were lost.
     pub fn run(spec: StormSpec) -> StormCase {
-        let agent = Agent::start(&[]);
+        let agent = super::start_agent();
         let mut lab = StormLab::setup(spec);
         let probe = LagProbe::start(agent.port);
         let run = lab.run();

@@ -9,7 +9,7 @@ use std::{fmt, time::Duration};
 
 use super::{Check, loss};
 use crate::{
-    agent::{Agent, stop_record},
+    agent::{stop_record},
     lab::{SseLab, SseSpec},
 };
 
@@ -47,7 +47,7 @@ impl fmt::Display for StreamsShape {
 
 /// Runs `shape` with a fresh agent and compares.
 pub fn run(shape: &StreamsShape) -> Vec<Check> {
-    let agent = Agent::start(&[]);
+    let agent = super::start_agent();
     let mut lab = SseLab::setup(shape.spec.clone());
     let run = lab.run();
     print!("{}", run.report());

@@ -36,6 +36,8 @@ pub enum Outcome {
     Other(u16),
     /// No HTTP response at all (the connection to HAProxy failed).
     Error(String),
+    /// The client gave up before the response was complete and closed its connection.
+    GaveUp,
 }
 
 impl Outcome {
@@ -59,6 +61,7 @@ impl Outcome {
             Outcome::Timeout => "timeout".into(),
             Outcome::Other(s) => format!("other:{s}"),
             Outcome::Error(_) => "error".into(),
+            Outcome::GaveUp => "gave-up".into(),
         }
     }
 }
@@ -106,12 +109,14 @@ impl RequestRecord {
 }
 
 /// One wave: at `at`, one request per entry of `ms` (its work in ms), `stagger` apart, each
-/// late by its entry of `jitter` (none: on time).
+/// late by its entry of `jitter` (none: on time), its client closing its connection at its
+/// entry of `give_up` if the response is not complete by then (none: it waits).
 #[derive(Clone, Debug)]
 pub struct Wave {
     pub at: Instant,
     pub ms: Vec<u64>,
     pub jitter: Vec<Duration>,
+    pub give_up: Vec<Option<Instant>>,
 }
 
 /// The whole load, fixed in advance: bounded in count and in time.
@@ -145,6 +150,7 @@ impl Schedule {
                     at: first + period * i as u32,
                     ms: vec![ms; per_wave],
                     jitter: Vec::new(),
+                    give_up: Vec::new(),
                 })
                 .collect(),
             stagger: STAGGER,
@@ -224,11 +230,13 @@ impl Load {
                         clock::sleep_until(at);
                         let id = format!("{tag_owned}-w{w}-s{s}");
                         let timeout = Duration::from_millis(ms) + sched.timeout_extra;
+                        let give_up = wave.give_up.get(s).copied().flatten();
                         handles.push(
                             std::thread::Builder::new()
                                 .name(format!("lab-req-{w}-{s}"))
                                 .spawn(move || {
-                                    let mut r = request_with(frontend, &id, ms, timeout, method);
+                                    let mut r =
+                                        request_until(frontend, &id, ms, timeout, method, give_up);
                                     r.wave = w;
                                     r.slot = s;
                                     r.scheduled = at;
@@ -306,6 +314,19 @@ pub fn request_with(
     timeout: Duration,
     method: Method,
 ) -> RequestRecord {
+    request_until(frontend, id, ms, timeout, method, None)
+}
+
+/// As [`request_with`]; the client closes its connection (a FIN, as a browser's tab or a
+/// client's own timeout would) at `give_up` if the response is not complete by then.
+pub fn request_until(
+    frontend: SocketAddr,
+    id: &str,
+    ms: u64,
+    timeout: Duration,
+    method: Method,
+    give_up: Option<Instant>,
+) -> RequestRecord {
     let start = Instant::now();
     let mut rec = RequestRecord {
         id: id.to_string(),
@@ -325,24 +346,31 @@ pub fn request_with(
         server_conn: None,
     };
     let deadline = start + timeout;
-    let res = (|| -> Result<Vec<u8>, (bool, String)> {
+    let gave_up = |now: Instant| give_up.is_some_and(|g| now >= g);
+    let res = (|| -> Result<Vec<u8>, Failure> {
         let mut s = TcpStream::connect_timeout(&frontend, Duration::from_secs(5))
-            .map_err(|e| (false, format!("connect: {e}")))?;
+            .map_err(|e| Failure::Error(format!("connect: {e}")))?;
         rec.local = s.local_addr().ok();
         s.set_write_timeout(Some(Duration::from_secs(5))).ok();
         // One write: `write!` on a socket sends each piece as its own segment, and Nagle's
         // algorithm then holds the last one for the peer's delayed ACK (40 ms).
         let req = request_bytes(method, id, ms);
         s.write_all(&req)
-            .map_err(|e| (false, format!("write: {e}")))?;
+            .map_err(|e| Failure::Error(format!("write: {e}")))?;
         let mut buf = Vec::new();
         let mut chunk = [0u8; 4096];
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err((true, "client timeout".into()));
+            let now = Instant::now();
+            if gave_up(now) {
+                // Dropping the stream closes it.
+                return Err(Failure::GaveUp);
             }
-            s.set_read_timeout(Some(left)).ok();
+            let left = deadline.saturating_duration_since(now);
+            if left.is_zero() {
+                return Err(Failure::Timeout);
+            }
+            let left = give_up.map_or(left, |g| left.min(g.saturating_duration_since(now)));
+            s.set_read_timeout(Some(left.max(Duration::from_micros(1)))).ok();
             match s.read(&mut chunk) {
                 Ok(0) => return Ok(buf),
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
@@ -352,14 +380,17 @@ pub fn request_with(
                         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                     ) =>
                 {
-                    return Err((true, "client timeout".into()));
+                    if gave_up(Instant::now()) {
+                        return Err(Failure::GaveUp);
+                    }
+                    return Err(Failure::Timeout);
                 }
                 Err(e) if !buf.is_empty() => {
                     // A reset after a complete response still leaves the response.
                     let _ = e;
                     return Ok(buf);
                 }
-                Err(e) => return Err((false, format!("read: {e}"))),
+                Err(e) => return Err(Failure::Error(format!("read: {e}"))),
             }
         }
     })();
@@ -385,10 +416,18 @@ pub fn request_with(
                 None => Outcome::Error(format!("no status line in {text:?}")),
             };
         }
-        Err((true, _)) => rec.outcome = Outcome::Timeout,
-        Err((false, e)) => rec.outcome = Outcome::Error(e),
+        Err(Failure::Timeout) => rec.outcome = Outcome::Timeout,
+        Err(Failure::GaveUp) => rec.outcome = Outcome::GaveUp,
+        Err(Failure::Error(e)) => rec.outcome = Outcome::Error(e),
     }
     rec
+}
+
+/// How a request ended without a response.
+enum Failure {
+    Timeout,
+    GaveUp,
+    Error(String),
 }
 
 /// Fills `server`, `flags` and `server_conn` of each record from HAProxy's log, waiting up to

@@ -48,6 +48,6 @@ pub use nginx::{AccessEntry, Nginx, NginxOpts};
 pub use retry::{RetryLab, RetryPlan, RetryRequest, RetryRun, RetrySpec};
 pub use scenario::{Lab, Plan, ScenarioRun, ScenarioSpec, Trigger};
 pub use sse::{SseLab, SseRun, SseSpec, StreamRecord};
-pub use steady::{SteadyRequest, SteadyRun, Stream};
+pub use steady::{Gone, SteadyRequest, SteadyRun, Stream};
 pub use steady_haproxy::{HaproxyRetry, HaproxySteadyLab, HaproxySteadyRun};
 pub use storm::{Replace, StormLab, StormRun, StormSpec};

@@ -8,7 +8,7 @@
 //!   Connection reset by peer)`): the request was sent, no response came;
 //! - a cut nginx tried again (`$upstream_addr` lists `s2` after `s1`) is a **duplicate** if
 //!   `s1`'s own work log has its `start` (it ran there too), else **retried unexecuted**;
-//! - a cut not tried again is an **abort** (the client got 502).
+//! - a cut not tried again is an **abort** (the client got 502, or had gone).
 //!
 //! The stream outlasts the stop by a few seconds and ends within `fail_timeout` of it, so
 //! nginx never tries `s1`'s dead address again (a refused connect would be retried too, but
@@ -37,6 +37,25 @@ pub struct Stream {
     pub waves: usize,
     /// When `s1` is stopped, from the stream's start.
     pub stop_after: Duration,
+    /// Clients that give up around the stop (none: every client waits for its response).
+    pub gone: Option<Gone>,
+}
+
+/// Clients that close their connection before their response, around the stop: where a
+/// proxy's cut upstream request may belong to a client already gone, so that no answer to
+/// the client follows the cut.
+#[derive(Clone, Copy, Debug)]
+pub struct Gone {
+    /// Draws which clients give up, and when.
+    pub seed: u64,
+    /// The share of the requests in flight at the stop whose client gives up.
+    pub share: f64,
+    /// Each gives up within this much of the stop, either side (never before its request
+    /// was sent).
+    pub around: Duration,
+    /// The proxy carries on upstream after a client left (nginx `proxy_ignore_client_abort
+    /// on`): its cuts then find the client gone.
+    pub proxy_ignores: bool,
 }
 
 impl Stream {
@@ -49,6 +68,7 @@ impl Stream {
             ms: 600,
             waves: 10,
             stop_after: Duration::from_secs(2),
+            gone: None,
         }
     }
 }
@@ -67,7 +87,23 @@ impl Stream {
             self.ms,
         );
         schedule.stagger = self.interval;
-        (schedule, first + self.stop_after)
+        let anchor = first + self.stop_after;
+        if let Some(g) = self.gone {
+            let mut rng = fastrand::Rng::with_seed(g.seed);
+            let work = Duration::from_millis(self.ms);
+            for w in 0..schedule.waves.len() {
+                let give_up = (0..per_wave as usize)
+                    .map(|slot| {
+                        let sent = schedule.dispatch_at(w, slot);
+                        let at = anchor - g.around + g.around.mul_f64(2.0 * rng.f64());
+                        let in_flight = sent <= anchor && anchor < sent + work;
+                        (in_flight && rng.f64() < g.share).then_some(at.max(sent))
+                    })
+                    .collect();
+                schedule.waves[w].give_up = give_up;
+            }
+        }
+        (schedule, anchor)
     }
 }
 
@@ -179,8 +215,13 @@ impl RetryLab {
                     .map(|a| self.nginx.server_name(a).unwrap_or(a).to_string())
                     .collect();
                 let id_arg = format!("&id={} ", record.id);
+                // Not nginx's own close when the client left first ("client prematurely
+                // closed connection, so upstream connection is closed too"), logged in the
+                // same phase.
                 let cut_on_s1 = s1_errors.iter().any(|l| {
-                    l.contains(&id_arg) && l.contains("while reading response header from upstream")
+                    l.contains(&id_arg)
+                        && l.contains("while reading response header from upstream")
+                        && !l.contains("client prematurely closed")
                 });
                 SteadyRequest {
                     started_on_s1: on_s1.contains(&record.id),

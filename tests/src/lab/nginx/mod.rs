@@ -73,6 +73,8 @@ pub struct NginxOpts {
     /// `proxy_set_header Connection ""`: a pool of idle upstream connections per worker,
     /// reused across requests (and by retries). `None`: one connection per request.
     pub keepalive: Option<u32>,
+    /// `proxy_ignore_client_abort on`: a request goes on upstream after its client left.
+    pub ignore_client_abort: bool,
 }
 
 impl Default for NginxOpts {
@@ -85,6 +87,7 @@ impl Default for NginxOpts {
             read_timeout: Duration::from_secs(30),
             ready_timeout: Duration::from_secs(10),
             keepalive: None,
+            ignore_client_abort: false,
         }
     }
 }
@@ -186,6 +189,14 @@ impl Nginx {
             .replace("{{CONNECT_TIMEOUT}}", &ms(opts.connect_timeout))
             .replace("{{READ_TIMEOUT}}", &ms(opts.read_timeout))
             .replace("{{NEXT_UPSTREAM}}", &next_upstream)
+            .replace(
+                "{{CLIENT_ABORT}}",
+                if opts.ignore_client_abort {
+                    "            proxy_ignore_client_abort on;"
+                } else {
+                    "            # proxy_ignore_client_abort off: a client's leaving ends its request"
+                },
+            )
             .replace("{{SERVERS}}", &server_lines.join("\n"));
         assert!(!cfg.contains("{{"), "unfilled template field in:\n{cfg}");
         let cfg_path = dir.join("nginx.conf");
