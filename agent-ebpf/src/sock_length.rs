@@ -23,7 +23,7 @@ use drainwatch_common::{
     faults::FaultKind,
     sock_length::{
         self, CHAIN_CUT_SEEN, CHAIN_OPEN, CLOSED, CONN_ERRORS, CUT, Chain, Event, MSG_PEEK, Phase,
-        RETRY_STARTED, ReqState,
+        RESET_ERRORS, RETRY_STARTED, ReqState, SENT,
     },
 };
 
@@ -167,10 +167,10 @@ fn emit(sk: u64, st: &ReqState, phase: Phase, ret: i32) {
 }
 
 #[inline(always)]
-fn conn_error(ret: i32) -> bool {
+fn one_of(ret: i32, errors: &[i32]) -> bool {
     let mut i = 0;
-    while i < CONN_ERRORS.len() {
-        if ret == -CONN_ERRORS[i] {
+    while i < errors.len() {
+        if ret == -errors[i] {
             return true;
         }
         i += 1;
@@ -178,13 +178,32 @@ fn conn_error(ret: i32) -> bool {
     false
 }
 
-/// The request on `sk` ended without a response byte: a cut, if one was sent. The entry stays
-/// (flagged `CUT`) until the proxy closes the socket: that close, not the read, opens the
-/// chain.
 #[inline(always)]
-fn failed(sk: u64, st: &mut ReqState, ret: i32) {
-    if st.req_bytes == 0 || st.resp_bytes != 0 {
+fn conn_error(ret: i32) -> bool {
+    one_of(ret, &CONN_ERRORS)
+}
+
+/// The request on `sk` ended without a response byte: a cut, if one was sent, or if the
+/// proxy's first send on a fresh connection failed on its reset (HAProxy connects, the
+/// backend's listener closes with the connection in its accept queue, the send fails: the
+/// client's 502 all the same). The entry stays (flagged `CUT`) until the proxy closes the
+/// socket: that close, not the read, opens the chain.
+#[inline(always)]
+fn failed(sk: u64, st: &mut ReqState, ret: i32, send: bool) {
+    if st.resp_bytes != 0 {
         return;
+    }
+    if st.req_bytes == 0 {
+        // Not an idle pooled connection's reset (it has sent), nor one found by a read (a
+        // proxy's pre-opened spare connection), nor a refused connect's.
+        let unsent = send
+            && st.flags & (SENT | CUT | RETRY_STARTED) == 0
+            && st.retry_of == 0
+            && one_of(ret, &RESET_ERRORS);
+        if !unsent {
+            return;
+        }
+        st.req_start_ns = now();
     }
     if st.retry_of != 0 && st.flags & RETRY_STARTED != 0 {
         // A retry cut in turn: it was sent whole.
@@ -192,7 +211,7 @@ fn failed(sk: u64, st: &mut ReqState, ret: i32) {
     }
     st.retry_of = 0;
     st.retry_cut_at = 0;
-    st.flags = (st.flags & CLOSED) | CUT;
+    st.flags = (st.flags & (CLOSED | SENT)) | CUT;
     let (tid, now) = (tid(), now());
     st.cut_at = now;
     emit(sk, st, Phase::Cut, ret);
@@ -205,7 +224,7 @@ fn failed(sk: u64, st: &mut ReqState, ret: i32) {
 fn on_send(sk: u64, st: &mut ReqState, ret: i32) {
     if ret <= 0 {
         if conn_error(ret) {
-            failed(sk, st, ret);
+            failed(sk, st, ret, true);
         }
         return;
     }
@@ -222,7 +241,7 @@ fn on_send(sk: u64, st: &mut ReqState, ret: i32) {
             st.retry_of = cut_sk;
             st.retry_cut_at = at;
         }
-        st.flags &= CLOSED;
+        st.flags &= CLOSED | SENT;
         if st.retry_of != 0 {
             if !started {
                 emit(sk, st, Phase::RetryStart, ret);
@@ -233,6 +252,7 @@ fn on_send(sk: u64, st: &mut ReqState, ret: i32) {
         break_chain(sk, false);
     }
     st.req_bytes += ret as u64;
+    st.flags |= SENT;
 }
 
 #[inline(always)]
@@ -245,12 +265,12 @@ fn on_recv(sk: u64, st: &mut ReqState, ret: i32, flags: i32) {
             emit(sk, st, Phase::RetryEnd, ret);
             st.retry_of = 0;
             st.retry_cut_at = 0;
-            st.flags &= CLOSED;
+            st.flags &= CLOSED | SENT;
         }
         st.resp_bytes += ret as u64;
         break_chain(sk, false);
     } else if ret == 0 || conn_error(ret) {
-        failed(sk, st, ret);
+        failed(sk, st, ret, false);
     }
 }
 
@@ -321,8 +341,9 @@ pub fn on_new_sock(sk: u64) {
 }
 
 /// A socket reached CLOSE (`inet_sock_set_state`; every socket does before it is freed): its
-/// entry goes, unless a reset closed it under a pending request the proxy has yet to read, or
-/// it was cut and the proxy has yet to close it (then `tcp_destroy_sock` removes it).
+/// entry goes, unless a reset closed it under a pending request the proxy has yet to read (or
+/// before the proxy's first send, which the reset will fail), or it was cut and the proxy has
+/// yet to close it (then `tcp_destroy_sock` removes it).
 #[inline(always)]
 pub fn on_close(sk: u64) {
     let Some(st) = UPSTREAM_SOCKS.get_ptr_mut(sk) else {
@@ -330,7 +351,7 @@ pub fn on_close(sk: u64) {
     };
     let (pending, cut) = unsafe {
         (
-            (*st).req_bytes != 0 && (*st).resp_bytes == 0,
+            (*st).resp_bytes == 0 && ((*st).req_bytes != 0 || (*st).flags & SENT == 0),
             (*st).flags & CUT != 0,
         )
     };

@@ -66,7 +66,7 @@ pub struct ReqState {
     pub retry_cut_at: u64,
     /// When this socket's request was cut (with `CUT`).
     pub cut_at: u64,
-    /// `RETRY_STARTED`, `CLOSED`, `CUT`.
+    /// `RETRY_STARTED`, `CLOSED`, `CUT`, `SENT`.
     pub flags: u32,
     pub _pad: u32,
 }
@@ -80,6 +80,16 @@ pub const CLOSED: u32 = 2;
 /// `ReqState::flags`: its request was cut, and the proxy has not closed it yet. The entry is
 /// kept until the proxy's close (`LAST_ACK`, or `tcp_destroy_sock` for a reset socket).
 pub const CUT: u32 = 4;
+/// `ReqState::flags`: the proxy has sent on this socket. Until then a reset that fails its
+/// first send kept a request from going out (a cut of zero bytes); after, a reset with nothing
+/// pending is an idle pooled connection's, no request's.
+pub const SENT: u32 = 8;
+/// Send errors of an established connection reset or closed under it (a refused connect's
+/// failure is judged from its state change instead).
+pub const RESET_ERRORS: [i32; 2] = [
+    104, // ECONNRESET
+    32,  // EPIPE
+];
 
 /// A `CHAINS` slot: one worker thread's way from a cut to its retry. A retry is the
 /// thread's next upstream action after it **closed** the cut socket (nginx and HAProxy both

@@ -128,7 +128,12 @@ enum Cmd {
         place among them and among HAProxy's checks. A storm seed draws the fleet, the \
         service's capacity, the reconnect jitter and rolling or in-place. A streams seed draws \
         the clients holding server-sent-event streams, the server's stream rotation and event \
-        period, and a grace period below or above the rotation. Each runs with the \
+        period, and a grace period below or above the rotation. A gone seed (lab `gone`, not in \
+        the default list) draws a retry shape through nginx where some clients give up around \
+        the stop, nginx's `proxy_ignore_client_abort` on or off: a cut whose client is gone \
+        gets no answer, and must still never match a later request as its retry. --load N \
+        keeps N threads spinning meanwhile (a busy node: proxies' workers wait for a CPU); \
+        --agent-arg passes an option to every agent, for an A/B run. Each runs with the \
         real agent; every record field is compared with the proxies', backends' and clients' \
         own logs and counts and the kernel's counters. Prints each seed's shape and \
         mismatches, then per-field exactness; exits non-zero on any mismatch. About 15 s a \

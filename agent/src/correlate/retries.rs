@@ -16,6 +16,10 @@
 //!   unexecuted**, done once;
 //! - no retry: an **upstream abort**, the client saw an error.
 //!
+//! A reset that fails the proxy's first send on a fresh connection (the backend's listener
+//! closed with it in its accept queue) is a cut of zero bytes: its retry is the worker's next
+//! request elsewhere, whatever its size, and ran once; without one it is an abort.
+//!
 //! Pure: fed observations and a clock.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -169,8 +173,10 @@ impl Matcher {
                 outcome: RetryOutcome::Abort,
             });
         };
-        // The same request again, elsewhere; anything else was the worker's next job.
-        let same = c.backend != p.cut.backend && bytes == p.cut.bytes;
+        // The same request again, elsewhere; anything else was the worker's next job. A cut of
+        // zero bytes (a reset failed the request's first send) has no size to compare: the
+        // worker's next request elsewhere is its retry, and ran once whatever it was.
+        let same = c.backend != p.cut.backend && (p.cut.bytes == 0 || bytes == p.cut.bytes);
         let outcome = if !same {
             RetryOutcome::Abort
         } else {
@@ -231,6 +237,9 @@ impl Matcher {
 /// request was sent, nor if its receive queue still held all of it at the close. Not knowing
 /// how it closed counts as read: a duplicate is never ruled out on no evidence.
 fn read_by_backend(cut: &Cut, close: Option<&PeerClose>) -> bool {
+    if cut.bytes == 0 {
+        return false; // nothing was sent
+    }
     match close {
         Some(c) => c.at > cut.started_at && u64::from(c.unread) < cut.bytes,
         None => true,
@@ -374,6 +383,39 @@ mod tests {
         m.retry_started(1, 77, "s2".into(), T + 40 * US);
         assert!(m.tick(T + 299 * SECOND).is_empty());
         assert_eq!(m.tick(T + 301 * SECOND)[0].outcome, RetryOutcome::Abort);
+    }
+
+    #[test]
+    fn a_request_a_reset_kept_from_going_out_is_retried_unexecuted_or_aborted() {
+        let mut m = matcher();
+        m.cut(cut(1, T, 0));
+        m.retry_started(1, 77, "s2".into(), T + 40 * US);
+        let d = m.retry_ended(1, 77, 133).unwrap();
+        assert!(
+            matches!(d.outcome, RetryOutcome::Unexecuted { .. }),
+            "{d:?}"
+        );
+        // Its backend's close, with nothing unread, does not make it read.
+        let mut m = matcher();
+        m.peer_closed(1, "s1".into(), T - 50 * US, 0);
+        m.cut(cut(1, T, 0));
+        m.retry_started(1, 77, "s2".into(), T + 40 * US);
+        let d = m.retry_ended(1, 77, 133).unwrap();
+        assert!(
+            matches!(d.outcome, RetryOutcome::Unexecuted { .. }),
+            "{d:?}"
+        );
+        // To the same backend, or none at all: an abort.
+        let mut m = matcher();
+        m.cut(cut(1, T, 0));
+        m.retry_started(1, 77, "s1".into(), T + 40 * US);
+        assert_eq!(
+            m.retry_ended(1, 77, 133).unwrap().outcome,
+            RetryOutcome::Abort
+        );
+        let mut m = matcher();
+        m.cut(cut(1, T, 0));
+        assert_eq!(m.tick(T + 2 * SECOND)[0].outcome, RetryOutcome::Abort);
     }
 
     #[test]

@@ -879,6 +879,58 @@ fn a_proxy_connection_cut_names_the_proxy_its_worker_and_what_the_backend_left_u
 }
 
 #[test]
+fn a_reset_failing_a_proxys_first_send_is_a_cut_of_zero_bytes_once_established() {
+    let mut e = enricher();
+    e.scan();
+    let Event::StateChange(mut connect) = state(
+        0xe3,
+        HOST_NS,
+        "TCP_CLOSE",
+        "TCP_SYN_SENT",
+        conn("0.0.0.0:0", "10.88.0.5:8080"),
+        TcpCounters::default(),
+    ) else {
+        unreachable!()
+    };
+    connect.meta.tgid = 60;
+    connect.meta.comm = "haproxy".into();
+    e.on_event(&Event::StateChange(connect.clone()));
+    let mut m = meta(60, 0, 0);
+    m.pid = 61;
+    let unsent = Event::UpstreamIo(UpstreamIo {
+        meta: m,
+        skaddr: 0xe3,
+        step: IoStep::Cut {
+            bytes: 0,
+            started_at: 900,
+            ret: -32,
+        },
+    });
+    // Still connecting (a refused attempt's failed send): its state change tells.
+    assert!(e.on_event(&unsent).is_empty());
+    connect.old = tcp("TCP_SYN_SENT");
+    connect.new = tcp("TCP_ESTABLISHED");
+    connect.conn = conn("10.88.0.1:50002", "10.88.0.5:8080");
+    e.on_event(&Event::StateChange(connect));
+    let obs = e.on_event(&unsent);
+    assert!(
+        matches!(
+            obs.as_slice(),
+            [O::UpstreamRequest {
+                sock: 0xe3,
+                tid: 61,
+                step: UpstreamStep::Cut {
+                    bytes: 0,
+                    started_at: 900
+                },
+                ..
+            }]
+        ),
+        "{obs:#?}"
+    );
+}
+
+#[test]
 fn a_process_without_a_listener_is_no_proxy() {
     let mut e = enricher();
     e.scan();

@@ -9,11 +9,9 @@ use std::{fmt, time::Duration};
 use serde_json::Value;
 
 use super::{Check, loss, settled_stop};
-use crate::{
-    lab::{
-        Gone, HaproxyRetry, HaproxySteadyLab, Method, NginxOpts, RetryLab, RetrySpec, Stream,
-        steady_haproxy::HaproxySteadyRun,
-    },
+use crate::lab::{
+    Gone, HaproxyRetry, HaproxySteadyLab, Method, NginxOpts, RetryLab, RetrySpec, Stream,
+    steady_haproxy::HaproxySteadyRun,
 };
 
 /// The proxy in front of the backends, and how it is set up.

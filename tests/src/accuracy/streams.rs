@@ -9,7 +9,7 @@ use std::{fmt, time::Duration};
 
 use super::{Check, loss};
 use crate::{
-    agent::{stop_record},
+    agent::stop_record,
     lab::{SseLab, SseSpec},
 };
 

@@ -370,7 +370,8 @@ pub fn request_until(
                 return Err(Failure::Timeout);
             }
             let left = give_up.map_or(left, |g| left.min(g.saturating_duration_since(now)));
-            s.set_read_timeout(Some(left.max(Duration::from_micros(1)))).ok();
+            s.set_read_timeout(Some(left.max(Duration::from_micros(1))))
+                .ok();
             match s.read(&mut chunk) {
                 Ok(0) => return Ok(buf),
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),

@@ -263,12 +263,16 @@ impl Tracker {
             Observation::UpstreamClosed {
                 sock, bytes_sent, ..
             } => self.probes.closed(sock, bytes_sent),
-            // A health check is not re-sent by a proxy: nothing to judge.
+            // A health check is not re-sent by a proxy: nothing to judge. A cut of zero bytes
+            // (a reset failed the first send) has no size: time alone tells it.
             Observation::UpstreamRequest {
                 sock,
                 step: UpstreamStep::Cut { bytes, .. },
                 ..
-            } if self.probes.classify(Some(sock), Some(bytes)).is_some() => {}
+            } if self
+                .probes
+                .classify(Some(sock), (bytes != 0).then_some(bytes))
+                .is_some() => {}
             Observation::UpstreamRequest {
                 key,
                 sock,

@@ -21,6 +21,9 @@ pub(super) struct Upstream {
     pub(super) sock: u64,
     pub(super) key: String,
     pub(super) proxy: Proxy,
+    /// Its handshake completed: a reset that failed the proxy's first send kept a request
+    /// from going out (before it, the attempt is judged refused or unreachable).
+    pub(super) established: bool,
 }
 
 /// Proxies and their connections to containers.
@@ -137,6 +140,14 @@ impl<H: HostView> Enricher<H> {
         }
         tracing::debug!(sock = io.skaddr, step = ?io.step, tid = io.meta.pid, backend = %up.key, "upstream io");
         let step = match io.step {
+            IoStep::Cut { bytes: 0, .. } if !up.established => {
+                // A refused connect's failed send: its state change already told.
+                tracing::debug!(
+                    sock = io.skaddr,
+                    "unsent cut on an attempt never established"
+                );
+                return;
+            }
             IoStep::Cut {
                 bytes, started_at, ..
             } => UpstreamStep::Cut { bytes, started_at },
@@ -212,6 +223,7 @@ impl<H: HostView> Enricher<H> {
                     sock: s.skaddr,
                     key: key.clone(),
                     proxy: proxy.clone(),
+                    established: false,
                 };
                 make_room(
                     &mut self.upstreams.open,
@@ -229,11 +241,13 @@ impl<H: HostView> Enricher<H> {
             }
             (Some(SynSent), Some(Established)) => {
                 let tuple = (conn.local, conn.remote);
-                let Some(up) = self.upstreams.open.get(&s.skaddr).cloned() else {
+                let Some(up) = self.upstreams.open.get_mut(&s.skaddr) else {
                     // Another process's connection on a tuple a closed upstream had.
                     self.upstreams.by_tuple.remove(&tuple);
                     return false;
                 };
+                up.established = true;
+                let up = up.clone();
                 if self.upstreams.by_tuple.insert(tuple, up).is_none() {
                     self.upstreams.order.push_back(tuple);
                 }
