@@ -86,6 +86,8 @@ pub struct Matcher {
     /// How long a started retry may take to be sent whole before the cut is decided an abort
     /// (the proxy gave up on it: a timeout, or the client went away).
     max_wait: Mono,
+    /// No pending cut is due before this: `tick` runs on every event, and scans only then.
+    next_due: Mono,
 }
 
 /// Closes remembered (a cut is decided well within this many later closes).
@@ -102,6 +104,7 @@ impl Matcher {
             closes: HashMap::default(),
             close_order: VecDeque::new(),
             max_wait: 300 * SECOND,
+            next_due: Mono::MAX,
         }
     }
 
@@ -133,6 +136,7 @@ impl Matcher {
     }
 
     pub fn cut(&mut self, cut: Cut) {
+        self.next_due = self.next_due.min(cut.at.saturating_add(self.window));
         let close = self
             .closes
             .remove(&cut.sock)
@@ -195,20 +199,26 @@ impl Matcher {
     }
 
     /// Decides the cuts that no retry followed within the window, and those whose retry was
-    /// never sent whole within `max_wait`; oldest first.
+    /// never sent whole within `max_wait`; oldest first. `now` is event time (the events up to
+    /// it are in), so a pipeline behind the clock never decides a cut before its retry's
+    /// events were read.
     pub fn tick(&mut self, now: Mono) -> Vec<Decision> {
+        if now <= self.next_due {
+            return Vec::new();
+        }
         let (window, max_wait) = (self.window, self.max_wait);
+        let due = |p: &Pending| {
+            let limit = if p.candidate.is_some() {
+                max_wait
+            } else {
+                window
+            };
+            p.cut.at.saturating_add(limit)
+        };
         let over: Vec<u64> = self
             .pending
             .iter()
-            .filter(|(_, p)| {
-                let limit = if p.candidate.is_some() {
-                    max_wait
-                } else {
-                    window
-                };
-                now > p.cut.at.saturating_add(limit)
-            })
+            .filter(|(_, p)| now > due(p))
             .map(|(s, _)| *s)
             .collect();
         let mut out: Vec<Decision> = over
@@ -220,6 +230,7 @@ impl Matcher {
             })
             .collect();
         out.sort_by_key(|d| d.cut.at);
+        self.next_due = self.pending.values().map(due).min().unwrap_or(Mono::MAX);
         out
     }
 

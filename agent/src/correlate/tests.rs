@@ -978,6 +978,36 @@ fn a_retry_is_drawn_at_the_cut_it_repeated() {
 }
 
 #[test]
+fn once_events_stop_coming_the_clock_decides_a_cut_after_the_pipelines_lag() {
+    let mut t = running(0);
+    t.observe(
+        ms(0),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    t.observe(
+        ms(20),
+        O::UpstreamRequest {
+            key: key(),
+            sock: 1,
+            proxy: proxy(77, "nginx", false),
+            tid: 78,
+            step: UpstreamStep::Cut {
+                bytes: 120,
+                started_at: ms(18),
+            },
+        },
+    );
+    t.tick(ms(5900));
+    assert_eq!(only_stop(&t).loss.upstream_aborts, 0, "lag not over");
+    t.tick(ms(6100));
+    assert_eq!(only_stop(&t).loss.upstream_aborts, 1);
+}
+
+#[test]
 fn a_retried_request_the_backend_never_read_counts_apart_and_a_cut_without_retry_aborts() {
     let nginx = proxy(77, "nginx", false);
     let mut t = running(0);
@@ -1051,7 +1081,12 @@ fn a_retried_request_the_backend_never_read_counts_apart_and_a_cut_without_retry
             );
         }
     }
+    // The clock alone, with events stopped for less than the pipeline may lag, decides
+    // nothing: the retry's events may still be on their way.
     t.tick(ms(2000));
+    assert_eq!(only_stop(&t).loss.upstream_aborts, 0);
+    // An event past the window does.
+    t.processed(ms(1100));
     let s = only_stop(&t);
     assert_eq!(
         (

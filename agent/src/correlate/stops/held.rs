@@ -97,6 +97,9 @@ impl Tracker {
     pub fn processed(&mut self, at: Mono) {
         self.processed_until = self.processed_until.max(at);
         self.release_held(at);
+        for d in self.retries.tick(at) {
+            self.decided(d);
+        }
     }
 
     /// Up to when everything fed is in the records: a held observation is not yet.

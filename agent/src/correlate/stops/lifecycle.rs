@@ -32,6 +32,11 @@ fn no_exit_limit(s: &Stop) -> Mono {
 /// record of a process's death can trail the closes it made).
 const CUT_BEFORE_STOP: Mono = 100_000_000;
 
+/// How far behind the clock the events may be while they still come: the clock decides a
+/// cut only this long after the event time would have (the queue drains before each tick,
+/// at most a second late; the reader batches the ring).
+const PIPELINE_LAG: Mono = 5 * SECOND;
+
 impl Tracker {
     /// The stop in progress of `key`, begun now if none is (its sequence number).
     pub(super) fn begin_stop(&mut self, key: &str, now: Mono) -> Option<usize> {
@@ -145,7 +150,11 @@ impl Tracker {
         // Event time judges held refusals; the clock only when events stopped coming (it runs
         // ahead of events still in the pipeline).
         self.release_held(now.saturating_sub(SECOND));
-        for d in self.retries.tick(now) {
+        // Cuts are decided on event time as events come (`processed`); the clock decides only
+        // once events stopped coming for `PIPELINE_LAG`, so that a pipeline that fell behind
+        // on a busy node (the scan of a thousand containers, a CPU shared with spinning
+        // work) never decides a cut an abort before reading its retry.
+        for d in self.retries.tick(now.saturating_sub(PIPELINE_LAG)) {
             self.decided(d);
         }
         let settle = self.config.settle;
