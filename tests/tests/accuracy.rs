@@ -1,7 +1,7 @@
 //! Ground truth over randomized shapes (`drainwatch_tests::accuracy`): every seed's record
 //! field by field against the proxies', backends' and clients' own logs and counts.
 //! `DRAINWATCH_ACCURACY_SEEDS` picks the seeds: items `LAB:` and a comma-separated list of seeds and `FIRST-LAST` ranges (labs
-//! `retry`, `slow`, `stop`, `storm`, `streams`; no `LAB:` is `retry`), or `regressions`: every seed that
+//! `retry`, `slow`, `gone`, `stop`, `storm`, `streams`; no `LAB:` is `retry`), or `regressions`: every seed that
 //! ever failed (`cargo xtask accuracy` sets it). By default a short slice for CI.
 
 use std::collections::BTreeMap;
@@ -112,7 +112,7 @@ const REGRESSIONS: &[(Lab, u64)] = &[
 
 /// The slice CI runs when no seeds are given: fresh seeds, and the latest regression of each
 /// lab (`cargo xtask accuracy --regressions` runs them all, about 10 minutes).
-const CI_SEEDS: &str = "retry:1-3,42,49 slow:29 stop:1-2,22 storm:1,37 streams:1";
+const CI_SEEDS: &str = "retry:1-3,42,49 slow:29 gone:1-2 stop:1-2,22 storm:1,37 streams:1";
 
 fn seeds() -> Vec<(Lab, u64)> {
     let spec = std::env::var("DRAINWATCH_ACCURACY_SEEDS").unwrap_or_else(|_| CI_SEEDS.into());
@@ -125,7 +125,7 @@ fn seeds() -> Vec<(Lab, u64)> {
 #[test]
 fn the_ci_slice_parses() {
     assert!(
-        parse_seeds(CI_SEEDS).is_ok_and(|s| s.len() == 12),
+        parse_seeds(CI_SEEDS).is_ok_and(|s| s.len() == 14),
         "{CI_SEEDS}"
     );
 }

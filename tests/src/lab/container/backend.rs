@@ -209,6 +209,12 @@ impl Backend {
         }
     }
 
+    /// Waits (until `deadline`) for a launched server to listen, and no more: for a gate that
+    /// accepts nothing (`gate_workers: Some(0)`), whose connections wait in its accept queue.
+    pub fn await_listening_only(&mut self, deadline: Instant) {
+        self.await_listening(0, deadline);
+    }
+
     /// Waits (until `deadline`) for the server's `skip + 1`-th `listening` line, then takes the
     /// pids of the container's PID 1 and of the server and checks the server is the process
     /// that logged it.
