@@ -33,21 +33,21 @@ pub fn lean() -> bool {
 pub fn on_connect(sk: u64, t: &Tuple) -> bool {
     let inet = t.family == AF_INET || t.family == AF_INET6;
     if inet && Addr::of(t.family, &t.daddr).is_none() {
-        let _ = LOOPBACK_CONNECTS.insert(&sk, &1, 0);
+        let _ = LOOPBACK_CONNECTS.insert(sk, 1, 0);
         return true;
     }
-    let _ = LOOPBACK_CONNECTS.remove(&sk);
+    let _ = LOOPBACK_CONNECTS.remove(sk);
     false
 }
 
 /// A socket's last step (CLOSE) or a passive child's first (SYN_RECV): no entry from here.
 #[inline(always)]
 pub fn forget(sk: u64) {
-    let _ = LOOPBACK_CONNECTS.remove(&sk);
+    let _ = LOOPBACK_CONNECTS.remove(sk);
 }
 
 /// Whether `sk` is a connect to a loopback or unset address.
 #[inline(always)]
 pub fn is_loopback_connect(sk: u64) -> bool {
-    unsafe { LOOPBACK_CONNECTS.get(&sk) }.is_some()
+    unsafe { LOOPBACK_CONNECTS.get(sk) }.is_some()
 }
