@@ -11,8 +11,8 @@ use drainwatch_common::{
 };
 
 use crate::util::{
-    CONFIG, IPPROTO_TCP, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, cfg, fill_header,
-    ld, out_of_scope, reserve, submit, task_netns, tp_tuple, zeroed,
+    CONFIG, IPPROTO_TCP, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, cfg,
+    count_filtered, fill_header, ld, out_of_scope, reserve, submit, task_netns, tp_tuple, zeroed,
 };
 
 /// tp_btf: `inet_sk_error_report(const struct sock *sk)`; the socket read with plain loads,
@@ -25,6 +25,10 @@ pub fn inet_sk_error_report_btf(ctx: BtfTracePointContext) -> i32 {
     let sk: *const u8 = ctx.arg(0);
     let k = &CONFIG.kernel;
     if ld::<u16>(sk, cfg(&k.sock_protocol)) != Some(IPPROTO_TCP) {
+        return 0;
+    }
+    if crate::loopback::lean() {
+        count_filtered(EventKind::InetSkErrorReport);
         return 0;
     }
     let netns = btf_sock_netns(sk);
@@ -62,6 +66,10 @@ fn try_inet_sk_error_report(ctx: &TracePointContext) -> Option<()> {
     let rec = Record::load(ctx, EventKind::InetSkErrorReport);
     let f: Fields = cfg(&CONFIG.inet_sk_error_report);
     if rec.get::<u16>(f.protocol)? != IPPROTO_TCP {
+        return None;
+    }
+    if crate::loopback::lean() {
+        count_filtered(EventKind::InetSkErrorReport);
         return None;
     }
     // The format has no socket pointer: the namespace is the current task's, which is the

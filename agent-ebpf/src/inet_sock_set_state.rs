@@ -13,9 +13,13 @@ use drainwatch_common::{
     inet_sock_set_state::{Event, Fields},
 };
 
-use crate::util::{
-    CONFIG, IPPROTO_TCP, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, btf_tcp_sock, cfg,
-    fill_header_task, kread, ld, out_of_scope, reserve, sock_netns, submit, tp_tuple, zeroed,
+use crate::{
+    loopback,
+    util::{
+        CONFIG, IPPROTO_TCP, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, btf_tcp_sock,
+        cfg, count_filtered, fill_header_task, kread, ld, out_of_scope, reserve, sock_netns,
+        submit, tp_tuple, zeroed,
+    },
 };
 
 const KIND: EventKind = EventKind::InetSockSetState;
@@ -61,7 +65,8 @@ fn emit<S: Socket>(
     newstate: i32,
     follow_containers: bool,
 ) -> Option<()> {
-    let r = emit_event(s, f, skaddr, oldstate, newstate);
+    // The same flag: both need tp_btf (the classic program is at its verifier's limit).
+    let r = emit_event(s, f, skaddr, oldstate, newstate, follow_containers);
     if in_mask(cfg(&f.connect_new), newstate) {
         // A proxy's upstream is followed wherever it goes, and any connection to a container
         // on this node from its first byte: a proxy is known only after its first connect
@@ -83,6 +88,27 @@ fn emit<S: Socket>(
     r
 }
 
+/// A step no part of the agent reads (see `loopback`): a loopback connect by a process that is
+/// no proxy, and its steps after SYN_SENT but its failure; a passive child's first step
+/// (LISTEN to SYN_RECV: the handshake's completion, SYN_RECV to ESTABLISHED, is the arrival).
+#[inline(always)]
+fn unused_step(f: &Fields, sk: u64, oldstate: i32, newstate: i32, t: &Tuple) -> bool {
+    let connect = cfg(&f.connect_new);
+    if in_mask(connect, newstate) {
+        // A proxy's connect stays: `sock_length` follows its socket, whose I/O the agent
+        // matches by address (`UpstreamIo`), and this record is where it forgets a closed
+        // upstream that had the address.
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        return loopback::on_connect(sk, t) && !crate::sock_length::is_proxy(tgid);
+    }
+    if newstate == cfg(&f.syn_recv_state) {
+        return in_mask(cfg(&f.backlog_new), oldstate);
+    }
+    let failed = in_mask(connect, oldstate) && newstate == cfg(&f.close_state);
+    let old = cfg(&f.loopback_old);
+    old != 0 && in_mask(old, oldstate) && !failed && loopback::is_loopback_connect(sk)
+}
+
 #[inline(always)]
 fn emit_event<S: Socket>(
     s: &S,
@@ -90,10 +116,15 @@ fn emit_event<S: Socket>(
     skaddr: u64,
     oldstate: i32,
     newstate: i32,
+    btf: bool,
 ) -> Option<()> {
     let netns = s.netns();
     let mut tuple = zeroed::<Tuple>();
     s.tuple(&mut tuple);
+    if btf && loopback::lean() && unused_step(f, skaddr, oldstate, newstate, &tuple) {
+        count_filtered(KIND);
+        return None;
+    }
     // Each mask read where it is needed, through `cfg`: `f` is the frozen global itself on the
     // tp_btf path, and copying all of it up front cost a dozen loads per run.
     let backlog_new = cfg(&f.backlog_new);
@@ -157,6 +188,10 @@ pub fn inet_sock_set_state_btf(ctx: BtfTracePointContext) -> i32 {
     {
         let s = Direct { sk, newstate, f };
         emit(&s, f, sk as u64, oldstate, newstate, true);
+    }
+    // After the step itself, which may be a loopback connect's abort (dropped).
+    if loopback::lean() && (newstate == cfg(&f.close_state) || newstate == cfg(&f.syn_recv_state)) {
+        loopback::forget(sk as u64);
     }
     0
 }

@@ -11,6 +11,7 @@ mod inet_csk_accept;
 mod inet_sk_error_report;
 mod inet_sock_set_state;
 mod kfree_skb;
+mod loopback;
 mod sched_process_exit;
 mod signal_generate;
 mod sock_length;

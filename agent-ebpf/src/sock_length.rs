@@ -312,7 +312,7 @@ pub fn sock_recv_length_btf(ctx: BtfTracePointContext) -> i32 {
 /// thread just opened.
 #[inline(always)]
 pub fn on_connect(sk: u64, tgid: u32, to_container: bool) {
-    if !to_container && unsafe { PROXIES.get(tgid) }.is_none() {
+    if !to_container && !is_proxy(tgid) {
         on_new_sock(sk);
         return;
     }
@@ -327,6 +327,12 @@ pub fn on_connect(sk: u64, tgid: u32, to_container: bool) {
         emit(sk, &st, Phase::RetryStart, 0);
     }
     let _ = UPSTREAM_SOCKS.insert(sk, st, 0);
+}
+
+/// Whether `tgid` is a proxy the agent named (its connects are followed).
+#[inline(always)]
+pub fn is_proxy(tgid: u32) -> bool {
+    unsafe { PROXIES.get(tgid) }.is_some()
 }
 
 /// A new socket nobody follows (a passive child, a connect by another process) at `sk`: an

@@ -34,6 +34,11 @@ macro_rules! config {
             /// counted (`SHED`). Lifecycle hooks (`EventKind::lifecycle`) have no budget. 0: no
             /// limit.
             pub packet_events_per_sec: u32,
+            /// Non-zero (the agent): records no part of the agent reads are dropped in the
+            /// kernel and counted as filtered (`FILTERED`): a loopback connect's steps after
+            /// SYN_SENT but its failure (`inet_sock_set_state`), and socket error reports. 0
+            /// (capture's tests) keeps them: each hook's whole story.
+            pub lean: u32,
         }
 
         impl Config {
@@ -45,6 +50,7 @@ macro_rules! config {
                 attach_only: 0,
                 retry_window_us: 0,
                 packet_events_per_sec: 0,
+                lean: 0,
             };
         }
     };
@@ -55,4 +61,4 @@ crate::for_each_hook!(config);
 pod!(Config);
 
 // No implicit padding: the agent writes these bytes verbatim into the program's global.
-const _: () = assert!(core::mem::size_of::<Config>() == 340);
+const _: () = assert!(core::mem::size_of::<Config>() == 348);

@@ -74,6 +74,11 @@ pub struct Fields {
     /// a freed upstream socket's whose `sock_length` entry outlived it (the agent adds entries
     /// for sockets it learns of late, which may be gone by then): that entry goes.
     pub syn_recv_state: i32,
+    /// With `Config::lean`: old states (SYN_SENT, ESTABLISHED, CLOSE_WAIT) whose transitions
+    /// are dropped for a connect to a loopback or unset address (`LOOPBACK_CONNECTS`), but a
+    /// failed connect (SYN_SENT to CLOSE). The agent follows a connect only to a container's
+    /// address, which is never loopback; 0: none dropped.
+    pub loopback_old: u32,
 }
 
 impl Fields {
@@ -92,6 +97,7 @@ impl Fields {
         close_state: -2,
         last_ack_state: -2,
         syn_recv_state: -2,
+        loopback_old: 0,
     };
 }
 

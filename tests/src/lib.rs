@@ -89,6 +89,35 @@ impl Harness {
         skip: &[&str],
         per_cpu: u32,
     ) -> Result<Self, capture::CaptureError> {
+        Self::try_start_as(only, ring_bytes, queue, skip, per_cpu, false)
+    }
+
+    /// As `start`, as the agent loads the programs: records nothing in the agent reads are
+    /// dropped in the kernel and counted as filtered (`capture::Options::lean`).
+    pub fn start_lean(only: &[&'static str], ring_bytes: u32) -> Self {
+        let h = Self::try_start_as(
+            Some(only),
+            ring_bytes,
+            1 << 20,
+            &[],
+            capture::PACKET_EVENTS_PER_CPU,
+            true,
+        )
+        .expect("loading the eBPF programs");
+        for st in &h.capture.statuses {
+            assert!(st.chosen().is_some(), "{}", st.summary());
+        }
+        h
+    }
+
+    fn try_start_as(
+        only: Option<&[&'static str]>,
+        ring_bytes: u32,
+        queue: usize,
+        skip: &[&str],
+        per_cpu: u32,
+        lean: bool,
+    ) -> Result<Self, capture::CaptureError> {
         require_root();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -100,6 +129,7 @@ impl Harness {
             only: only.map(<[_]>::to_vec),
             skip_hooks: skip.iter().map(|s| s.to_string()).collect(),
             packet_events_per_cpu: per_cpu,
+            lean,
             ..Default::default()
         })?;
         let metrics = Arc::new(Telemetry::new("test"));

@@ -711,3 +711,84 @@ fn btf_tracepoints_and_the_classic_ones_report_the_same_events() {
     );
     assert_eq!(a, b);
 }
+
+/// As the agent loads them (`Harness::start_lean`): a loopback connect by a process that is no
+/// proxy is dropped in the kernel and counted as filtered, but its failure is kept, and so is
+/// the server's side of the same connection (another socket) from its handshake's completion;
+/// socket errors are not emitted.
+#[test]
+fn lean_capture_keeps_a_loopback_connects_failure_and_the_server_side_from_its_handshake() {
+    use std::io::{Read, Write};
+    let mut h = Harness::start_lean(&["socket_states", "socket_errors"], RING);
+    let filtered = |h: &Harness, kind: &str| -> f64 {
+        let text = h.metrics.encode_prometheus().unwrap();
+        let key = format!("drainwatch_events_filtered_total{{kind=\"{kind}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    h.events();
+    let (states0, errors0) = (
+        filtered(&h, "inet_sock_set_state"),
+        filtered(&h, "inet_sk_error_report"),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = listener.local_addr().unwrap();
+    let mut c = TcpStream::connect(server).unwrap();
+    let client = c.local_addr().unwrap();
+    let (mut s, _) = listener.accept().unwrap();
+    let mut byte = [0u8; 1];
+    c.write_all(b"q").unwrap();
+    s.read_exact(&mut byte).unwrap();
+    s.write_all(b"a").unwrap();
+    c.read_exact(&mut byte).unwrap();
+    drop(s); // the server closes first, as a pod's servers do
+    assert_eq!(c.read(&mut byte).unwrap(), 0);
+    drop(c);
+    let refused = closed_port();
+    assert!(TcpStream::connect(refused).is_err());
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let events = h.events();
+    let path = |keep: &dyn Fn(&SocketAddr, &SocketAddr) -> bool| -> Vec<String> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::StateChange(s) if s.conn.is_some_and(|c| keep(&c.local, &c.remote)) => {
+                    Some(format!(
+                        "{}->{}",
+                        s.old.and_then(|n| n.name()).unwrap_or("?"),
+                        s.new.and_then(|n| n.name()).unwrap_or("?")
+                    ))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(
+        path(&|_, r| *r == server),
+        [] as [&str; 0],
+        "nothing of the client's socket: {events:#?}"
+    );
+    assert_eq!(
+        path(&|l, r| *l == server && *r == client),
+        [
+            "TCP_SYN_RECV->TCP_ESTABLISHED",
+            "TCP_ESTABLISHED->TCP_FIN_WAIT1"
+        ],
+        "the server's side from its handshake's completion: {events:#?}"
+    );
+    assert_eq!(
+        path(&|_, r| *r == refused),
+        ["TCP_SYN_SENT->TCP_CLOSE"],
+        "a failed connect is kept: {events:#?}"
+    );
+    assert!(
+        !events.iter().any(|e| matches!(e, Event::SocketError(_))),
+        "{events:#?}"
+    );
+    // Others' traffic may add to the counters meanwhile: at least these.
+    // The client's 4 steps, the refused connect, the server's LISTEN->SYN_RECV.
+    assert!(filtered(&h, "inet_sock_set_state") - states0 >= 6.0);
+    assert!(filtered(&h, "inet_sk_error_report") - errors0 >= 1.0);
+}

@@ -44,6 +44,8 @@ use crate::{cargo, repo_root, run_cmd, target_dir};
 
 pub struct Settings {
     pub smoke: bool,
+    /// Only the pod phase, its table printed, nothing written.
+    pub pod_only: bool,
 }
 
 struct Plan {
@@ -91,6 +93,10 @@ pub fn run(settings: &Settings) -> Result<()> {
     let bin = target_dir(&root).join("release");
     let mut rows = Vec::new();
     pod::pod_phase(&bin, &plan, &mut rows)?;
+    if settings.pod_only {
+        println!("{}", report::render(&rows));
+        return Ok(());
+    }
     let churn = phases::churn_phase(&bin, &plan, &mut rows)?;
     phases::pipeline_phase(&bin, &plan, &mut rows)?;
     phases::footprint_phase(&bin, &plan, &churn, &mut rows)?;

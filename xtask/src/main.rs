@@ -210,6 +210,10 @@ struct BenchArgs {
     /// Run every step briefly and write nothing (a check that the benchmark still works)
     #[arg(long)]
     smoke: bool,
+    /// Run only the pod phase (with --smoke: one short round) and write nothing: records per
+    /// pod connection, which load on the machine does not change
+    #[arg(long)]
+    pod_only: bool,
 }
 
 #[derive(Args)]
@@ -251,7 +255,10 @@ fn main() -> ExitCode {
             if !args.no_setup && setup::run().is_err() {
                 return ExitCode::FAILURE;
             }
-            match bench::run(&bench::Settings { smoke: args.smoke }) {
+            match bench::run(&bench::Settings {
+                smoke: args.smoke,
+                pod_only: args.pod_only,
+            }) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("[bench] failed: {e:#}");

@@ -199,6 +199,7 @@ impl Capture {
         config.attach_only = u32::from(opts.attach_only);
         config.retry_window_us = u32::try_from(opts.retry_window.as_micros()).unwrap_or(u32::MAX);
         config.packet_events_per_sec = opts.packet_events_per_cpu;
+        config.lean = u32::from(opts.lean);
         let mut names = KernelNames::default();
         let (infos, res) = resolve_tracepoints(&events_dir, &mut config, &mut names);
 

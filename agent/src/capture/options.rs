@@ -17,6 +17,9 @@ pub struct Options {
     pub retry_window: std::time::Duration,
     /// Records each packet-path hook may emit per CPU per second (0: no limit).
     pub packet_events_per_cpu: u32,
+    /// Drop in the kernel (counted as filtered) the records no part of the agent reads (see
+    /// `Config::lean`); off by default, so capture's tests see each hook's whole story.
+    pub lean: bool,
 }
 
 /// nginx re-sends from the failed read's handler, tens of microseconds after the cut; the
@@ -42,6 +45,7 @@ impl Default for Options {
             attach_only: false,
             retry_window: RETRY_WINDOW,
             packet_events_per_cpu: PACKET_EVENTS_PER_CPU,
+            lean: false,
         }
     }
 }

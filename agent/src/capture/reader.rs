@@ -24,7 +24,8 @@ pub struct Maps {
     pub lost: PerCpuArray<MapData, u64>,
     /// Packet-path records shed by the kernel's per-CPU budget, per kind.
     pub shed: PerCpuArray<MapData, u64>,
-    /// Events dropped in the kernel as out of scope, per kind (not a loss: counted apart).
+    /// Events dropped in the kernel as out of scope or of no use to the agent, per kind (not a
+    /// loss: counted apart).
     pub filtered: PerCpuArray<MapData, u64>,
 }
 

@@ -72,7 +72,7 @@ impl AgentMetrics {
         );
         registry.register(
             "drainwatch_events_filtered",
-            "Events dropped in the kernel as out of scope, by hook: host-namespace connections that touch no container (--host-traffic all keeps them)",
+            "Events dropped in the kernel as out of scope, by hook: host-namespace connections that touch no container (--host-traffic all keeps them), and records no part of the agent reads (a loopback connect's steps after SYN_SENT but its failure, socket error reports)",
             filtered.clone(),
         );
         registry.register(

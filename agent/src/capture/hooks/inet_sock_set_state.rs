@@ -97,6 +97,8 @@ pub fn fields(r: &mut Resolver) -> Fields {
     f.task_new = mask(&["TCP_SYN_SENT", "TCP_LISTEN"]).unwrap_or(u32::MAX);
     // No filter here when a name is missing: the program would look every transition up.
     f.connect_new = mask(&["TCP_SYN_SENT"]).unwrap_or(0);
+    // No filter (0) when a name is missing: a loopback connect's steps are then all emitted.
+    f.loopback_old = mask(&["TCP_SYN_SENT", "TCP_ESTABLISHED", "TCP_CLOSE_WAIT"]).unwrap_or(0);
     let state = |name| {
         r.format()
             .symbol_value("newstate", name)
@@ -185,6 +187,7 @@ mod tests {
         assert_eq!(f.counters_old, bit(1) | bit(8));
         assert_eq!(f.backlog_new, bit(10));
         assert_eq!(f.connect_new, bit(2));
+        assert_eq!(f.loopback_old, bit(2) | bit(1) | bit(8));
         assert_eq!(f.close_state, 7);
         assert_eq!(f.last_ack_state, 9);
         assert_eq!(f.syn_recv_state, 3);
