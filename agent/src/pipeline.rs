@@ -3,14 +3,21 @@
 //! call per emitted item). Synchronous and free of I/O except the enricher's procfs reads, so
 //! the agent drives it from its event loop and the benchmark drives it directly.
 
-use std::sync::{Arc, Mutex};
+use std::{
+    sync::{Arc, Mutex},
+    time::Instant,
+};
 
 use crate::{
     capture::{event::Event, watch::WatchSet},
     correlate::Correlator,
     enrich::{Enricher, host::HostView},
     model::{Emitted, Mono, Observation, monotonic_now},
-    telemetry::{ProcfsFile, Telemetry, internal::ProcfsUnreadable},
+    telemetry::{
+        ProcfsFile, Telemetry,
+        internal::ProcfsUnreadable,
+        work::{SampleScope, thread_cpu_seconds},
+    },
 };
 
 /// Watch-set rebuilds: this many at once, then one per `WATCH_EVERY` (see
@@ -154,6 +161,9 @@ impl<H: HostView> Pipeline<H> {
             });
             self.telemetry.state.record(&state);
             self.telemetry.state.record(&self.enricher.state());
+            self.telemetry
+                .work
+                .containers(self.enricher.running_containers());
             self.record(&emitted);
         }
         // Containers found since the last sample are sampled at once too (see
@@ -164,7 +174,17 @@ impl<H: HostView> Pipeline<H> {
             self.with_correlator(|c| c.hot_workloads(now))
         };
         if full || !hot.is_empty() || self.enricher.has_unsampled() {
+            let (wall, cpu) = (Instant::now(), thread_cpu_seconds());
             let (sample, errors) = self.enricher.sample_listen_path((!full).then_some(&hot));
+            self.telemetry.work.listen_sample(
+                if full {
+                    SampleScope::All
+                } else {
+                    SampleScope::Some
+                },
+                wall.elapsed().as_secs_f64(),
+                thread_cpu_seconds() - cpu,
+            );
             for error in &errors {
                 ProcfsUnreadable {
                     file: ProcfsFile::Netstat,

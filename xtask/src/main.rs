@@ -205,6 +205,9 @@ struct BenchArgs {
     /// Run every step briefly and write nothing (a check that the benchmark still works)
     #[arg(long)]
     smoke: bool,
+    /// Run one phase alone and print its rows (BENCHMARKS.md is not written)
+    #[arg(long, value_enum)]
+    only: Option<bench::Phase>,
 }
 
 #[derive(Args)]
@@ -246,7 +249,10 @@ fn main() -> ExitCode {
             if !args.no_setup && setup::run().is_err() {
                 return ExitCode::FAILURE;
             }
-            match bench::run(&bench::Settings { smoke: args.smoke }) {
+            match bench::run(&bench::Settings {
+                smoke: args.smoke,
+                only: args.only,
+            }) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("[bench] failed: {e:#}");

@@ -275,6 +275,14 @@ impl<H: HostView> Enricher<H> {
         self.containers.len()
     }
 
+    /// Containers whose cgroup is still there.
+    pub fn running_containers(&self) -> usize {
+        self.containers
+            .values()
+            .filter(|c| c.gone_at.is_none())
+            .count()
+    }
+
     /// Turns one kernel event into what it means for containers: the one place events are
     /// matched.
     pub fn on_event(&mut self, ev: &Event) -> Vec<Observation> {
