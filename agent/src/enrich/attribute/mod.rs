@@ -51,8 +51,10 @@ struct Container {
     /// scan looks for the entrypoint the shim starts.
     shim_as_main: bool,
     netns: Option<u32>,
-    /// Its listening sockets' inodes as of the last full listen-path sample.
+    /// Its listening sockets' inodes, as its descriptors last said.
     listener_inodes: HashSet<u64>,
+    /// Every listening inode of its namespace (sorted) when its descriptors were last read.
+    listening_seen: Option<Vec<u64>>,
     /// Whether its listen path was sampled yet: the first sample is a storm's baseline.
     sampled: bool,
     /// When its cgroup was removed (kernel monotonic ns).
