@@ -358,10 +358,7 @@ impl<H: HostView> Enricher<H> {
                 .iter()
                 .filter(|s| s.established && ports.contains(&s.local.port()))
             {
-                let id = self.sockets.next_seed;
-                self.sockets.next_seed += 1;
-                let seed = self.sockets.seed_key(ns, s.local, s.remote);
-                self.sockets.seeded.insert(seed, id);
+                let id = self.sockets.seed_id(ns, s.local, s.remote);
                 self.sockets
                     .tracked
                     .insert(id, Tracked::new(shared.clone(), None));

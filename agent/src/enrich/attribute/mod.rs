@@ -189,7 +189,6 @@ impl<H: HostView> Enricher<H> {
             .retain(|_, k| !expired.contains(k.as_str()));
         let sockets = &mut self.sockets.tracked;
         sockets.retain(|_, t| !expired.contains(t.key.as_str()));
-        self.sockets.seeded.retain(|_, id| sockets.contains_key(id));
     }
 
     /// Its capped collections, for `drainwatch_state_*`.

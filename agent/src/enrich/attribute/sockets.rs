@@ -2,7 +2,7 @@
 //! handshake (or adopted by 4-tuple from a scan) to the close that says whether the container
 //! cut a request; failed connects to a container's address.
 
-use std::{collections::VecDeque, hash::BuildHasher as _, net::SocketAddr, sync::Arc};
+use std::{collections::VecDeque, net::SocketAddr, sync::Arc};
 
 use super::{Enricher, Key, MAX_INBOUND};
 use crate::model::state::make_room;
@@ -64,14 +64,8 @@ impl Tracked {
 #[derive(Debug)]
 pub(super) struct Sockets {
     pub(super) tracked: HashMap<u64, Tracked>,
-    /// Inbound connections found by a scan (no kernel address yet): the 64-bit hash of
-    /// (netns, local, remote) → id. The hash, not the tuple: 16 bytes an entry instead of 80,
-    /// for every connection open when its container was adopted (100,000 took 8 MiB more as
-    /// tuples); two of 100,000 collide once in billions of scans.
-    pub(super) seeded: HashMap<u64, u64>,
     /// Kernel address → the id a scan gave the same connection before its first event.
     pub(super) adopted: HashMap<u64, u64>,
-    pub(super) next_seed: u64,
     /// Connect attempts answered with RST: refused (counted from the RST), not unreachable.
     pub(super) refused_attempts: HashSet<u64>,
     /// Connections closed recently, for a RST the kernel sends after the state change.
@@ -83,9 +77,7 @@ impl Default for Sockets {
     fn default() -> Self {
         Self {
             tracked: HashMap::default(),
-            seeded: HashMap::default(),
             adopted: HashMap::default(),
-            next_seed: 1,
             refused_attempts: HashSet::default(),
             recent: HashMap::default(),
             recent_order: VecDeque::new(),
@@ -94,9 +86,13 @@ impl Default for Sockets {
 }
 
 impl Sockets {
-    /// The key of a scan-found connection in `seeded`.
-    pub(super) fn seed_key(&self, ns: u32, local: SocketAddr, remote: SocketAddr) -> u64 {
-        self.seeded.hasher().hash_one((ns, local, remote))
+    /// The id of an inbound connection a scan found (no kernel address yet): the 64-bit hash
+    /// of (netns, local, remote), its key in `tracked` until its first event moves it to its
+    /// kernel address. No second map from the 4-tuple: that took 80 bytes a connection
+    /// (100,000 open when their containers were adopted: 10 MiB). A hash meets a kernel
+    /// address or another connection's hash once in billions of node lifetimes.
+    pub(super) fn seed_id(&self, ns: u32, local: SocketAddr, remote: SocketAddr) -> u64 {
+        self.tracked.hasher().hash_one((ns, local, remote))
     }
 }
 
@@ -250,11 +246,9 @@ impl<H: HostView> Enricher<H> {
         ns: u32,
         conn: Endpoints,
     ) -> Option<&mut Tracked> {
-        if !self.sockets.tracked.contains_key(&skaddr) && !self.sockets.seeded.is_empty() {
-            let seed = self.sockets.seed_key(ns, conn.local, conn.remote);
-            if let Some(id) = self.sockets.seeded.remove(&seed)
-                && let Some(t) = self.sockets.tracked.remove(&id)
-            {
+        if !self.sockets.tracked.contains_key(&skaddr) {
+            let id = self.sockets.seed_id(ns, conn.local, conn.remote);
+            if let Some(t) = self.sockets.tracked.remove(&id) {
                 self.sockets.tracked.insert(skaddr, t);
                 self.sockets.adopted.insert(skaddr, id);
             }
