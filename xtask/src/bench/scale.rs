@@ -318,7 +318,11 @@ fn push_rows(
     full: &Rest,
     seen: Duration,
 ) {
-    let none = format!("{:.0} containers", base.containers);
+    // Containers of others (tests running beside) that the agent alone saw.
+    let none = match base.containers.round() as u64 {
+        1 => "1 container".to_string(),
+        n => format!("{n} containers"),
+    };
     rows.push(Row {
         figure: format!(
             "agent RSS with {n} network namespaces as containers and {} connections (real, `ip netns`)",

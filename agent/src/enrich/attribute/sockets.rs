@@ -61,7 +61,7 @@ impl Tracked {
 }
 
 /// The connections the enricher follows, by kernel socket address.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct Sockets {
     pub(super) tracked: HashMap<u64, Tracked>,
     /// Kernel address → the id a scan gave the same connection before its first event.
@@ -71,18 +71,6 @@ pub(super) struct Sockets {
     /// Connections closed recently, for a RST the kernel sends after the state change.
     pub(super) recent: HashMap<u64, Key>,
     pub(super) recent_order: VecDeque<u64>,
-}
-
-impl Default for Sockets {
-    fn default() -> Self {
-        Self {
-            tracked: HashMap::default(),
-            adopted: HashMap::default(),
-            refused_attempts: HashSet::default(),
-            recent: HashMap::default(),
-            recent_order: VecDeque::new(),
-        }
-    }
 }
 
 impl Sockets {
