@@ -134,8 +134,8 @@ impl<H: HostView> Pipeline<H> {
 
     /// Periodic work, called every 100 ms: the rest (rescan, expiry, the correlator's clock)
     /// runs every second. The listen path is sampled every time for workloads that are
-    /// stopping or storming, and for all every ten seconds: a sample costs the kernel a walk
-    /// of the TCP hash table per listener's namespace (see `enrich/host.rs`).
+    /// stopping or storming, and for all every ten seconds: a sample costs the kernel part of a
+    /// walk of the host's TCP hash table per namespace (see `Procfs::listeners`).
     pub fn tick(&mut self, now: Mono) {
         self.ticks += 1;
         let refusals = self.enricher.flush(now);
