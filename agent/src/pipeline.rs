@@ -3,14 +3,21 @@
 //! call per emitted item). Synchronous and free of I/O except the enricher's procfs reads, so
 //! the agent drives it from its event loop and the benchmark drives it directly.
 
-use std::sync::{Arc, Mutex};
+use std::{
+    sync::{Arc, Mutex},
+    time::Instant,
+};
 
 use crate::{
     capture::{event::Event, watch::WatchSet},
     correlate::Correlator,
     enrich::{Enricher, host::HostView},
     model::{Emitted, Mono, Observation, monotonic_now},
-    telemetry::{ProcfsFile, Telemetry, internal::ProcfsUnreadable},
+    telemetry::{
+        ProcfsFile, Telemetry,
+        internal::ProcfsUnreadable,
+        work::{SampleScope, thread_cpu_seconds},
+    },
 };
 
 /// Watch-set rebuilds: this many at once, then one per `WATCH_EVERY` (see
@@ -127,8 +134,8 @@ impl<H: HostView> Pipeline<H> {
 
     /// Periodic work, called every 100 ms: the rest (rescan, expiry, the correlator's clock)
     /// runs every second. The listen path is sampled every time for workloads that are
-    /// stopping or storming, and for all every ten seconds: a sample costs the kernel a walk
-    /// of the TCP hash table per listener's namespace (see `enrich/host.rs`).
+    /// stopping or storming, and for all every ten seconds: a sample costs the kernel part of a
+    /// walk of the host's TCP hash table per namespace (see `Procfs::listeners`).
     pub fn tick(&mut self, now: Mono) {
         self.ticks += 1;
         let refusals = self.enricher.flush(now);
@@ -154,6 +161,9 @@ impl<H: HostView> Pipeline<H> {
             });
             self.telemetry.state.record(&state);
             self.telemetry.state.record(&self.enricher.state());
+            self.telemetry
+                .work
+                .containers(self.enricher.running_containers());
             self.record(&emitted);
         }
         // Containers found since the last sample are sampled at once too (see
@@ -164,7 +174,17 @@ impl<H: HostView> Pipeline<H> {
             self.with_correlator(|c| c.hot_workloads(now))
         };
         if full || !hot.is_empty() || self.enricher.has_unsampled() {
+            let (wall, cpu) = (Instant::now(), thread_cpu_seconds());
             let (sample, errors) = self.enricher.sample_listen_path((!full).then_some(&hot));
+            self.telemetry.work.listen_sample(
+                if full {
+                    SampleScope::All
+                } else {
+                    SampleScope::Some
+                },
+                wall.elapsed().as_secs_f64(),
+                thread_cpu_seconds() - cpu,
+            );
             for error in &errors {
                 ProcfsUnreadable {
                     file: ProcfsFile::Netstat,

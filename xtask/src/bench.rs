@@ -30,13 +30,24 @@
 //!   decode alone, and the loss through the agent's queue at 2× that rate and at 200,000/s
 //!   (`bench/src/bin/pipeline.rs`).
 //! - Footprint: the agent's CPU and RSS at rest and under capped churn, and the memory the
-//!   pipeline's state takes for 1,000 containers and 100,000 open connections.
+//!   pipeline's state takes for 1,000 containers and 100,000 open connections fed through the
+//!   pipeline's code as synthetic events (`bench/src/bin/pipeline.rs footprint`).
+//! - Scale, on real kernel objects (`xtask/src/bench/scale.rs`): 1,000 network namespaces made
+//!   with `ip netns add` (50 in `--smoke`), each a container to the agent: a process in a
+//!   Docker-shaped cgroup (`<parent>/docker-<id>.scope`) inside the namespace, with `lo` up, a
+//!   listener and 100 connections to it, both ends held open (`bench/src/bin/namespaces.rs`),
+//!   removed again on drop, error or Ctrl-C. The agent, started after them, until its metrics
+//!   say it follows all the containers and connections: its RSS, its CPU at rest, and the wall
+//!   and CPU time of each listen-path sample of every container
+//!   (`drainwatch_listen_sample_seconds`, `drainwatch_listen_sample_cpu_seconds_total`), beside
+//!   the same agent without them in the same run. Alone: `cargo xtask bench --only scale`.
 
 mod agent;
 mod bpf;
 mod phases;
 mod pod;
 mod report;
+mod scale;
 
 use anyhow::{Context as _, Result};
 
@@ -44,8 +55,19 @@ use crate::{cargo, repo_root, run_cmd, target_dir};
 
 pub struct Settings {
     pub smoke: bool,
-    /// Only the pod phase, its table printed, nothing written.
-    pub pod_only: bool,
+    /// One phase alone (its table printed, BENCHMARKS.md left as it is).
+    pub only: Option<Phase>,
+}
+
+/// The phases, in the order a full run takes them.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Phase {
+    Pod,
+    /// Also what `footprint` needs.
+    Churn,
+    Pipeline,
+    Footprint,
+    Scale,
 }
 
 struct Plan {
@@ -55,6 +77,9 @@ struct Plan {
     capped_rate: f64,
     /// The agent at rest: at 10 ms of CPU accounting resolution, 30 s resolve 0.03%.
     rest_secs: f64,
+    /// Network namespaces made containers in the scale phase, and connections in each.
+    scale_namespaces: usize,
+    scale_conns: usize,
 }
 
 impl Settings {
@@ -66,6 +91,8 @@ impl Settings {
                 threads: 2,
                 capped_rate: 50_000.0,
                 rest_secs: 2.0,
+                scale_namespaces: 50,
+                scale_conns: 100,
             }
         } else {
             Plan {
@@ -74,6 +101,8 @@ impl Settings {
                 threads: 2,
                 capped_rate: 50_000.0,
                 rest_secs: 30.0,
+                scale_namespaces: 1000,
+                scale_conns: 100,
             }
         }
     }
@@ -92,18 +121,28 @@ pub fn run(settings: &Settings) -> Result<()> {
     ]))?;
     let bin = target_dir(&root).join("release");
     let mut rows = Vec::new();
-    pod::pod_phase(&bin, &plan, &mut rows)?;
-    if settings.pod_only {
-        println!("{}", report::render(&rows));
-        return Ok(());
+    let runs = |p: Phase| settings.only.is_none_or(|o| o == p);
+    if runs(Phase::Pod) {
+        pod::pod_phase(&bin, &plan, &mut rows)?;
     }
-    let churn = phases::churn_phase(&bin, &plan, &mut rows)?;
-    phases::pipeline_phase(&bin, &plan, &mut rows)?;
-    phases::footprint_phase(&bin, &plan, &churn, &mut rows)?;
+    if runs(Phase::Churn) || runs(Phase::Footprint) {
+        let churn = phases::churn_phase(&bin, &plan, &mut rows)?;
+        if runs(Phase::Pipeline) {
+            phases::pipeline_phase(&bin, &plan, &mut rows)?;
+        }
+        if runs(Phase::Footprint) {
+            phases::footprint_phase(&bin, &plan, &churn, &mut rows)?;
+        }
+    } else if runs(Phase::Pipeline) {
+        phases::pipeline_phase(&bin, &plan, &mut rows)?;
+    }
+    if runs(Phase::Scale) {
+        scale::scale_phase(&bin, &plan, &mut rows)?;
+    }
 
     let table = report::render(&rows);
     println!("{table}");
-    if !settings.smoke {
+    if !settings.smoke && settings.only.is_none() {
         let mut doc = report::document(&table, &plan)?;
         // The soak's figures (`cargo xtask soak`) are kept.
         let old = std::fs::read_to_string(root.join("BENCHMARKS.md")).unwrap_or_default();

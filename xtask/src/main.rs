@@ -210,10 +210,9 @@ struct BenchArgs {
     /// Run every step briefly and write nothing (a check that the benchmark still works)
     #[arg(long)]
     smoke: bool,
-    /// Run only the pod phase (with --smoke: one short round) and write nothing: records per
-    /// pod connection, which load on the machine does not change
-    #[arg(long)]
-    pod_only: bool,
+    /// Run one phase alone and print its rows (BENCHMARKS.md is not written)
+    #[arg(long, value_enum)]
+    only: Option<bench::Phase>,
 }
 
 #[derive(Args)]
@@ -257,7 +256,7 @@ fn main() -> ExitCode {
             }
             match bench::run(&bench::Settings {
                 smoke: args.smoke,
-                pod_only: args.pod_only,
+                only: args.only,
             }) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

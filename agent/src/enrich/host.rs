@@ -97,6 +97,9 @@ pub fn local_ipv4_from_fib_trie(text: &str) -> Vec<Ipv4Addr> {
     out
 }
 
+/// The size of each read of a TCP table's listening prefix (see `Procfs::listeners`).
+const PREFIX_READ: usize = 512;
+
 /// The header and the LISTEN lines that open a `/proc/<pid>/net/tcp{,6}` text: the kernel prints
 /// listening sockets first (its iterator walks the listening hash before the established one),
 /// so reading stops at the first other state. Printing the rest costs the kernel a walk of the
@@ -113,6 +116,18 @@ pub fn listening_prefix(r: impl std::io::BufRead) -> std::io::Result<String> {
         out.push('\n');
     }
     Ok(out)
+}
+
+/// TCP sockets in use (listening ones included) from a namespace's `net/sockstat` (`TCP:`)
+/// or `net/sockstat6` (`TCP6:`) text.
+pub fn tcp_in_use(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("TCP: ").or_else(|| l.strip_prefix("TCP6: ")))?
+        .split_whitespace()
+        .skip_while(|w| *w != "inuse")
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 fn socket_entry(e: procfs::net::TcpNetEntry) -> SocketEntry {
@@ -144,6 +159,25 @@ pub struct Procfs {
 }
 
 impl Procfs {
+    /// The TCP tables of `pid`'s namespace that hold any socket (`tcp`, `tcp6`). Reading a
+    /// table costs the kernel a walk of the host's whole established hash (every namespace's
+    /// connections) past the namespace's last entry; a table with none still costs that walk,
+    /// twice. Measured with 1,000 namespaces and 200,000 sockets: 20 ms a walk, and most
+    /// containers have no IPv6 socket. `sockstat` is per-namespace counters: no walk.
+    fn tcp_tables(&self, pid: u32) -> Vec<&'static str> {
+        let net = self.proc_root.join(pid.to_string()).join("net");
+        [("tcp", "sockstat"), ("tcp6", "sockstat6")]
+            .into_iter()
+            .filter(|(_, stat)| {
+                std::fs::read_to_string(net.join(stat))
+                    .ok()
+                    .and_then(|t| tcp_in_use(&t))
+                    .is_none_or(|n| n > 0)
+            })
+            .map(|(table, _)| table)
+            .collect()
+    }
+
     fn info(&self, p: &procfs::process::Process) -> Option<ProcInfo> {
         let cgroup_text =
             std::fs::read_to_string(self.proc_root.join(p.pid.to_string()).join("cgroup")).ok();
@@ -215,19 +249,31 @@ impl HostView for Procfs {
         else {
             return Vec::new();
         };
-        let v4 = p.tcp().unwrap_or_default();
-        let v6 = p.tcp6().unwrap_or_default();
-        v4.into_iter().chain(v6).map(socket_entry).collect()
+        let tables = self.tcp_tables(pid);
+        let v4 = tables.contains(&"tcp").then(|| p.tcp().unwrap_or_default());
+        let v6 = tables
+            .contains(&"tcp6")
+            .then(|| p.tcp6().unwrap_or_default());
+        v4.into_iter()
+            .chain(v6)
+            .flatten()
+            .map(socket_entry)
+            .collect()
     }
 
     fn listeners(&self, pid: u32) -> Vec<SocketEntry> {
         use procfs::FromBufReadSI;
         let dir = self.proc_root.join(pid.to_string()).join("net");
-        ["tcp", "tcp6"]
+        self.tcp_tables(pid)
             .into_iter()
             .filter_map(|f| {
                 let file = std::fs::File::open(dir.join(f)).ok()?;
-                let text = listening_prefix(std::io::BufReader::new(file)).ok()?;
+                // Small reads: the kernel fills each read() to its size, and every entry past
+                // the listeners is found by walking the host's established hash (all
+                // namespaces). 8 KiB reads walked it for 27 entries, a few ms with 200,000
+                // sockets on the host; 512 bytes, for about 3.
+                let text =
+                    listening_prefix(std::io::BufReader::with_capacity(PREFIX_READ, file)).ok()?;
                 procfs::net::TcpNetEntries::from_buf_read(
                     text.as_bytes(),
                     procfs::current_system_info(),
@@ -389,6 +435,16 @@ mod tests {
                     .to_string()
             )]
         );
+    }
+
+    #[test]
+    fn reads_tcp_sockets_in_use_from_sockstat() {
+        let v4 = "sockets: used 2093\nTCP: inuse 201 orphan 0 tw 0 alloc 203 mem 3\nUDP: inuse 0 mem 0\n";
+        assert_eq!(tcp_in_use(v4), Some(201));
+        let v6 = "TCP6: inuse 0\nUDP6: inuse 0\nUDPLITE6: inuse 0\nRAW6: inuse 0\n";
+        assert_eq!(tcp_in_use(v6), Some(0));
+        assert_eq!(tcp_in_use("UDP: inuse 3\n"), None);
+        assert_eq!(tcp_in_use("TCP: inuse x\n"), None);
     }
 
     #[test]

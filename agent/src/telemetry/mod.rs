@@ -2,7 +2,7 @@
 //! [`Telemetry`] owns the registry and one part per subsystem, each registering its own
 //! families (`register(&mut Registry) -> Self`, as linkerd2-proxy does): the agent's own
 //! health (`agent`), per-container stop and start families (`stops`, `starts`), the accept path and storms
-//! (`listeners`), behind one cardinality cap (`cap`), and the process's own CPU, memory and
+//! (`listeners`), behind one cardinality cap (`cap`), the periodic work that grows with the node (`work`), and the process's own CPU, memory and
 //! descriptors (`process`, read at scrape time). The pipeline reaches it only through
 //! [`Telemetry::record`]; the agent's internal events count and log through `internal`.
 //! prometheus-client appends `_total` to counters and `_info` to info metrics itself.
@@ -18,6 +18,7 @@ pub mod process;
 pub mod starts;
 pub mod state;
 pub mod stops;
+pub mod work;
 
 use std::sync::Arc;
 
@@ -43,6 +44,7 @@ pub struct Telemetry {
     pub listeners: ListenerMetrics,
     pub state: state::StateMetrics,
     pub checkpoint: checkpoint::CheckpointMetrics,
+    pub work: work::WorkMetrics,
     cap: Arc<cap::Cap>,
     /// The reader's and the pipeline's, for `/healthz`.
     pub heartbeats: heartbeat::Heartbeats,
@@ -60,6 +62,7 @@ impl Telemetry {
         let listeners = ListenerMetrics::register(&mut registry, cap.clone());
         let state = state::StateMetrics::register(&mut registry);
         let checkpoint = checkpoint::CheckpointMetrics::register(&mut registry);
+        let work = work::WorkMetrics::register(&mut registry);
         registry.register_collector(Box::new(process::ProcessCollector));
         Self {
             registry,
@@ -69,6 +72,7 @@ impl Telemetry {
             listeners,
             state,
             checkpoint,
+            work,
             cap,
             heartbeats: heartbeat::Heartbeats::default(),
             limits: internal::Limits::default(),

@@ -52,6 +52,17 @@ impl Agent {
             .sum())
     }
 
+    /// The sum of a metric's series whose line holds `label` (e.g. `scope="all"`).
+    pub(super) fn metric_where(&self, name: &str, label: &str) -> Result<f64> {
+        let text = get(self.port, "/metrics").context("scraping the agent")?;
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+            .filter(|l| l.contains(label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    }
+
     pub(super) fn cpu_seconds(&self) -> Result<f64> {
         cpu_seconds(self.pid())
     }

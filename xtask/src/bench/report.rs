@@ -79,10 +79,13 @@ pub(super) fn document(table: &str, plan: &Plan) -> Result<String> {
         Every figure sits beside a baseline measured in the same run; absolute numbers move \
         with whatever else the machine does.\n\n{table}\n\
         How each figure is measured: see the module documentation of `xtask/src/bench.rs`. \
-        The 1,000-container memory figure is the agent's RSS at rest plus what the pipeline's \
-        state grows by when a synthetic host of 1,000 containers and 100,000 open connections \
-        is fed through the real pipeline code (`bench/src/bin/pipeline.rs footprint`): a \
-        machine with 1,000 real containers is not available here.\n",
+        Two 1,000-container memory figures: the synthetic one is the agent's RSS at rest plus \
+        what the pipeline's state grows by when a synthetic host of 1,000 containers and \
+        100,000 open connections is fed through the real pipeline code \
+        (`bench/src/bin/pipeline.rs footprint`); the real one (`cargo xtask bench --only \
+        scale`) is the agent's own RSS beside 1,000 network namespaces made with `ip netns`, \
+        each a container to it (a process in a Docker-shaped cgroup holding a listener and \
+        100 connections), and the listen-path sampling cost is measured there too.\n",
         date_trim = date.trim(),
         kernel_trim = kernel.trim(),
         secs = plan.phase_secs,

@@ -264,6 +264,7 @@ impl<H: HostView> Enricher<H> {
             c.shim_as_main = false;
             c.netns = netns.or(c.netns);
             c.listener_inodes.clear();
+            c.listening_seen = None;
             c.sampled = false;
         }
     }
@@ -357,9 +358,7 @@ impl<H: HostView> Enricher<H> {
                 .iter()
                 .filter(|s| s.established && ports.contains(&s.local.port()))
             {
-                let id = self.sockets.next_seed;
-                self.sockets.next_seed += 1;
-                self.sockets.seeded.insert((ns, s.local, s.remote), id);
+                let id = self.sockets.seed_id(ns, s.local, s.remote);
                 self.sockets
                     .tracked
                     .insert(id, Tracked::new(shared.clone(), None));
@@ -385,6 +384,7 @@ impl<H: HostView> Enricher<H> {
                 shim_as_main: main.is_some_and(|m| m.ns_pid == Some(1) && is_shim(m)),
                 netns,
                 listener_inodes: HashSet::default(),
+                listening_seen: None,
                 sampled: false,
                 gone_at: None,
                 runtime_identity,

@@ -117,9 +117,8 @@ impl<H: HostView> Enricher<H> {
 
     /// Samples the listen path from procfs: each listener's accept queue (depth and limit) and
     /// each network namespace's listen counters. `only` restricts the sample to some workloads'
-    /// containers, plus those never sampled yet, and reuses the listener sockets the last
-    /// full sample found, so a fast sample reads a few small files per container and walks no
-    /// descriptors except a new container's.
+    /// containers, plus those never sampled yet. A container's descriptors are walked only when
+    /// its namespace's listeners changed, so a sample reads a few small files per container.
     pub fn sample_listen_path(
         &mut self,
         only: Option<&HashSet<Workload>>,
@@ -152,9 +151,19 @@ impl<H: HostView> Enricher<H> {
             let Some(pid) = c.main_pid else { continue };
             c.sampled = true;
             let socks = self.host.listeners(pid);
-            // A container adopted since the last full sample (a replacement) has none yet.
-            if only.is_none() || c.listener_inodes.is_empty() {
+            // Which listeners are its own is read from its descriptors (hundreds of readlinks
+            // for a busy server: a second per full sample of 1,000 containers) only when the
+            // namespace's listeners changed since the last read: a container adopted since
+            // (a replacement) has read none yet.
+            let mut seen: Vec<u64> = socks
+                .iter()
+                .filter(|s| s.listening)
+                .map(|s| s.inode)
+                .collect();
+            seen.sort_unstable();
+            if c.listening_seen.as_ref() != Some(&seen) {
                 let own: HashSet<u64> = self.host.socket_inodes(pid).into_iter().collect();
+                c.listening_seen = Some(seen);
                 c.listener_inodes = socks
                     .iter()
                     .filter(|s| s.listening && own.contains(&s.inode))

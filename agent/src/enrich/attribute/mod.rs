@@ -51,8 +51,10 @@ struct Container {
     /// scan looks for the entrypoint the shim starts.
     shim_as_main: bool,
     netns: Option<u32>,
-    /// Its listening sockets' inodes as of the last full listen-path sample.
+    /// Its listening sockets' inodes, as its descriptors last said.
     listener_inodes: HashSet<u64>,
+    /// Every listening inode of its namespace (sorted) when its descriptors were last read.
+    listening_seen: Option<Vec<u64>>,
     /// Whether its listen path was sampled yet: the first sample is a storm's baseline.
     sampled: bool,
     /// When its cgroup was removed (kernel monotonic ns).
@@ -187,7 +189,6 @@ impl<H: HostView> Enricher<H> {
             .retain(|_, k| !expired.contains(k.as_str()));
         let sockets = &mut self.sockets.tracked;
         sockets.retain(|_, t| !expired.contains(t.key.as_str()));
-        self.sockets.seeded.retain(|_, id| sockets.contains_key(id));
     }
 
     /// Its capped collections, for `drainwatch_state_*`.
@@ -273,6 +274,14 @@ impl<H: HostView> Enricher<H> {
 
     pub fn container_count(&self) -> usize {
         self.containers.len()
+    }
+
+    /// Containers whose cgroup is still there.
+    pub fn running_containers(&self) -> usize {
+        self.containers
+            .values()
+            .filter(|c| c.gone_at.is_none())
+            .count()
     }
 
     /// Turns one kernel event into what it means for containers: the one place events are
