@@ -23,8 +23,12 @@ pub struct Options {
 }
 
 /// nginx re-sends from the failed read's handler, tens of microseconds after the cut; the
-/// window only bounds a chain the worker never continued (no other socket I/O ends it first).
-pub const RETRY_WINDOW: std::time::Duration = std::time::Duration::from_millis(5);
+/// window only bounds a chain the worker never continued (any other socket I/O of the thread
+/// ends it first, an answer to a client included). 50 ms, not 5: a worker descheduled between
+/// its close and its connect on a busy node outlasted 5 ms (the retry lab under four spinning
+/// threads on two CPUs: 3 of 16 seeds missed a retry at 5 ms, none at 50 ms; the `gone` lab,
+/// clients leaving so that no answer ends a chain, read no false retry at either).
+pub const RETRY_WINDOW: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Above what pod traffic makes on one CPU: a connection makes about 7 state-change records,
 /// so this is some 28,000 connections/s per CPU, where one pod churning 25,000/s on two CPUs
