@@ -65,7 +65,7 @@ const GONE: Lab = Lab::Retry(Draw::Gone);
 /// (HAProxy `retries 0`) one abort, each once in a 50-seed run, as did Wide 66 (17 upstream
 /// aborts for HAProxy's 18 `SH`). Both fixed (2026-12-05): a worker descheduled between its
 /// close and its next connect outlasted the 5 ms retry window (now 50 ms, after an A/B under
-/// `--load 4`: retry seeds 1001-1016 missed a retry in 3 at 5 ms, none at 50 ms; gone seeds
+/// `--load 4`: of retry seeds 1001-1014, 3 of 12 missed a retry at 5 ms, none of 14 at 50 ms; gone seeds
 /// read no false retry at either); and a connection reset before HAProxy sent the request,
 /// which had no request bytes, is now a cut of zero bytes (`tests/tests/retry_unsent.rs`).
 /// The same runs found the agent deciding cuts an abort by the clock while its pipeline was

@@ -26,7 +26,7 @@ pub struct Options {
 /// window only bounds a chain the worker never continued (any other socket I/O of the thread
 /// ends it first, an answer to a client included). 50 ms, not 5: a worker descheduled between
 /// its close and its connect on a busy node outlasted 5 ms (the retry lab under four spinning
-/// threads on two CPUs: 3 of 16 seeds missed a retry at 5 ms, none at 50 ms; the `gone` lab,
+/// threads on two CPUs: 3 of 12 seeds missed a retry at 5 ms, none of 14 at 50 ms; the `gone` lab,
 /// clients leaving so that no answer ends a chain, read no false retry at either).
 pub const RETRY_WINDOW: std::time::Duration = std::time::Duration::from_millis(50);
 
