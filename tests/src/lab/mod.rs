@@ -36,6 +36,7 @@ pub mod nginx;
 mod proxy;
 pub mod retry;
 pub mod scenario;
+pub mod schedule;
 pub mod sse;
 pub mod steady;
 pub mod steady_haproxy;
