@@ -97,8 +97,11 @@ pub fn fetch<T: DeserializeOwned>(
     let auth = token.map_or(String::new(), |t| {
         format!("Authorization: Bearer {}\r\n", t.trim())
     });
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\n{auth}Connection: close\r\n\r\n")
-        .map_err(connect)?;
+    // One write: `write!` on a bare socket sends each piece of the format as its own segment.
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\n{auth}Connection: close\r\n\r\n"
+    );
+    s.write_all(request.as_bytes()).map_err(connect)?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).map_err(connect)?;
     let raw = String::from_utf8_lossy(&raw);

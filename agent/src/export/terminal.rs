@@ -88,9 +88,15 @@ mod tests {
         let addr = l.local_addr().unwrap().to_string();
         let server = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
+            // The client may write the request in pieces: read to the end of its head.
+            let mut head = Vec::new();
             let mut buf = [0u8; 1024];
-            let n = s.read(&mut buf).unwrap();
-            let request = String::from_utf8_lossy(&buf[..n]).to_string();
+            while !head.ends_with(b"\r\n\r\n") {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "closed before the end of the head");
+                head.extend_from_slice(&buf[..n]);
+            }
+            let request = String::from_utf8_lossy(&head).to_string();
             assert!(
                 request.contains("\r\nAuthorization: Bearer t0k\r\n"),
                 "{request}"
