@@ -67,6 +67,9 @@ pub struct Pipeline<H> {
     watch_generation: Option<u64>,
     /// Rebuilds of the watch set it may do at once (`watch_update`).
     watch_budget: Budget,
+    /// One event's observations and what they made happen, kept between events.
+    observations: Vec<Observation>,
+    emitted: Vec<Emitted>,
 }
 
 impl<H: HostView> Pipeline<H> {
@@ -84,6 +87,8 @@ impl<H: HostView> Pipeline<H> {
             ticks: 0,
             watch_generation: None,
             watch_budget: Budget::default(),
+            observations: Vec::new(),
+            emitted: Vec::new(),
         }
     }
 
@@ -98,12 +103,13 @@ impl<H: HostView> Pipeline<H> {
     /// once per [`WATCH_EVERY`]: a `listen; close` loop in a pod rebuilds it 100 times a
     /// second, not once per event; a change held back goes at the next call (the tick's, at
     /// the latest).
-    pub fn watch_update(&mut self, now: Mono) -> Option<WatchSet> {
+    /// `now` is read only when the set may have changed: this runs after every event.
+    pub fn watch_update(&mut self, now: impl FnOnce() -> Mono) -> Option<WatchSet> {
         let generation = self.enricher.watch_generation();
         if self.watch_generation == Some(generation) {
             return None;
         }
-        if !self.watch_budget.take(now) {
+        if !self.watch_budget.take(now()) {
             return None;
         }
         self.watch_generation = Some(generation);
@@ -128,8 +134,16 @@ impl<H: HostView> Pipeline<H> {
 
     /// One kernel event.
     pub fn event(&mut self, ev: &Event) {
-        let obs = self.enricher.on_event(ev);
-        self.correlate(ev.meta().ts_ns, obs, true);
+        let (obs, emitted) = (&mut self.observations, &mut self.emitted);
+        self.enricher.on_event_into(ev, obs);
+        let at = ev.meta().ts_ns;
+        if let Ok(mut c) = self.correlator.lock() {
+            c.observe_into(at, obs, true, emitted);
+        }
+        obs.clear();
+        for e in emitted.drain(..) {
+            self.telemetry.record(&e);
+        }
     }
 
     /// Periodic work, called every 100 ms: the rest (rescan, expiry, the correlator's clock)

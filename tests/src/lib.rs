@@ -151,8 +151,8 @@ impl Harness {
         self.reader.drain();
         self.reader.poll_lost();
         let mut out = Vec::new();
-        while let Ok(ev) = self.rx.try_recv() {
-            out.push(ev);
+        while let Ok(batch) = self.rx.try_recv() {
+            out.extend(batch);
         }
         out
     }

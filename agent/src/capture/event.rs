@@ -61,7 +61,7 @@ pub struct Meta {
     pub ts_ns: u64,
     pub pid: u32,
     pub tgid: u32,
-    pub comm: String,
+    pub comm: Comm,
     pub cgroup_id: u64,
     pub netns: u32,
 }
@@ -72,10 +72,61 @@ impl From<&Header> for Meta {
             ts_ns: h.ts_ns,
             pid: h.pid,
             tgid: h.tgid,
-            comm: c_string(&h.comm),
+            comm: Comm::new(&h.comm),
             cgroup_id: h.cgroup_id,
             netns: h.netns,
         }
+    }
+}
+
+/// A task's command as the kernel keeps it (at most 16 bytes), inline: every event has one,
+/// and a `String` was an allocation per event. Bytes that do not make UTF-8 read as `?`.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct Comm {
+    len: u8,
+    bytes: [u8; 16],
+}
+
+impl Comm {
+    pub fn new(raw: &[u8]) -> Self {
+        let mut c = Self::default();
+        let end = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
+        let end = end.min(c.bytes.len());
+        c.bytes[..end].copy_from_slice(&raw[..end]);
+        if std::str::from_utf8(&c.bytes[..end]).is_err() {
+            for b in &mut c.bytes[..end] {
+                if !b.is_ascii() {
+                    *b = b'?';
+                }
+            }
+        }
+        c.len = end as u8;
+        c
+    }
+}
+
+impl std::ops::Deref for Comm {
+    type Target = str;
+    fn deref(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl From<&str> for Comm {
+    fn from(s: &str) -> Self {
+        Self::new(s.as_bytes())
+    }
+}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&**self, f)
+    }
+}
+
+impl std::fmt::Display for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self)
     }
 }
 
@@ -287,5 +338,14 @@ pub(crate) mod tests {
     fn comm_stops_at_nul() {
         assert_eq!(c_string(b"nginx\0garbage"), "nginx");
         assert_eq!(c_string(b"0123456789abcdef"), "0123456789abcdef");
+    }
+
+    #[test]
+    fn a_comm_is_its_bytes_to_the_nul_and_never_invalid_utf8() {
+        assert_eq!(&*Comm::new(b"nginx\0garbage"), "nginx");
+        assert_eq!(&*Comm::new(b"0123456789abcdef"), "0123456789abcdef");
+        assert_eq!(&*Comm::new("caf\u{e9}".as_bytes()), "caf\u{e9}");
+        assert_eq!(&*Comm::new(b"a\xffb\xc3"), "a?b?");
+        assert_eq!(&*Comm::from("x".repeat(40).as_str()), "x".repeat(16));
     }
 }

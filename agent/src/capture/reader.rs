@@ -156,14 +156,13 @@ impl Reader {
     }
 
     fn send(&self, events: Vec<Event>) {
-        for ev in events {
-            if self.tx.try_send(ev).is_err() {
-                EventsLost {
-                    stage: LossStage::Queue,
-                    n: 1,
-                }
-                .emit(&self.telemetry);
+        let refused = self.tx.try_send_all(events);
+        if refused > 0 {
+            EventsLost {
+                stage: LossStage::Queue,
+                n: refused as u64,
             }
+            .emit(&self.telemetry);
         }
     }
 

@@ -65,13 +65,26 @@ impl Correlator {
 
     /// Feeds the observations of one kernel event (`event`: its time says how far processing
     /// got) or of a scan, made at `at`.
-    pub fn observe(&mut self, at: Mono, obs: Vec<Observation>, event: bool) -> Vec<Emitted> {
+    pub fn observe(&mut self, at: Mono, mut obs: Vec<Observation>, event: bool) -> Vec<Emitted> {
         let mut out = Vec::new();
-        for o in obs {
+        self.observe_into(at, &mut obs, event, &mut out);
+        out
+    }
+
+    /// [`Self::observe`] from and into buffers the caller keeps (no allocation per event):
+    /// `obs` is left empty, what happened is added to `out`.
+    pub fn observe_into(
+        &mut self,
+        at: Mono,
+        obs: &mut Vec<Observation>,
+        event: bool,
+        out: &mut Vec<Emitted>,
+    ) {
+        for o in obs.drain(..) {
             self.feed_starts(at, &o);
             match &o {
                 Observation::Container { identity, .. } => out.push(Emitted::ContainerSeen {
-                    container: identity.clone(),
+                    container: crate::model::ContainerIdentity::clone(identity),
                 }),
                 Observation::Reset {
                     container,
@@ -111,8 +124,7 @@ impl Correlator {
         if event {
             self.tracker.processed(at);
         }
-        self.drain(&mut out);
-        out
+        self.drain(out);
     }
 
     /// Advances the clock (every second): storms that ended, stops that settled.

@@ -51,7 +51,7 @@ fn running(conns: u64) -> Tracker {
     t.observe(
         ms(0),
         O::Container {
-            identity: identity("c1", "web"),
+            identity: Box::new(identity("c1", "web")),
             listeners: vec![addr()],
             inbound: (1..=conns).collect(),
         },
@@ -578,7 +578,7 @@ fn a_container_restarted_in_place_gets_a_new_record_for_its_next_stop() {
     t.observe(
         ms(2000),
         O::Container {
-            identity: identity("c1", "web"),
+            identity: Box::new(identity("c1", "web")),
             listeners: vec![addr()],
             inbound: vec![],
         },
@@ -702,7 +702,7 @@ fn stops_of_one_workload_within_ten_minutes_are_one_deploy() {
         t.observe(
             ms(0),
             O::Container {
-                identity: identity(id, "web"),
+                identity: Box::new(identity(id, "web")),
                 listeners: vec![],
                 inbound: vec![],
             },
@@ -731,7 +731,7 @@ fn stops_of_one_workload_within_ten_minutes_are_one_deploy() {
     t.observe(
         ms(0),
         O::Container {
-            identity: identity("x", "api"),
+            identity: Box::new(identity("x", "api")),
             listeners: vec![],
             inbound: vec![],
         },
@@ -747,7 +747,7 @@ fn stops_of_one_workload_within_ten_minutes_are_one_deploy() {
     t.observe(
         ms(0),
         O::Container {
-            identity: identity("d", "web"),
+            identity: Box::new(identity("d", "web")),
             listeners: vec![],
             inbound: vec![],
         },
@@ -913,7 +913,7 @@ fn a_retry_is_drawn_at_the_cut_it_repeated() {
     t.observe(
         ms(0),
         O::Container {
-            identity: identity("c2", "other"),
+            identity: Box::new(identity("c2", "other")),
             listeners: vec![],
             inbound: vec![],
         },
@@ -1014,7 +1014,7 @@ fn a_retried_request_the_backend_never_read_counts_apart_and_a_cut_without_retry
     t.observe(
         ms(0),
         O::Container {
-            identity: identity("c2", "other"),
+            identity: Box::new(identity("c2", "other")),
             listeners: vec![],
             inbound: vec![],
         },
@@ -1278,7 +1278,7 @@ fn checked_then_signalled() -> (Tracker, Mono) {
     t.observe(
         ms(0) - 9 * SECOND,
         O::Container {
-            identity: identity("c1", "web"),
+            identity: Box::new(identity("c1", "web")),
             listeners: vec![addr()],
             inbound: vec![],
         },
@@ -1390,7 +1390,7 @@ fn a_request_refused_just_before_the_check_on_its_tick_is_the_request() {
     t.observe(
         ms(0) - 9 * SECOND,
         O::Container {
-            identity: identity("c1", "web"),
+            identity: Box::new(identity("c1", "web")),
             listeners: vec![addr()],
             inbound: vec![],
         },
@@ -1681,7 +1681,7 @@ fn the_record_cap_evicts_settled_stops_past_an_open_one() {
         t.observe(
             ms(0),
             O::Container {
-                identity: identity(id, id),
+                identity: Box::new(identity(id, id)),
                 listeners: vec![],
                 inbound: vec![],
             },

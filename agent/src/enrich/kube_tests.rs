@@ -479,7 +479,7 @@ fn identities(obs: &[Observation]) -> Vec<ContainerIdentity> {
         .iter()
         .filter_map(|o| match o {
             Observation::Container { identity, .. } | Observation::Identity { identity } => {
-                Some(identity.clone())
+                Some(ContainerIdentity::clone(identity))
             }
             _ => None,
         })

@@ -59,7 +59,7 @@ pub enum Observation {
     /// The container exists (scan or first event). `listeners` and `inbound` seed state when
     /// the agent starts while the container runs.
     Container {
-        identity: ContainerIdentity,
+        identity: Box<ContainerIdentity>,
         listeners: Vec<SocketAddr>,
         inbound: Vec<u64>,
     },
@@ -157,7 +157,7 @@ pub enum Observation {
     /// What is known about who the container is changed (the Kubernetes API learned its
     /// pod after it was adopted with the runtime's names, or its pod spec changed).
     Identity {
-        identity: ContainerIdentity,
+        identity: Box<ContainerIdentity>,
     },
     /// What happened on one of its listeners (arrivals, accept waits, overflows).
     Listener {

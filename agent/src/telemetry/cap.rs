@@ -220,8 +220,11 @@ mod tests {
                 container: c.clone(),
             });
         }
-        m.stops
-            .connection_reset(&old, ResetDirection::Sent, "NOT_SPECIFIED");
+        m.stops.connection_reset(
+            &std::sync::Arc::new(old.clone()),
+            ResetDirection::Sent,
+            "NOT_SPECIFIED",
+        );
         let series = |m: &Telemetry| {
             let text = m.encode_prometheus().unwrap();
             text.lines()
@@ -263,8 +266,11 @@ mod tests {
             });
         }
         // The pod's own RSTs (resets::pod_as_a_whole): no id, no name.
-        m.stops
-            .connection_reset(&member("", ""), ResetDirection::Sent, "NOT_SPECIFIED");
+        m.stops.connection_reset(
+            &std::sync::Arc::new(member("", "")),
+            ResetDirection::Sent,
+            "NOT_SPECIFIED",
+        );
         let pod_series = |m: &Telemetry| {
             let text = m.encode_prometheus().unwrap();
             text.lines()

@@ -214,6 +214,13 @@ impl ListenerMetrics {
         }
     }
 
+    /// A container was forgotten and its series removed: no cached handle may outlive them.
+    pub fn forget_handles(&self) {
+        if let Ok(mut cache) = self.handles.lock() {
+            *cache = HandleCache::default();
+        }
+    }
+
     /// A reconnect storm ended.
     pub fn storm(&self, s: &Storm) {
         let c = ContainerIdentity {

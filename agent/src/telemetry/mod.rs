@@ -93,9 +93,12 @@ impl Telemetry {
                 self.cap
                     .hold(&ContainerLabels::from(container), &container.id);
             }
-            Emitted::ContainerForgotten { container } => self
-                .cap
-                .forget(&ContainerLabels::from(container), &container.id),
+            Emitted::ContainerForgotten { container } => {
+                self.cap
+                    .forget(&ContainerLabels::from(container), &container.id);
+                self.stops.forget_handles();
+                self.listeners.forget_handles();
+            }
             Emitted::Loss {
                 container,
                 kind,

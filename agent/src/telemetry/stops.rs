@@ -3,7 +3,7 @@
 //! container in or out of a stop (resets, refused connects, proxy retries and aborts). Every
 //! series goes through the cardinality cap.
 
-use std::sync::{Arc, atomic::AtomicU64};
+use std::sync::{Arc, Mutex, Weak, atomic::AtomicU64};
 
 use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -18,7 +18,7 @@ use super::{
     },
 };
 use crate::model::{
-    ContainerIdentity, LossKind, ResetDirection, RetryOutcome,
+    ContainerIdentity, HashMap, LossKind, ResetDirection, RetryOutcome,
     stop::{Outcome, Stop},
 };
 
@@ -50,6 +50,52 @@ pub struct StopMetrics {
     retried_unexecuted: Family<ProxyLabels, Counter>,
     upstream_aborts: Family<ProxyLabels, Counter>,
     retry_added_latency: Family<ContainerLabels, Histogram>,
+    reset_series: Mutex<ResetSeries>,
+}
+
+/// The reset series resolved so far, by the address of the container identity's allocation
+/// (held weakly, so the address is not reused while the entry lives), then by direction and
+/// reason: a container sees few reasons, so a short list.
+/// One series: its direction, its reason and the counter.
+type ResetSeriesOf = (ResetDirection, String, Counter);
+
+#[derive(Default)]
+struct ResetSeries {
+    by_container: HashMap<usize, (Weak<ContainerIdentity>, Vec<ResetSeriesOf>)>,
+    /// Entries of identities no longer alive are dropped when the map reaches this size.
+    prune_at: usize,
+}
+
+impl ResetSeries {
+    fn get(
+        &self,
+        c: &Arc<ContainerIdentity>,
+        direction: ResetDirection,
+        reason: &str,
+    ) -> Option<&Counter> {
+        let (_, list) = self.by_container.get(&(Arc::as_ptr(c) as usize))?;
+        list.iter()
+            .find(|(d, r, _)| *d == direction && r == reason)
+            .map(|(.., counter)| counter)
+    }
+
+    fn insert(
+        &mut self,
+        c: &Arc<ContainerIdentity>,
+        direction: ResetDirection,
+        reason: &str,
+        counter: Counter,
+    ) {
+        self.by_container
+            .entry(Arc::as_ptr(c) as usize)
+            .or_insert_with(|| (Arc::downgrade(c), Vec::new()))
+            .1
+            .push((direction, reason.into(), counter));
+        if self.by_container.len() >= self.prune_at {
+            self.by_container.retain(|_, (w, _)| w.strong_count() > 0);
+            self.prune_at = (self.by_container.len() * 2).max(256);
+        }
+    }
 }
 
 impl StopMetrics {
@@ -75,6 +121,7 @@ impl StopMetrics {
             retried_unexecuted: Family::default(),
             upstream_aborts: Family::default(),
             retry_added_latency: Family::new_with_constructor(seconds_buckets),
+            reset_series: Mutex::default(),
         };
         registry.register(
             "drainwatch_container_stops",
@@ -308,22 +355,41 @@ impl StopMetrics {
         }
     }
 
-    /// A RST on a container's connection, in or out of a stop.
-    pub fn connection_reset(&self, c: &ContainerIdentity, direction: ResetDirection, reason: &str) {
-        let container = ContainerLabels::from(c);
+    /// A RST on a container's connection, in or out of a stop. Its series is resolved once
+    /// per container, direction and reason (`ResetSeries`), not per RST.
+    pub fn connection_reset(
+        &self,
+        c: &Arc<ContainerIdentity>,
+        direction: ResetDirection,
+        reason: &str,
+    ) {
+        let Ok(mut cache) = self.reset_series.lock() else {
+            return;
+        };
+        if let Some(counter) = cache.get(c, direction, reason) {
+            counter.inc();
+            return;
+        }
+        let container = ContainerLabels::from(&**c);
+        // Refused by the cap: not cached, so each refusal is counted.
         if !self.cap.admit(&container, "drainwatch_connection_resets") {
             return;
         }
-        self.cap
-            .series(
-                &self.connection_resets,
-                &ResetLabels {
-                    container,
-                    direction,
-                    reason: reason.into(),
-                },
-            )
-            .inc();
+        let labels = ResetLabels {
+            container,
+            direction,
+            reason: reason.into(),
+        };
+        let counter = self.cap.series(&self.connection_resets, &labels).clone();
+        counter.inc();
+        cache.insert(c, direction, reason, counter);
+    }
+
+    /// A container was forgotten and its series removed: no cached handle may outlive them.
+    pub fn forget_handles(&self) {
+        if let Ok(mut cache) = self.reset_series.lock() {
+            *cache = ResetSeries::default();
+        }
     }
 
     /// A connect a container's namespace refused, in or out of a stop.
@@ -370,6 +436,56 @@ mod tests {
         model::{ContainerIdentity, LossKind, stop::Outcome},
         telemetry::Telemetry,
     };
+
+    #[test]
+    fn a_reset_series_is_resolved_once_and_made_again_after_its_container_is_forgotten() {
+        use crate::model::{Emitted, ResetDirection};
+        let m = Telemetry::new("k");
+        let c = std::sync::Arc::new(ContainerIdentity {
+            id: "a".into(),
+            name: "app".into(),
+            workload: "web".into(),
+            ..Default::default()
+        });
+        let seen = || Emitted::ContainerSeen {
+            container: (*c).clone(),
+        };
+        m.record(&seen());
+        for _ in 0..3 {
+            m.stops
+                .connection_reset(&c, ResetDirection::Sent, "NOT_SPECIFIED");
+        }
+        m.stops
+            .connection_reset(&c, ResetDirection::Sent, "TCP_CLOSE");
+        let resets = |m: &Telemetry| -> Vec<String> {
+            let text = m.encode_prometheus().unwrap();
+            let mut v: Vec<String> = text
+                .lines()
+                .filter(|l| l.starts_with("drainwatch_connection_resets_total{"))
+                .map(|l| {
+                    let reason = l.split("reason=\"").nth(1).unwrap_or("").split('"').next();
+                    format!(
+                        "{} {}",
+                        reason.unwrap_or(""),
+                        l.rsplit(' ').next().unwrap_or("")
+                    )
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(resets(&m), ["NOT_SPECIFIED 3", "TCP_CLOSE 1"]);
+        m.record(&Emitted::ContainerForgotten {
+            container: (*c).clone(),
+        });
+        assert!(resets(&m).is_empty());
+        // The identity outlived its forgetting (a late event): its series is made anew, not
+        // counted into the one removed.
+        m.record(&seen());
+        m.stops
+            .connection_reset(&c, ResetDirection::Sent, "NOT_SPECIFIED");
+        assert_eq!(resets(&m), ["NOT_SPECIFIED 1"]);
+    }
 
     #[test]
     fn a_container_seen_gets_zeroed_counters_so_its_first_loss_is_an_increase() {
@@ -442,7 +558,7 @@ mod tests {
         t.observe(
             t0,
             O::Container {
-                identity: c.clone(),
+                identity: Box::new(c.clone()),
                 listeners: vec![],
                 inbound: vec![],
             },
@@ -485,7 +601,7 @@ mod tests {
         t.observe(
             t0,
             O::Container {
-                identity: pod,
+                identity: Box::new(pod),
                 listeners: vec![],
                 inbound: vec![],
             },

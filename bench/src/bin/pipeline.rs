@@ -325,9 +325,11 @@ fn loss(seconds: f64, containers: u32, rate: f64) -> serde_json::Value {
         let mut p = pipeline(containers);
         let mut last_tick = Instant::now();
         let mut n = 0u64;
-        while let Ok(ev) = rx.recv() {
-            p.event(&ev);
-            n += 1;
+        while let Ok(batch) = rx.recv() {
+            for ev in &batch {
+                p.event(ev);
+                n += 1;
+            }
             if last_tick.elapsed() >= Duration::from_millis(100) {
                 last_tick = Instant::now();
                 p.tick(monotonic_now());
@@ -341,14 +343,14 @@ fn loss(seconds: f64, containers: u32, rate: f64) -> serde_json::Value {
     while start.elapsed().as_secs_f64() < seconds {
         // Offer what is due by now, as the reader drains what the kernel produced.
         let due = (start.elapsed().as_secs_f64() * rate) as u64;
+        let mut batch = Vec::new();
         while sent < due {
-            if let Ok(ev) = event::decode(stream.next(), &names)
-                && tx.try_send(ev).is_err()
-            {
-                lost += 1;
+            if let Ok(ev) = event::decode(stream.next(), &names) {
+                batch.push(ev);
             }
             sent += 1;
         }
+        lost += tx.try_send_all(batch) as u64;
         std::thread::sleep(Duration::from_micros(500));
     }
     drop(tx);

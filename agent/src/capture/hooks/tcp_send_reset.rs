@@ -132,7 +132,7 @@ mod tests {
         assert_eq!(conn.local.to_string(), "127.0.0.1:9");
         assert_eq!(conn.remote.to_string(), "127.0.0.1:51000");
         assert_eq!(
-            (d.meta.pid, d.meta.tgid, d.meta.comm.as_str()),
+            (d.meta.pid, d.meta.tgid, &*d.meta.comm),
             (1001, 1000, "curl")
         );
     }

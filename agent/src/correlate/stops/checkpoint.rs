@@ -101,7 +101,7 @@ mod tests {
         t.observe(
             SECOND,
             Observation::Container {
-                identity: container(),
+                identity: Box::new(container()),
                 listeners: vec![],
                 inbound: vec![],
             },
@@ -134,7 +134,7 @@ mod tests {
         t.observe(
             6 * SECOND,
             Observation::Container {
-                identity: container(),
+                identity: Box::new(container()),
                 listeners: vec![],
                 inbound: vec![],
             },

@@ -209,7 +209,7 @@ impl Tracker {
                 c.tick_accepts.clear();
                 c.listeners.retain(|l| l.closed_at.is_none());
             }
-            c.identity = identity;
+            c.identity = *identity;
             for addr in listeners {
                 if !c
                     .listeners
@@ -248,10 +248,10 @@ impl Tracker {
                 if let Some(s) = self.stop_mut(&key).filter(|s| !s.settled) {
                     s.grace_configured_seconds = identity.stop_policy.grace_configured_seconds;
                     s.prestop = identity.stop_policy.prestop;
-                    s.container = identity.clone();
+                    s.container = (*identity).clone();
                 }
                 if let Some(c) = self.containers.get_mut(&key) {
-                    c.identity = identity;
+                    c.identity = *identity;
                 }
             }
             Observation::UpstreamPeerClosed { key, sock, unread } => {

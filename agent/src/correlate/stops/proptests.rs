@@ -65,7 +65,7 @@ fn apply(t: &mut Tracker, now: &mut Mono, s: &Step) {
     let sock = |i: usize, s: u64| (i as u64) << 8 | s;
     let obs = match s {
         Step::Announce(i) => Observation::Container {
-            identity: identity(*i),
+            identity: Box::new(identity(*i)),
             listeners: vec![],
             inbound: vec![],
         },

@@ -80,7 +80,9 @@ impl<H: HostView> Enricher<H> {
             let identity = kube::named(&c.runtime_identity, &k);
             if identity != *c.identity {
                 c.identity = Arc::new(identity.clone());
-                out.push(Observation::Identity { identity });
+                out.push(Observation::Identity {
+                    identity: Box::new(identity),
+                });
             }
         }
         out
@@ -397,7 +399,7 @@ impl<H: HostView> Enricher<H> {
             },
         );
         let mut out = vec![Observation::Container {
-            identity,
+            identity: Box::new(identity),
             listeners,
             inbound,
         }];

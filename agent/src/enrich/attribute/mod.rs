@@ -288,12 +288,18 @@ impl<H: HostView> Enricher<H> {
     /// matched.
     pub fn on_event(&mut self, ev: &Event) -> Vec<Observation> {
         let mut out = Vec::new();
+        self.on_event_into(ev, &mut out);
+        out
+    }
+
+    /// [`Self::on_event`] into a buffer the caller keeps (no allocation per event).
+    pub fn on_event_into(&mut self, ev: &Event, out: &mut Vec<Observation>) {
         self.refusals.event_at(ev.meta().ts_ns);
         match ev {
             Event::Signal(s) => {
                 let target = u32::try_from(s.target_pid).ok();
-                let Some(key) = target.and_then(|t| self.container_of_pid(t, &mut out)) else {
-                    return out;
+                let Some(key) = target.and_then(|t| self.container_of_pid(t, out)) else {
+                    return;
                 };
                 // A stop is a signal to the container's main process or its init: one to any
                 // other of its processes (an exec probe the runtime kills, a worker) is not.
@@ -301,14 +307,14 @@ impl<H: HostView> Enricher<H> {
                     let main = [c.main_pid, c.init_pid];
                     main.iter().all(Option::is_none) || main.contains(&target)
                 });
-                let sender = self.container_of_task(s.meta.tgid, s.meta.cgroup_id, &mut out);
+                let sender = self.container_of_task(s.meta.tgid, s.meta.cgroup_id, out);
                 if aimed && sender.as_deref() != Some(key.as_str()) {
                     out.push(Observation::Signal {
                         key,
                         sig: s.sig,
                         sender: Sender {
                             pid: s.meta.tgid,
-                            comm: s.meta.comm.clone(),
+                            comm: s.meta.comm.to_string(),
                         },
                     });
                 }
@@ -320,7 +326,7 @@ impl<H: HostView> Enricher<H> {
                 if self.upstreams.proxies.remove(&pid).flatten().is_some() {
                     self.watch_generation += 1; // the kernel's proxy map
                 }
-                let Some(key) = key else { return out };
+                let Some(key) = key else { return };
                 let is_main = self.containers.get(&key).and_then(|c| c.main_pid) == Some(pid);
                 if is_main && self.successor(&key, pid).is_none() {
                     let exit = match x.status {
@@ -343,9 +349,9 @@ impl<H: HostView> Enricher<H> {
                     out.push(Observation::Exit { key, exit });
                 }
             }
-            Event::StateChange(s) => self.on_state(s, &mut out),
-            Event::ResetSent(r) => self.reset_sent(r, &mut out),
-            Event::ResetReceived(r) => self.reset_received(r, &mut out),
+            Event::StateChange(s) => self.on_state(s, out),
+            Event::ResetSent(r) => self.reset_sent(r, out),
+            Event::ResetReceived(r) => self.reset_received(r, out),
             Event::CgroupRemoved(c) => {
                 // By path, else (a path cut at the record's 256 bytes, a nesting the parser
                 // does not know) by the v2 cgroup id the container was adopted with.
@@ -369,11 +375,10 @@ impl<H: HostView> Enricher<H> {
                     self.unseen_total += 1;
                 }
             }
-            Event::Accepted(a) => self.accepted(a, &mut out),
-            Event::ListenOverflow(o) => self.overflow(o, &mut out),
-            Event::UpstreamIo(io) => self.upstream_io(io, &mut out),
+            Event::Accepted(a) => self.accepted(a, out),
+            Event::ListenOverflow(o) => self.overflow(o, out),
+            Event::UpstreamIo(io) => self.upstream_io(io, out),
             Event::SocketError(_) => {}
         }
-        out
     }
 }
