@@ -28,18 +28,26 @@ impl<T> Default for Merge<T> {
 }
 
 impl<T: Stamped> Merge<T> {
-    /// The records of one drain (each ring's in its own order), merged with those held: what
-    /// is stamped before `watermark` in time order into `out`; the rest is held.
-    pub fn drain(&mut self, watermark: u64, lifecycle: Vec<T>, packet: Vec<T>, out: &mut Vec<T>) {
-        let mut all: Vec<T> = Vec::with_capacity(self.held.len() + lifecycle.len() + packet.len());
-        all.extend(self.held.drain(..));
-        all.extend(lifecycle);
-        all.extend(packet);
+    /// The records of one drain (each ring's in its own order, both left empty), merged with
+    /// those held: what is stamped before `watermark` in time order onto `out` (sorted in
+    /// place there: no copy of its own); the rest is held.
+    pub fn drain(
+        &mut self,
+        watermark: u64,
+        lifecycle: &mut Vec<T>,
+        packet: &mut Vec<T>,
+        out: &mut Vec<T>,
+    ) {
+        let start = out.len();
+        out.reserve(self.held.len() + lifecycle.len() + packet.len());
+        out.extend(self.held.drain(..));
+        out.append(lifecycle);
+        out.append(packet);
+        let all = &mut out[start..];
         // Stable: records of one ring with equal stamps keep the ring's order.
         all.sort_by_key(Stamped::stamp);
-        let split = all.partition_point(|r| r.stamp() < watermark);
-        self.held.extend(all.drain(split..));
-        out.extend(all);
+        let split = start + all.partition_point(|r| r.stamp() < watermark);
+        self.held.extend(out.drain(split..));
     }
 
     /// Everything held, at shutdown.
@@ -71,8 +79,8 @@ mod tests {
         let mut out = Vec::new();
         m.drain(
             100,
-            vec![R(50, "sigterm")],
-            vec![R(10, "rst"), R(60, "rst after"), R(120, "late")],
+            &mut vec![R(50, "sigterm")],
+            &mut vec![R(10, "rst"), R(60, "rst after"), R(120, "late")],
             &mut out,
         );
         assert_eq!(
@@ -82,7 +90,12 @@ mod tests {
         assert_eq!(m.held(), 1);
         // The exit stamped during the last drain comes before the record held from then.
         out.clear();
-        m.drain(200, vec![R(110, "exit")], vec![R(130, "rst")], &mut out);
+        m.drain(
+            200,
+            &mut vec![R(110, "exit")],
+            &mut vec![R(130, "rst")],
+            &mut out,
+        );
         assert_eq!(out, vec![R(110, "exit"), R(120, "late"), R(130, "rst")]);
         assert_eq!(m.held(), 0);
     }
@@ -91,7 +104,12 @@ mod tests {
     fn equal_stamps_keep_each_rings_order_and_flush_empties() {
         let mut m = Merge::default();
         let mut out = Vec::new();
-        m.drain(5, vec![], vec![R(7, "a"), R(7, "b"), R(3, "c")], &mut out);
+        m.drain(
+            5,
+            &mut vec![],
+            &mut vec![R(7, "a"), R(7, "b"), R(3, "c")],
+            &mut out,
+        );
         assert_eq!(out, vec![R(3, "c")]);
         out.clear();
         m.flush(&mut out);

@@ -86,6 +86,9 @@ pub struct Reader {
     faults: Option<super::faults::Faults>,
     /// Kinds dropped on purpose, as if the kernel had had no room (`--test-drop-events`).
     drop: Vec<EventKind>,
+    /// Each ring's records of a drain, kept between drains (empty between them).
+    lifecycle_read: Vec<Event>,
+    packet_read: Vec<Event>,
 }
 
 impl Reader {
@@ -113,6 +116,8 @@ impl Reader {
             tx,
             faults: None,
             drop: Vec::new(),
+            lifecycle_read: Vec::new(),
+            packet_read: Vec::new(),
         })
     }
 
@@ -133,8 +138,14 @@ impl Reader {
     /// the drain began (see `merge`); returns how many were read.
     pub fn drain(&mut self) -> usize {
         let watermark = crate::model::monotonic_now();
-        let mut lifecycle = read(self.lifecycle.get_mut(), &self.names, &self.telemetry);
-        let mut packet = read(self.ring.get_mut(), &self.names, &self.telemetry);
+        let (lifecycle, packet) = (&mut self.lifecycle_read, &mut self.packet_read);
+        read(
+            self.lifecycle.get_mut(),
+            &self.names,
+            &self.telemetry,
+            lifecycle,
+        );
+        read(self.ring.get_mut(), &self.names, &self.telemetry, packet);
         if !self.drop.is_empty() {
             let before = lifecycle.len() + packet.len();
             lifecycle.retain(|e| !self.drop.contains(&e.kind()));
@@ -257,9 +268,14 @@ fn ready(
     }
 }
 
-/// Every record `ring` holds now, decoded (counted as received, or as a decode failure).
-fn read(ring: &mut RingBuf<MapData>, names: &KernelNames, telemetry: &Telemetry) -> Vec<Event> {
-    let mut out = Vec::new();
+/// Every record `ring` holds now, decoded onto `out` (counted as received, or as a decode
+/// failure).
+fn read(
+    ring: &mut RingBuf<MapData>,
+    names: &KernelNames,
+    telemetry: &Telemetry,
+    out: &mut Vec<Event>,
+) {
     while let Some(item) = ring.next() {
         match event::decode(&item, names) {
             Ok(ev) => {
@@ -269,5 +285,4 @@ fn read(ring: &mut RingBuf<MapData>, names: &KernelNames, telemetry: &Telemetry)
             Err(error) => DecodeFailed { error }.emit(telemetry),
         }
     }
-    out
 }
