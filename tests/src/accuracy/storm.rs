@@ -227,14 +227,18 @@ impl StormCase {
     }
 
     /// The client-side accept wait quantile `q` and the agent's `key`.
+    /// The accept wait's quantile `q` from the server's own log (its `accept()` returned,
+    /// carried in the greeting, minus the client's `connect()` returned), and the agent's.
+    /// Not the clients' `greeted - connected - auth`: that adds whatever held the greeting up
+    /// after accept() (storm seed 401 on a starved machine: p95 15.1 s, the server's 1.7 s).
     pub fn waits(&self, q: f64, key: &str) -> (f64, f64) {
-        let client = quantile(&self.run.client_waits(), q).expect("client waits");
-        (client, num(&self.storm, key))
+        let server = quantile(&self.run.server_waits(), q).expect("server waits");
+        (server, num(&self.storm, key))
     }
 
     /// Every field of the storm record the clients' truth knows, and the lab's own
     /// preconditions (prefixed `lab:`): identity and links, the exact client count, no loss in
-    /// the accept path, arrival timing and accept waits as the clients saw them.
+    /// the accept path, arrival timing and accept waits as the server logged them.
     pub fn checks(&self) -> Vec<Check> {
         let (s, run) = (&self.storm, &self.run);
         let text = |v: &Value| v.as_str().unwrap_or("-").to_string();
@@ -335,15 +339,15 @@ impl StormCase {
                 num(s, "seconds_to_95_percent"),
             ));
         }
-        // The clients' accept wait measure carries the server's own overhead after accept()
-        // and their delay noticing two events: a quarter, or one authorisation.
+        // The server's accept wait: the lab reads the time after accept() returned, and the
+        // client's connect() return may trail the handshake: a quarter, or one authorisation.
         let auth = run.spec.auth.as_secs_f64();
         for (q, key) in [
             (0.5, "accept_wait_p50_seconds"),
             (0.95, "accept_wait_p95_seconds"),
         ] {
-            let (client, agent) = self.waits(q, key);
-            checks.push(Check::near(key, client, agent, 0.25, auth));
+            let (server, agent) = self.waits(q, key);
+            checks.push(Check::near(key, server, agent, 0.25, auth));
         }
         // The queue as the lab sampled it every 10 ms, against the agent's samples every 100
         // ms: within what arrives or leaves in 100 ms (the peak arrival rate, the capacity) of
@@ -358,9 +362,9 @@ impl StormCase {
         ));
         // A backed-up storm gets a recommended window: what the service sustains (its workers
         // ÷ their authorisation time) into the clients. One that barely waited gets none.
-        let (client95, _) = self.waits(0.95, "accept_wait_p95_seconds");
+        let (server95, _) = self.waits(0.95, "accept_wait_p95_seconds");
         let window = &s["recommended_window_seconds"];
-        if client95 > 0.5 {
+        if server95 > 0.5 {
             let want = run.spec.clients as f64 / run.spec.capacity();
             checks.push(Check::near(
                 "recommended_window_seconds",
@@ -369,7 +373,7 @@ impl StormCase {
                 0.25,
                 0.0,
             ));
-        } else if client95 <= auth {
+        } else if server95 <= auth {
             checks.push(Check::eq(
                 "recommended_window_seconds (no backlog)",
                 "null",
