@@ -4,7 +4,7 @@
 use aya_ebpf::{macros::kretprobe, programs::RetProbeContext};
 use drainwatch_common::{EventKind, Tuple, inet_csk_accept::Event};
 
-use crate::util::{fill_header, out_of_scope, reserve, sock_netns, sock_tuple, submit, zeroed};
+use crate::util::{fill_header, out_of_scope, reserve, sock_netns_tuple, submit, zeroed};
 
 /// Needs kprobes: where they are missing the plan falls back to the accept syscall tracepoints.
 #[kretprobe]
@@ -22,9 +22,8 @@ pub fn kretprobe_inet_csk_accept(ctx: RetProbeContext) -> u32 {
 /// Reports that accept() handed `sk` to the application (both accept hooks use it).
 #[inline(always)]
 pub fn emit_accepted(sk: u64) -> Option<()> {
-    let netns = sock_netns(EventKind::InetCskAccept, sk);
     let mut tuple = zeroed::<Tuple>();
-    sock_tuple(EventKind::InetCskAccept, sk, &mut tuple);
+    let netns = sock_netns_tuple(EventKind::InetCskAccept, sk, &mut tuple);
     if out_of_scope(EventKind::InetCskAccept, netns, &tuple) {
         return None;
     }
