@@ -130,9 +130,9 @@ impl<H: HostView> Enricher<H> {
             );
             self.sockets.refused_attempts.insert(r.skaddr);
         } else if let Some(conn) = r.conn
-            && let Some(t) = self.tracked(r.skaddr, r.meta.netns, conn)
+            && self.follows(r.skaddr, r.meta.netns, conn)
         {
-            t.peer_done = true;
+            self.sockets.set_peer_done(r.skaddr);
         }
         self.count_received(r, out);
     }
@@ -235,12 +235,14 @@ impl<H: HostView> Enricher<H> {
             .containers
             .values()
             .filter(|c| c.netns == Some(ns) && c.gone_at.is_none())
+            .map(|c| &**c)
             .collect();
         if members.is_empty() {
             members = self
                 .containers
                 .values()
                 .filter(|c| c.netns == Some(ns))
+                .map(|c| &**c)
                 .collect();
         }
         match members.as_slice() {
