@@ -129,10 +129,8 @@ impl<H: HostView> Enricher<H> {
                 &mut self.dropped.refused_attempts,
             );
             self.sockets.refused_attempts.insert(r.skaddr);
-        } else if let Some(conn) = r.conn
-            && self.follows(r.skaddr, r.meta.netns, conn)
-        {
-            self.sockets.set_peer_done(r.skaddr);
+        } else if let Some(conn) = r.conn {
+            self.peer_done(r.skaddr, r.meta.netns, conn);
         }
         self.count_received(r, out);
     }

@@ -190,11 +190,7 @@ impl<H: HostView> Enricher<H> {
                     });
                 }
             }
-            (Some(Established), Some(CloseWait)) => {
-                if self.follows(s.skaddr, ns, conn) {
-                    self.sockets.set_peer_done(s.skaddr);
-                }
-            }
+            (Some(Established), Some(CloseWait)) => self.peer_done(s.skaddr, ns, conn),
             (Some(Established), _) | (Some(CloseWait), _) => {
                 if !self.follows(s.skaddr, ns, conn) {
                     return;
@@ -275,6 +271,14 @@ impl<H: HostView> Enricher<H> {
     /// The id the tracker knows a connection by.
     fn sock_id(&mut self, skaddr: u64) -> u64 {
         self.sockets.adopted.remove(&skaddr).unwrap_or(skaddr)
+    }
+
+    /// A followed connection's peer closed or reset it (the guard of a match arm would let
+    /// an unfollowed one fall through to the close).
+    pub(super) fn peer_done(&mut self, skaddr: u64, ns: u32, conn: Endpoints) {
+        if self.follows(skaddr, ns, conn) {
+            self.sockets.set_peer_done(skaddr);
+        }
     }
 
     /// Whether a socket is followed, by kernel address, adopting one a scan found by its
