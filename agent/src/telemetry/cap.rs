@@ -169,7 +169,7 @@ fn remove_series(admitted: &mut HashMap<ContainerLabels, Slot>, labels: &Contain
 /// The labels a container's pod's own series have: the container's, with no container.
 fn pod_labels(c: &ContainerLabels) -> ContainerLabels {
     ContainerLabels {
-        container: String::new(),
+        container: "".into(),
         ..c.clone()
     }
 }

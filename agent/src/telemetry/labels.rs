@@ -3,6 +3,8 @@
 //! the exposition has always had (alert rules and dashboards select on them). Open values
 //! (container names, kernel reasons, proxies) stay strings.
 
+use std::sync::Arc;
+
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 
 use drainwatch_common::{EventKind, faults::FaultKind};
@@ -144,20 +146,22 @@ impl WatchMap {
     }
 }
 
-/// The labels of every per-container series, and the key of the cardinality cap.
+/// The labels of every per-container series, and the key of the cardinality cap. Shared
+/// strings: each of a container's 20-odd series (and the cap's closure that removes it) holds
+/// a copy of its label set, so clones are reference counts, not three allocations each.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ContainerLabels {
-    pub namespace: String,
-    pub workload: String,
-    pub container: String,
+    pub namespace: Arc<str>,
+    pub workload: Arc<str>,
+    pub container: Arc<str>,
 }
 
 impl From<&ContainerIdentity> for ContainerLabels {
     fn from(c: &ContainerIdentity) -> Self {
         Self {
-            namespace: c.namespace.clone(),
-            workload: c.workload.clone(),
-            container: c.name.clone(),
+            namespace: c.namespace.as_str().into(),
+            workload: c.workload.as_str().into(),
+            container: c.name.as_str().into(),
         }
     }
 }

@@ -88,7 +88,8 @@ pub struct Tracker {
     retries: Matcher,
     /// Which connections are health checks (their schedules forgotten with the backend).
     probes: Probes,
-    containers: HashMap<String, ContainerState>,
+    /// Boxed: a `ContainerState` is about 600 bytes and a map of 1,000 has 2,048 slots.
+    containers: HashMap<String, Box<ContainerState>>,
     records: records::Records,
     emitted: Vec<Emitted>,
     /// The newest event time fed so far: readers use it to know what has been processed.

@@ -4,7 +4,7 @@
 
 use std::{net::SocketAddr, ops::Not, sync::Arc};
 
-use super::{Container, Enricher, Key, MAX_NOT_CONTAINERS, Tracked};
+use super::{Container, Enricher, Key, MAX_NOT_CONTAINERS};
 use crate::model::state::make_room_in_set;
 use crate::{
     enrich::{
@@ -361,9 +361,7 @@ impl<H: HostView> Enricher<H> {
                 .filter(|s| s.established && ports.contains(&s.local.port()))
             {
                 let id = self.sockets.seed_id(ns, s.local, s.remote);
-                self.sockets
-                    .tracked
-                    .insert(id, Tracked::new(shared.clone(), None));
+                self.sockets.follow(id, shared.clone(), None);
                 inbound.push(id);
             }
         }
@@ -379,7 +377,7 @@ impl<H: HostView> Enricher<H> {
             });
         self.containers.insert(
             key.to_string(),
-            Container {
+            Box::new(Container {
                 identity: shared_identity,
                 main_pid,
                 init_pid,
@@ -396,7 +394,7 @@ impl<H: HostView> Enricher<H> {
                 rechecked_at: 0,
                 next_run_at: None,
                 missing_since: None,
-            },
+            }),
         );
         let mut out = vec![Observation::Container {
             identity: Box::new(identity),

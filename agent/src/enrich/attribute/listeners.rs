@@ -92,16 +92,12 @@ impl<H: HostView> Enricher<H> {
 
     /// The accept() that took a queued connection: how long it waited.
     pub(super) fn accepted(&mut self, a: &Accepted, out: &mut Vec<Observation>) {
-        let Some(t) = self.sockets.tracked.get_mut(&a.skaddr) else {
-            return;
-        };
-        let Some((at, port)) = t.take_queued() else {
+        let Some((key, at, port)) = self.sockets.take_queued(a.skaddr) else {
             return;
         };
         let Some(waited) = a.meta.ts_ns.checked_sub(at) else {
             return;
         };
-        let key = t.key.clone();
         self.listener_fact(&key, port, Fact::AcceptWait(waited as f64 / 1e9), out);
     }
 

@@ -129,10 +129,8 @@ impl<H: HostView> Enricher<H> {
                 &mut self.dropped.refused_attempts,
             );
             self.sockets.refused_attempts.insert(r.skaddr);
-        } else if let Some(conn) = r.conn
-            && let Some(t) = self.tracked(r.skaddr, r.meta.netns, conn)
-        {
-            t.peer_done = true;
+        } else if let Some(conn) = r.conn {
+            self.peer_done(r.skaddr, r.meta.netns, conn);
         }
         self.count_received(r, out);
     }
@@ -235,12 +233,14 @@ impl<H: HostView> Enricher<H> {
             .containers
             .values()
             .filter(|c| c.netns == Some(ns) && c.gone_at.is_none())
+            .map(|c| &**c)
             .collect();
         if members.is_empty() {
             members = self
                 .containers
                 .values()
                 .filter(|c| c.netns == Some(ns))
+                .map(|c| &**c)
                 .collect();
         }
         match members.as_slice() {

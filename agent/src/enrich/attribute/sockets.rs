@@ -19,51 +19,35 @@ use crate::{
 
 use TcpState::{Close, CloseWait, Established, Listen, SynRecv, SynSent};
 
-/// A TCP socket the enricher follows: an inbound connection to a container's listener. One
-/// per open connection, so kept small (24 bytes; 32 with its map key): 100,000 connections
-/// take 4 MiB here.
+/// A TCP socket the enricher follows: an inbound connection to a container's listener, by the
+/// container it belongs to. One per open connection, so kept small (8 bytes; 16 with its map
+/// key): 100,000 connections take 2 MiB here. What a connection is only for a moment (waiting
+/// for accept(), its peer done) is in [`Sockets::passing`], as small as such moments are rare.
 #[derive(Debug, Clone)]
 pub(super) struct Tracked {
     pub(super) key: Key,
-    /// While accept() has not taken it: when its handshake completed.
-    pub(super) queued_at: Mono,
-    /// While accept() has not taken it: the listener's port; 0 otherwise (no listener has
-    /// port 0), which is how `queued()` tells.
-    pub(super) queued_port: u16,
-    /// The peer closed (FIN) or reset first: whatever the container does next is no cut.
-    pub(super) peer_done: bool,
 }
 
 // Guards the size the comment above promises.
-const _: () = assert!(size_of::<Tracked>() <= 24);
+const _: () = assert!(size_of::<Tracked>() <= 8);
 
-impl Tracked {
-    pub(super) fn new(key: Key, queued: Option<(Mono, u16)>) -> Self {
-        let (queued_at, queued_port) = queued.unwrap_or_default();
-        Self {
-            key,
-            queued_at,
-            queued_port,
-            peer_done: false,
-        }
-    }
-
-    /// When its handshake completed and the listener port, until accept() takes it.
-    pub(super) fn queued(&self) -> Option<(Mono, u16)> {
-        (self.queued_port != 0).then_some((self.queued_at, self.queued_port))
-    }
-
-    pub(super) fn take_queued(&mut self) -> Option<(Mono, u16)> {
-        let q = self.queued();
-        self.queued_port = 0;
-        q
-    }
+/// A followed connection's passing state.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Passing {
+    /// While accept() has not taken it: when its handshake completed, and the listener's port.
+    queued: Option<(Mono, u16)>,
+    /// The peer closed (FIN) or reset first: whatever the container does next is no cut.
+    peer_done: bool,
 }
 
 /// The connections the enricher follows, by kernel socket address.
 #[derive(Debug, Default)]
 pub(super) struct Sockets {
     pub(super) tracked: HashMap<u64, Tracked>,
+    /// Followed connections waiting for accept() or whose peer is done, by the same key. An
+    /// entry left by a connection no longer followed (evicted at the cap, its container
+    /// expired) is never read: following an address again resets its entry.
+    pub(super) passing: HashMap<u64, Passing>,
     /// Kernel address → the id a scan gave the same connection before its first event.
     pub(super) adopted: HashMap<u64, u64>,
     /// Connect attempts answered with RST: refused (counted from the RST), not unreachable.
@@ -81,6 +65,70 @@ impl Sockets {
     /// address or another connection's hash once in billions of node lifetimes.
     pub(super) fn seed_id(&self, ns: u32, local: SocketAddr, remote: SocketAddr) -> u64 {
         self.tracked.hasher().hash_one((ns, local, remote))
+    }
+
+    /// Follows a connection from now on, with nothing of an earlier socket at its address.
+    pub(super) fn follow(&mut self, id: u64, key: Key, queued: Option<(Mono, u16)>) {
+        self.tracked.insert(id, Tracked { key });
+        match queued {
+            Some(q) => {
+                let passing = Passing {
+                    queued: Some(q),
+                    peer_done: false,
+                };
+                self.passing.insert(id, passing);
+            }
+            None => {
+                self.passing.remove(&id);
+            }
+        }
+    }
+
+    /// Stops following a connection: its container, and whether its peer was done first.
+    pub(super) fn unfollow(&mut self, id: u64) -> Option<(Key, bool)> {
+        let t = self.tracked.remove(&id)?;
+        let passing = self.passing.remove(&id).unwrap_or_default();
+        Some((t.key, passing.peer_done))
+    }
+
+    /// A followed connection's peer closed or reset it.
+    pub(super) fn set_peer_done(&mut self, id: u64) {
+        if self.tracked.contains_key(&id) {
+            self.passing.entry(id).or_default().peer_done = true;
+        }
+    }
+
+    /// The accept() of a followed connection: its container, when its handshake completed and
+    /// the listener's port, once.
+    pub(super) fn take_queued(&mut self, id: u64) -> Option<(Key, Mono, u16)> {
+        let key = self.tracked.get(&id)?.key.clone();
+        let passing = self.passing.get_mut(&id)?;
+        let (at, port) = passing.queued.take()?;
+        if !passing.peer_done {
+            self.passing.remove(&id);
+        }
+        Some((key, at, port))
+    }
+
+    /// A connection a scan found (by `seed_id`) seen by kernel address at last.
+    fn adopt(&mut self, seed: u64, skaddr: u64) -> bool {
+        let Some(t) = self.tracked.remove(&seed) else {
+            return false;
+        };
+        self.tracked.insert(skaddr, t);
+        match self.passing.remove(&seed) {
+            Some(p) => self.passing.insert(skaddr, p),
+            None => self.passing.remove(&skaddr),
+        };
+        self.adopted.insert(skaddr, seed);
+        true
+    }
+
+    /// Forgets the connections of expired containers.
+    pub(super) fn retain(&mut self, keep: impl Fn(&Key) -> bool) {
+        self.tracked.retain(|_, t| keep(&t.key));
+        let tracked = &self.tracked;
+        self.passing.retain(|id, _| tracked.contains_key(id));
     }
 }
 
@@ -115,10 +163,10 @@ impl<H: HostView> Enricher<H> {
                         &s.skaddr,
                         &mut self.dropped.inbound,
                     );
-                    self.sockets.tracked.insert(
-                        s.skaddr,
-                        Tracked::new(key.clone(), Some((s.meta.ts_ns, conn.local.port()))),
-                    );
+                    // Bounded as the connections are; what it drops is of connections gone.
+                    make_room(&mut self.sockets.passing, MAX_INBOUND, &s.skaddr, &mut 0);
+                    let queued = Some((s.meta.ts_ns, conn.local.port()));
+                    self.sockets.follow(s.skaddr, key.clone(), queued);
                     self.listener_fact(&key, conn.local.port(), Fact::Arrival, out);
                 }
             }
@@ -142,18 +190,16 @@ impl<H: HostView> Enricher<H> {
                     });
                 }
             }
-            (Some(Established), Some(CloseWait)) => {
-                if let Some(t) = self.tracked(s.skaddr, ns, conn) {
-                    t.peer_done = true;
-                }
-            }
+            (Some(Established), Some(CloseWait)) => self.peer_done(s.skaddr, ns, conn),
             (Some(Established), _) | (Some(CloseWait), _) => {
-                let Some(t) = self.tracked(s.skaddr, ns, conn).cloned() else {
+                if !self.follows(s.skaddr, ns, conn) {
+                    return;
+                }
+                let Some((key, peer_done)) = self.sockets.unfollow(s.skaddr) else {
                     return;
                 };
-                self.sockets.tracked.remove(&s.skaddr);
-                self.remember_closed(s.skaddr, &t.key);
-                let by_container = !t.peer_done && old == Some(Established);
+                self.remember_closed(s.skaddr, &key);
+                let by_container = !peer_done && old == Some(Established);
                 let pending = s.counters.request_pending();
                 // What the container left unread says whether a request cut on this
                 // connection ever ran (the proxy's side of the cut comes from its worker).
@@ -161,13 +207,13 @@ impl<H: HostView> Enricher<H> {
                     && let Some(up) = self.upstreams.by_tuple.get(&(conn.remote, conn.local))
                 {
                     out.push(Observation::UpstreamPeerClosed {
-                        key: t.key.to_string(),
+                        key: key.to_string(),
                         sock: up.sock,
                         unread: s.counters.unread,
                     });
                 }
                 out.push(Observation::InboundClosed {
-                    key: t.key.to_string(),
+                    key: key.to_string(),
                     sock: self.sock_id(s.skaddr),
                     by_container,
                     pending,
@@ -227,20 +273,61 @@ impl<H: HostView> Enricher<H> {
         self.sockets.adopted.remove(&skaddr).unwrap_or(skaddr)
     }
 
-    /// A followed socket by kernel address, adopting one a scan found by its 4-tuple.
-    pub(super) fn tracked(
-        &mut self,
-        skaddr: u64,
-        ns: u32,
-        conn: Endpoints,
-    ) -> Option<&mut Tracked> {
-        if !self.sockets.tracked.contains_key(&skaddr) {
-            let id = self.sockets.seed_id(ns, conn.local, conn.remote);
-            if let Some(t) = self.sockets.tracked.remove(&id) {
-                self.sockets.tracked.insert(skaddr, t);
-                self.sockets.adopted.insert(skaddr, id);
-            }
+    /// A followed connection's peer closed or reset it (the guard of a match arm would let
+    /// an unfollowed one fall through to the close).
+    pub(super) fn peer_done(&mut self, skaddr: u64, ns: u32, conn: Endpoints) {
+        if self.follows(skaddr, ns, conn) {
+            self.sockets.set_peer_done(skaddr);
         }
-        self.sockets.tracked.get_mut(&skaddr)
+    }
+
+    /// Whether a socket is followed, by kernel address, adopting one a scan found by its
+    /// 4-tuple.
+    pub(super) fn follows(&mut self, skaddr: u64, ns: u32, conn: Endpoints) -> bool {
+        if self.sockets.tracked.contains_key(&skaddr) {
+            return true;
+        }
+        let seed = self.sockets.seed_id(ns, conn.local, conn.remote);
+        self.sockets.adopt(seed, skaddr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passing_state_lives_while_queued_or_peer_done_and_an_address_followed_again_starts_clean() {
+        let mut s = Sockets::default();
+        let key: Key = Arc::new("c".to_string());
+        // Its peer done while it waited for accept(): both kept until the close.
+        s.follow(1, key.clone(), Some((5, 8080)));
+        s.set_peer_done(1);
+        let queued = |s: &mut Sockets, id| s.take_queued(id).map(|(_, at, port)| (at, port));
+        assert_eq!(queued(&mut s, 1), Some((5, 8080)));
+        assert_eq!(queued(&mut s, 1), None, "accepted once");
+        assert_eq!(s.unfollow(1).map(|(_, done)| done), Some(true));
+        assert!(s.passing.is_empty());
+        // Accepted, nothing else: no entry left.
+        s.follow(2, key.clone(), Some((5, 8080)));
+        assert_eq!(queued(&mut s, 2), Some((5, 8080)));
+        assert!(s.passing.is_empty());
+        // An entry left by a connection no longer followed (evicted) is not the next one's.
+        s.follow(3, key.clone(), None);
+        s.set_peer_done(3);
+        s.tracked.remove(&3);
+        s.follow(3, key.clone(), None);
+        assert_eq!(s.unfollow(3).map(|(_, done)| done), Some(false));
+        // Nothing kept for an address not followed.
+        s.set_peer_done(4);
+        assert!(s.passing.is_empty());
+        // A scan's connection keeps what it was when adopted by kernel address.
+        s.follow(7, key.clone(), None);
+        s.set_peer_done(7);
+        assert!(s.adopt(7, 70));
+        assert_eq!(s.adopted.get(&70), Some(&7));
+        assert_eq!(s.unfollow(70).map(|(_, done)| done), Some(true));
+        assert!(s.passing.is_empty());
+        assert_eq!(s.tracked.len(), 1, "the accepted one, still open");
     }
 }
