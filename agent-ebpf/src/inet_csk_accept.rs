@@ -4,7 +4,10 @@
 use aya_ebpf::{macros::kretprobe, programs::RetProbeContext};
 use drainwatch_common::{EventKind, Tuple, inet_csk_accept::Event};
 
-use crate::util::{fill_header, out_of_scope, reserve, sock_netns_tuple, submit, zeroed};
+use crate::{
+    sock_head::sock_netns_tuple,
+    util::{fill_header, out_of_scope, reserve, submit, zeroed},
+};
 
 /// Needs kprobes: where they are missing the plan falls back to the accept syscall tracepoints.
 #[kretprobe]

@@ -14,6 +14,7 @@ mod kfree_skb;
 mod loopback;
 mod sched_process_exit;
 mod signal_generate;
+mod sock_head;
 mod sock_length;
 mod sys_exit_accept;
 mod tcp_receive_reset;
