@@ -82,6 +82,13 @@ impl Sockets {
                 self.passing.remove(&id);
             }
         }
+        // Entries of connections evicted at the cap are orphans: once they could outnumber
+        // the connections followed, they go (so `passing` never outgrows `tracked` by more
+        // than one, however long the node stays at the cap).
+        if self.passing.len() > self.tracked.len() {
+            let tracked = &self.tracked;
+            self.passing.retain(|id, _| tracked.contains_key(id));
+        }
     }
 
     /// Stops following a connection: its container, and whether its peer was done first.
@@ -329,5 +336,23 @@ mod tests {
         assert_eq!(s.unfollow(70).map(|(_, done)| done), Some(true));
         assert!(s.passing.is_empty());
         assert_eq!(s.tracked.len(), 1, "the accepted one, still open");
+    }
+
+    #[test]
+    fn passing_states_of_evicted_connections_never_outgrow_the_connections_followed() {
+        let mut s = Sockets::default();
+        let key: Key = Arc::new("c".to_string());
+        for id in 0..10_000u64 {
+            s.follow(id, key.clone(), Some((id, 80)));
+            // The cap evicts from `tracked` alone, as `make_room` does.
+            if s.tracked.len() > 100 {
+                let old = *s.tracked.keys().next().expect("an entry");
+                s.tracked.remove(&old);
+            }
+            assert!(s.passing.len() <= s.tracked.len() + 1, "at {id}");
+        }
+        // A followed connection's state survives the sweeps.
+        let kept = *s.tracked.keys().next().expect("an entry");
+        assert!(s.take_queued(kept).is_some());
     }
 }
