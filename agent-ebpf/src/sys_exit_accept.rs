@@ -1,14 +1,20 @@
 //! `syscalls:sys_exit_accept{,4}`: accept() returned a descriptor, followed to its socket
 //! through BTF offsets; emits the same `inet_csk_accept` event as the kretprobe.
 
-use aya_ebpf::{helpers::bpf_get_current_task, macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{
+    helpers::{bpf_get_current_task, generated::bpf_get_current_task_btf},
+    macros::tracepoint,
+    programs::TracePointContext,
+};
 
 use drainwatch_common::{EventKind, faults::FaultKind, fields::NO_FIELD, watch};
 
 use crate::{
     fault::fault,
     inet_csk_accept::emit_accepted,
-    util::{CONFIG, cfg, count_filtered, current_netns, is_host, kread, task_netns, watched_port},
+    util::{
+        CONFIG, cfg, count_filtered, current_netns, is_host, kread, ld, task_netns, watched_port,
+    },
 };
 
 /// The program emits `inet_csk_accept` events; its faults count there.
@@ -54,6 +60,29 @@ fn socket_of_fd(fd: u64) -> Option<u64> {
     kread::<u64>(KIND, socket, cfg(&k.socket_sk)).filter(|sk| *sk != 0)
 }
 
+/// [`socket_of_fd`] from the BTF task: its files and descriptor table are plain loads, so
+/// three helper calls (the descriptor's file, its socket, the socket's sock) where the probe
+/// reads made six and `bpf_get_current_task` a seventh. The table's `fd` array is a pointer
+/// to pointers, which the verifier hands over as a plain number: read from there on.
+#[inline(always)]
+fn socket_of_fd_btf(fd: u64) -> Option<u64> {
+    let k = &CONFIG.kernel;
+    let task = unsafe { bpf_get_current_task_btf() } as *const u8;
+    if task.is_null() {
+        return None;
+    }
+    let files = ld::<*const u8>(task, cfg(&k.task_files)).filter(|p| !p.is_null())?;
+    let fdt = ld::<*const u8>(files, cfg(&k.files_fdt)).filter(|p| !p.is_null())?;
+    let max = ld::<u32>(fdt, cfg(&k.fdtable_max_fds))?;
+    if fd >= u64::from(max) {
+        return None;
+    }
+    let fds = ld::<u64>(fdt, cfg(&k.fdtable_fd))?;
+    let file = kread::<u64>(KIND, fds + fd * 8, 0)?;
+    let socket = kread::<u64>(KIND, file, cfg(&k.file_private_data))?;
+    kread::<u64>(KIND, socket, cfg(&k.socket_sk)).filter(|sk| *sk != 0)
+}
+
 fn try_sys_exit_accept<const TASK_BTF: bool>(ctx: &TracePointContext) -> Option<()> {
     // One field: read alone, not through a `Record` (a 128-byte copy).
     let off = cfg(&CONFIG.sys_exit_accept.ret);
@@ -78,6 +107,10 @@ fn try_sys_exit_accept<const TASK_BTF: bool>(ctx: &TracePointContext) -> Option<
         count_filtered(KIND);
         return None;
     }
-    let sk = socket_of_fd(ret as u64)?;
+    let sk = if TASK_BTF {
+        socket_of_fd_btf(ret as u64)?
+    } else {
+        socket_of_fd(ret as u64)?
+    };
     emit_accepted(sk)
 }
