@@ -7,7 +7,9 @@
 //!   defaults, and bpftrace `count()` on the same hooks, interleaved over rounds. Throughput,
 //!   the agent's CPU per 10,000 connections/s (measured from before each churn to 1.5 s after
 //!   it, so the draining of its records counts), kernel program time per connection (every
-//!   program the process holds, against bpftrace's) and records per connection
+//!   program the process holds, against bpftrace's, both attached during one churn of each
+//!   round: the ratio is the median of the rounds', each from one machine state) and records
+//!   per connection
 //!   (`bench/src/bin/churn.rs pod`, `xtask/src/bench/pod.rs`).
 //! - Churn: loopback connect/accept/close, refused connects and aborts (`bench/src/bin/churn.rs`)
 //!   with nothing attached, with the agent, with the agent's hooks attached but its programs

@@ -59,7 +59,32 @@ impl Bpftrace {
         }
         // Keep draining its output so it never blocks on a full pipe.
         std::thread::spawn(move || lines.for_each(drop));
-        Ok(Self { child })
+        let tracer = Self { child };
+        // It prints that line before it attaches: a SIGINT before its handler is in place was
+        // seen lost, and a churn started early would go partly uncounted.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while tracer.attached() < TRACEPOINTS.len() {
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "bpftrace attached {} of {} probes in 30 s",
+                tracer.attached(),
+                TRACEPOINTS.len()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Ok(tracer)
+    }
+
+    /// Tracepoints it has attached, as the kernel lists them (`bpftool perf list`).
+    fn attached(&self) -> usize {
+        let pid = u64::from(self.child.id());
+        bpftool(&["perf", "list"]).map_or(0, |v| {
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| p["pid"].as_u64() == Some(pid))
+                .count()
+        })
     }
 
     pub(super) fn pid(&self) -> u32 {
@@ -69,8 +94,17 @@ impl Bpftrace {
 
 impl Drop for Bpftrace {
     fn drop(&mut self) {
+        // SIGINT lets it detach and print; killed if it has not gone within 5 s.
         // SAFETY: kill(2) of our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::time::Instant::now() < deadline {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }

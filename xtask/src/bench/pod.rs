@@ -1,7 +1,9 @@
 //! The pod phase: connection churn inside a real container's network namespace (podman +
 //! runc), the traffic drainwatch exists for. Unlike the loopback phase, the kernel filter keeps
 //! all of it, so this is what the agent costs on a busy pod: nothing attached, the agent at its
-//! defaults and bpftrace `count()` on the same hooks, interleaved over rounds.
+//! defaults, its hooks with programs returning at once (`--attach-only`: the ceiling the hooks
+//! themselves put on throughput) and bpftrace `count()` on the same hooks, interleaved over
+//! rounds.
 
 use std::{
     path::{Path, PathBuf},
@@ -144,18 +146,22 @@ pub(super) fn pod_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Result<
     let stats = BpfStats::keep()?;
     stats.set(false)?;
     let (mut off, mut on, mut trace) = (Vec::new(), Vec::new(), Vec::new());
+    let mut floor = Vec::new();
     let mut work = Work::default();
     let (mut agent_kernel, mut trace_kernel) = ((0.0, 0.0), (0.0, 0.0));
+    let mut kernel_ratios = Vec::new();
     let cost_secs = plan.phase_secs / 2.0;
-    // Kernel time per connection of a process's programs, in a churn of its own with the
-    // statistics on (they add two clock reads to every run).
-    let kernel = |pid: u32, acc: &mut (f64, f64)| -> Result<()> {
+    // Kernel time per connection of the agent's programs and bpftrace's, from one churn with
+    // both attached and the statistics on (they add two clock reads to every run): each
+    // program's run time is its own, and the pair sees the same machine. Measured apart, the
+    // ratio moved by a fifth between runs with the machine's state (1.11–1.23×).
+    let kernel = |agent: u32, tracer: u32| -> Result<(f64, f64, f64)> {
         stats.set(true)?;
-        let before = stats.snapshot(pid)?;
+        let (a0, t0) = (stats.snapshot(agent)?, stats.snapshot(tracer)?);
         let (n, _) = pod.churn(plan, cost_secs)?;
-        acc.0 += kernel_ns(&before, &stats.snapshot(pid)?);
-        acc.1 += n;
-        stats.set(false)
+        let (a1, t1) = (stats.snapshot(agent)?, stats.snapshot(tracer)?);
+        stats.set(false)?;
+        Ok((kernel_ns(&a0, &a1), kernel_ns(&t0, &t1), n))
     };
     for round in 0..plan.rounds {
         eprintln!("[bench] pod churn round {}/{}", round + 1, plan.rounds);
@@ -176,15 +182,24 @@ pub(super) fn pod_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Result<
             work.records += agent.metric_sum("drainwatch_events_total")? - rec0;
             work.shed += agent.metric_sum("drainwatch_events_shed_total")? - shed0;
             work.connections += n;
-            kernel(agent.pid(), &mut agent_kernel)?;
+            let tracer = Bpftrace::start()?;
+            let (a, t, n) = kernel(agent.pid(), tracer.pid())?;
+            (agent_kernel.0 += a, agent_kernel.1 += n);
+            (trace_kernel.0 += t, trace_kernel.1 += n);
+            kernel_ratios.push(a / t.max(1.0));
         }
         {
-            let tracer = Bpftrace::start()?;
+            // The same hooks with programs that return at once: the ceiling attaching them
+            // puts on the pod's throughput, whatever the programs do.
+            let _floor = Agent::start(bin, &["--attach-only"])?;
+            floor.push(pod.churn(plan, plan.phase_secs)?.1);
+        }
+        {
+            let _tracer = Bpftrace::start()?;
             trace.push(pod.churn(plan, plan.phase_secs)?.1);
-            kernel(tracer.pid(), &mut trace_kernel)?;
         }
     }
-    let (off, on, trace) = (median(&off), median(&on), median(&trace));
+    let (off, on, trace, floor) = (median(&off), median(&on), median(&trace), median(&floor));
     let ratio = on / off;
     rows.push(Row {
         figure: "pod churn throughput, agent at its defaults (connections/s)".into(),
@@ -193,6 +208,26 @@ pub(super) fn pod_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Result<
         ratio: pct(ratio),
         budget: "≥ 97%".into(),
         verdict: Verdict::of(ratio >= 0.97),
+    });
+    rows.push(Row {
+        figure: "pod churn throughput, the agent's hooks with programs returning at once \
+                 (`--attach-only`)"
+            .into(),
+        value: format!("{floor:.0}"),
+        baseline: format!("{off:.0} (nothing attached)"),
+        ratio: pct(floor / off),
+        budget: "-".into(),
+        verdict: Verdict::Info,
+    });
+    rows.push(Row {
+        figure: "pod churn throughput, agent at its defaults against its hooks returning at \
+                 once (the programs' and the agent's own work)"
+            .into(),
+        value: format!("{on:.0}"),
+        baseline: format!("{floor:.0} (`--attach-only`)"),
+        ratio: pct(on / floor),
+        budget: "-".into(),
+        verdict: Verdict::Info,
     });
     rows.push(Row {
         figure: "pod churn throughput, bpftrace count() on the same hooks".into(),
@@ -217,13 +252,18 @@ pub(super) fn pod_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Result<
         agent_kernel.0 / agent_kernel.1.max(1.0),
         trace_kernel.0 / trace_kernel.1.max(1.0),
     );
+    let ratio = median(&kernel_ratios);
+    let (lo, hi) = kernel_ratios
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(*r), hi.max(*r)));
     rows.push(Row {
-        figure: "kernel program time per pod connection (BPF stats, every hook)".into(),
+        figure: "kernel program time per pod connection (BPF stats, every hook, both attached)"
+            .into(),
         value: format!("{agent_ns:.0} ns"),
         baseline: format!("{trace_ns:.0} ns (bpftrace count())"),
-        ratio: format!("{:.2}×", agent_ns / trace_ns),
+        ratio: format!("{ratio:.2}× (rounds {lo:.2}–{hi:.2}×)"),
         budget: "≤ bpftrace".into(),
-        verdict: Verdict::of(agent_ns <= trace_ns),
+        verdict: Verdict::of(ratio <= 1.0),
     });
     rows.push(Row {
         figure: "records per pod connection (received by the agent)".into(),

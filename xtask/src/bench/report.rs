@@ -72,10 +72,11 @@ pub(super) fn document(table: &str, plan: &Plan) -> Result<String> {
         container's network namespace (of ten connections eight a request and its answer \
         closed by the server, one refused, one aborted), which the kernel filter keeps whole; \
         the loopback rows after them are host traffic, which it drops unless told to keep it. \
-        Churn phases of {secs} s, {rounds} interleaved rounds (pod: off, agent, bpftrace; \
-        loopback: off, agent, agent keeping every event, hooks alone, bpftrace), medians; throughput with `kernel.bpf_stats_enabled` off, as in \
-        production, and the kernel cost per run from a following phase of half the length with \
-        it on. \
+        Churn phases of {secs} s, {rounds} interleaved rounds (pod: off, agent, hooks alone, \
+        bpftrace; loopback: off, agent, agent keeping every event, hooks alone, bpftrace), \
+        medians; throughput with `kernel.bpf_stats_enabled` off, as in production, and the \
+        kernel cost per run from a following phase of half the length with it on (pod: the \
+        agent and bpftrace attached together, each program's time its own). \
         Every figure sits beside a baseline measured in the same run; absolute numbers move \
         with whatever else the machine does.\n\n{table}\n\
         How each figure is measured: see the module documentation of `xtask/src/bench.rs`. \
