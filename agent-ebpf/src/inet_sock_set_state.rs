@@ -121,16 +121,19 @@ fn emit_event<S: Socket>(
     let netns = s.netns();
     let mut tuple = zeroed::<Tuple>();
     s.tuple(&mut tuple);
-    if btf && loopback::lean() && unused_step(f, skaddr, oldstate, newstate, &tuple) {
-        count_filtered(KIND);
-        return None;
-    }
     // Each mask read where it is needed, through `cfg`: `f` is the frozen global itself on the
     // tp_btf path, and copying all of it up front cost a dozen loads per run.
     let backlog_new = cfg(&f.backlog_new);
     let listener = in_mask(backlog_new, newstate)
         || (in_mask(backlog_new, oldstate) && in_mask(cfg(&f.listener_closed_new), newstate));
+    // The host's own traffic first: its loopback connects then cost no map update each (no
+    // step `unused_step` drops is a listener's). A host socket the watch set takes in later
+    // was never marked a loopback connect: its steps are kept, as before the lean filter.
     if !listener && out_of_scope(KIND, netns, &tuple) {
+        return None;
+    }
+    if btf && loopback::lean() && unused_step(f, skaddr, oldstate, newstate, &tuple) {
+        count_filtered(KIND);
         return None;
     }
     let mut entry = reserve::<Event>(KIND)?;

@@ -8,7 +8,9 @@ use drainwatch_common::{
     sched_process_exit::{Event, Fields},
 };
 
-use crate::util::{CONFIG, Record, cfg, fill_header, kread, reserve, submit_lifecycle, task_netns};
+use crate::util::{
+    CONFIG, Record, cfg, fill_header, kread, reserve, submit_lifecycle_quiet, task_netns,
+};
 
 const KIND: EventKind = EventKind::SchedProcessExit;
 
@@ -43,6 +45,6 @@ fn try_sched_process_exit(ctx: &TracePointContext) -> Option<()> {
     fill_header(&mut ev.header, KIND, task_netns(KIND));
     ev.exit_code = exit_code;
     ev.group_dead = 1;
-    submit_lifecycle(entry);
+    submit_lifecycle_quiet(entry);
     Some(())
 }
