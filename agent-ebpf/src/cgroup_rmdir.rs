@@ -11,9 +11,10 @@ use drainwatch_common::{
     faults::FaultKind,
 };
 
+use crate::ring::{reserve, submit_lifecycle};
 use crate::{
     fault::fault,
-    util::{CONFIG, Record, cfg, fill_header, reserve, submit_lifecycle, task_netns},
+    util::{CONFIG, Record, cfg, fill_header, task_netns},
 };
 
 const KIND: EventKind = EventKind::CgroupRmdir;

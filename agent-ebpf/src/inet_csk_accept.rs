@@ -4,9 +4,10 @@
 use aya_ebpf::{macros::kretprobe, programs::RetProbeContext};
 use drainwatch_common::{EventKind, Tuple, inet_csk_accept::Event};
 
+use crate::ring::{reserve, submit};
 use crate::{
     sock_head::sock_netns_tuple,
-    util::{fill_header_task, out_of_scope, reserve, submit, zeroed},
+    util::{fill_header_task, out_of_scope, zeroed},
 };
 
 /// Needs kprobes: where they are missing the plan falls back to the accept syscall tracepoints.

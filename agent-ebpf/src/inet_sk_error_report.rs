@@ -10,9 +10,10 @@ use drainwatch_common::{
     inet_sk_error_report::{Event, Fields},
 };
 
+use crate::ring::{reserve, submit};
 use crate::util::{
     CONFIG, IPPROTO_TCP, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, cfg,
-    count_filtered, fill_header, ld, out_of_scope, reserve, submit, task_netns, tp_tuple, zeroed,
+    count_filtered, fill_header, ld, out_of_scope, task_netns, tp_tuple, zeroed,
 };
 
 /// tp_btf: `inet_sk_error_report(const struct sock *sk)`; the socket read with plain loads,

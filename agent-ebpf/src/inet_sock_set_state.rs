@@ -13,12 +13,13 @@ use drainwatch_common::{
     inet_sock_set_state::{Event, Fields},
 };
 
+use crate::ring::{reserve, submit};
 use crate::{
     loopback,
     util::{
         CONFIG, IPPROTO_TCP, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, btf_tcp_sock,
-        cfg, count_filtered, fill_header_task, kread, ld, out_of_scope, reserve, sock_netns,
-        submit, tp_tuple, zeroed,
+        cfg, count_filtered, fill_header_task, kread, ld, out_of_scope, sock_netns, tp_tuple,
+        zeroed,
     },
 };
 

@@ -11,9 +11,10 @@ use drainwatch_common::{
     kfree_skb::{Event, Fields},
 };
 
+use crate::ring::{reserve, submit};
 use crate::util::{
-    CONFIG, Record, btf_sock_netns, btf_sock_tuple, cfg, fill_header, kread, ld, reserve,
-    skb_netns, sock_netns, sock_tuple, submit, zeroed,
+    CONFIG, Record, btf_sock_netns, btf_sock_tuple, cfg, fill_header, kread, ld, skb_netns,
+    sock_netns, sock_tuple, zeroed,
 };
 
 /// tp_btf, 6.11+: `kfree_skb(struct sk_buff *skb, void *location, enum skb_drop_reason reason,

@@ -12,6 +12,7 @@ mod inet_sk_error_report;
 mod inet_sock_set_state;
 mod kfree_skb;
 mod loopback;
+mod ring;
 mod sched_process_exit;
 mod signal_generate;
 mod sock_head;

@@ -8,9 +8,8 @@ use drainwatch_common::{
     sched_process_exit::{Event, Fields},
 };
 
-use crate::util::{
-    CONFIG, Record, cfg, fill_header, kread, reserve, submit_lifecycle_quiet, task_netns,
-};
+use crate::ring::{reserve, submit_lifecycle_quiet};
+use crate::util::{CONFIG, Record, cfg, fill_header, kread, task_netns};
 
 const KIND: EventKind = EventKind::SchedProcessExit;
 

@@ -7,7 +7,8 @@ use drainwatch_common::{
     signal_generate::{Event, Fields, SIGNALS},
 };
 
-use crate::util::{CONFIG, Record, cfg, fill_header, reserve, submit_lifecycle, task_netns};
+use crate::ring::{reserve, submit_lifecycle};
+use crate::util::{CONFIG, Record, cfg, fill_header, task_netns};
 
 #[tracepoint]
 pub fn signal_generate(ctx: TracePointContext) -> u32 {

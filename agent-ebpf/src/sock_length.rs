@@ -27,7 +27,8 @@ use drainwatch_common::{
     },
 };
 
-use crate::util::{CONFIG, cfg, fill_header_task, reserve, submit, zeroed};
+use crate::ring::{reserve, submit};
+use crate::util::{CONFIG, cfg, fill_header_task, zeroed};
 
 const KIND: EventKind = EventKind::SockLength;
 

@@ -11,9 +11,10 @@ use drainwatch_common::{
     tcp_receive_reset::{Event, Fields},
 };
 
+use crate::ring::{reserve, submit};
 use crate::util::{
-    CONFIG, Record, btf_sock_netns, btf_sock_tuple, cfg, fill_header, ld, out_of_scope, reserve,
-    sock_netns, sock_state, submit, tp_tuple, zeroed,
+    CONFIG, Record, btf_sock_netns, btf_sock_tuple, cfg, fill_header, ld, out_of_scope, sock_netns,
+    sock_state, tp_tuple, zeroed,
 };
 
 /// tp_btf: `tcp_receive_reset(struct sock *sk)`; the socket read with plain loads.

@@ -14,12 +14,12 @@ use drainwatch_common::{
     tcp_send_reset::{ANSWERED_READ, Event, Fields},
 };
 
+use crate::ring::{reserve, submit};
 use crate::{
     fault::fault,
     util::{
         CONFIG, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, cfg, fill_header, kread,
-        ld, out_of_scope, reserve, skb_netns, sock_netns, sock_state, sock_tuple, submit, tp_tuple,
-        zeroed,
+        ld, out_of_scope, skb_netns, sock_netns, sock_state, sock_tuple, tp_tuple, zeroed,
     },
 };
 
