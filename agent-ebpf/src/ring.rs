@@ -96,12 +96,17 @@ pub fn submit_lifecycle<T>(entry: RingBufEntry<T>) {
 /// reader's next drain instead (`DRAIN_INTERVAL`, 100 ms).
 #[inline(always)]
 pub fn submit_lifecycle_quiet<T>(entry: RingBufEntry<T>) {
-    let full_enough = LIFECYCLE.query(BPF_RB_AVAIL_DATA) >= LIFECYCLE.query(BPF_RB_RING_SIZE) / 8;
-    entry.submit(if full_enough {
+    entry.submit(wakeup(&LIFECYCLE, true));
+}
+
+/// The commit flag: wake the reader when `look`ing finds `ring` an eighth full, else not.
+#[inline(always)]
+fn wakeup(ring: &RingBuf, look: bool) -> u64 {
+    if look && ring.query(BPF_RB_AVAIL_DATA) >= ring.query(BPF_RB_RING_SIZE) / 8 {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP
-    });
+    }
 }
 
 const BPF_RB_NO_WAKEUP: u64 = 1;
@@ -122,10 +127,5 @@ pub fn submit<T>(entry: RingBufEntry<T>) {
         *n = (*n).wrapping_add(1);
         *n % 16 == 0
     });
-    let full_enough = look && EVENTS.query(BPF_RB_AVAIL_DATA) >= EVENTS.query(BPF_RB_RING_SIZE) / 8;
-    entry.submit(if full_enough {
-        BPF_RB_FORCE_WAKEUP
-    } else {
-        BPF_RB_NO_WAKEUP
-    });
+    entry.submit(wakeup(&EVENTS, look));
 }
