@@ -184,8 +184,10 @@ pub(super) fn pod_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Result<
             work.connections += n;
             let tracer = Bpftrace::start()?;
             let (a, t, n) = kernel(agent.pid(), tracer.pid())?;
-            (agent_kernel.0 += a, agent_kernel.1 += n);
-            (trace_kernel.0 += t, trace_kernel.1 += n);
+            agent_kernel.0 += a;
+            agent_kernel.1 += n;
+            trace_kernel.0 += t;
+            trace_kernel.1 += n;
             kernel_ratios.push(a / t.max(1.0));
         }
         {
