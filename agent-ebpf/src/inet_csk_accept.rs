@@ -33,8 +33,8 @@ pub fn emit_accepted(sk: u64) -> Option<()> {
     }
     let mut entry = reserve::<Event>(EventKind::InetCskAccept)?;
     let ev = unsafe { entry.assume_init_mut() };
-    // No cgroup or command: the agent reads an accept by its socket and time only, and the two
-    // helper calls were a sixth of the hook's time.
+    // No cgroup or command: the agent reads an accept by its socket and time only, so the two
+    // helper calls that fetch them are saved.
     fill_header_task(&mut ev.header, EventKind::InetCskAccept, netns, false);
     ev.skaddr = sk;
     ev.tuple = tuple;
