@@ -26,6 +26,11 @@ pub fn kretprobe_inet_csk_accept(ctx: RetProbeContext) -> u32 {
 /// Reports that accept() handed `sk` to the application (both accept hooks use it).
 #[inline(always)]
 pub fn emit_accepted(sk: u64) -> Option<()> {
+    // A held connection's accept waits with its arrival (`hold`): no record, and no read of
+    // the socket (it was in scope when it arrived).
+    if crate::hold::on() && crate::hold::accept(sk) {
+        return None;
+    }
     let mut tuple = zeroed::<Tuple>();
     let netns = sock_netns_tuple(EventKind::InetCskAccept, sk, &mut tuple);
     if out_of_scope(EventKind::InetCskAccept, netns, &tuple) {

@@ -10,12 +10,12 @@ use aya_ebpf::{
 };
 use drainwatch_common::{
     EventKind, Tuple,
-    inet_sock_set_state::{Event, Fields},
+    inet_sock_set_state::{Event, Fields, HELD_ONLY, Held},
 };
 
 use crate::ring::{reserve, submit};
 use crate::{
-    loopback,
+    hold, loopback,
     util::{
         CONFIG, IPPROTO_TCP, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, btf_tcp_sock,
         cfg, count_filtered, fill_header_task, kread, ld, out_of_scope, sock_netns, tp_tuple,
@@ -137,6 +137,21 @@ fn emit_event<S: Socket>(
         count_filtered(KIND);
         return None;
     }
+    // Only on tp_btf (the classic program is at its verifier's limit): a held arrival is
+    // carried by the connection's first step out of ESTABLISHED.
+    let hold = btf && hold::on();
+    if hold
+        && oldstate == cfg(&f.syn_recv_state)
+        && newstate == cfg(&f.established_state)
+        && hold::arrive(skaddr)
+    {
+        return None;
+    }
+    let held = if hold && in_mask(cfg(&f.counters_old), oldstate) {
+        hold::take(skaddr)
+    } else {
+        zeroed::<Held>()
+    };
     let mut entry = reserve::<Event>(KIND)?;
     let ev = unsafe { entry.assume_init_mut() };
     fill_header_task(
@@ -164,8 +179,35 @@ fn emit_event<S: Socket>(
     } else {
         0
     };
+    ev.held = held;
     submit(entry);
     Some(())
+}
+
+/// Before a reset hook's record of `sk`: what was held for it, in a record of its own, so that
+/// the agent knows the connection before its reset.
+#[inline(always)]
+pub fn emit_held_only(sk: u64, netns: u32, tuple: &Tuple) {
+    if !hold::on() {
+        return;
+    }
+    let held = hold::take(sk);
+    if held.arrived_ns == 0 {
+        return;
+    }
+    let Some(mut entry) = reserve::<Event>(KIND) else {
+        return;
+    };
+    let ev = unsafe { entry.assume_init_mut() };
+    fill_header_task(&mut ev.header, KIND, netns, false);
+    ev.skaddr = sk;
+    ev.tuple = *tuple;
+    ev.oldstate = HELD_ONLY;
+    ev.newstate = HELD_ONLY;
+    no_counters(ev);
+    ev.max_ack_backlog = 0;
+    ev.held = held;
+    submit(entry);
 }
 
 /// tp_btf: `inet_sock_set_state(const struct sock *sk, int oldstate, int newstate)`.

@@ -7,6 +7,7 @@
 
 mod cgroup_rmdir;
 mod fault;
+mod hold;
 mod inet_csk_accept;
 mod inet_sk_error_report;
 mod inet_sock_set_state;

@@ -30,6 +30,7 @@ pub fn tcp_receive_reset_btf(ctx: BtfTracePointContext) -> i32 {
     if out_of_scope(EventKind::TcpReceiveReset, netns, &tuple) {
         return 0;
     }
+    crate::inet_sock_set_state::emit_held_only(sk as u64, netns, &tuple);
     let Some(mut entry) = reserve::<Event>(EventKind::TcpReceiveReset) else {
         return 0;
     };

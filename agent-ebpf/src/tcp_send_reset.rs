@@ -72,6 +72,9 @@ pub fn tcp_send_reset_btf(ctx: BtfTracePointContext) -> i32 {
     if out_of_scope(EventKind::TcpSendReset, netns, &tuple) {
         return 0;
     }
+    if full {
+        crate::inet_sock_set_state::emit_held_only(sk as u64, netns, &tuple);
+    }
     let Some(mut entry) = reserve::<Event>(EventKind::TcpSendReset) else {
         return 0;
     };

@@ -357,6 +357,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         retry_window: std::time::Duration::from_millis(cli.retry_window_ms),
         packet_events_per_cpu: cli.packet_events_per_cpu,
         lean: true,
+        hold: cli.hold,
     })?;
     if cli.attach_only {
         tracing::warn!("--attach-only: the programs return at once, nothing is captured");

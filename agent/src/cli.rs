@@ -134,6 +134,13 @@ pub struct Cli {
     #[arg(long, env = "DRAINWATCH_ATTACH_ONLY", hide = true)]
     pub attach_only: bool,
 
+    /// Experimental, not exact yet: hold a pod connection's arrival and accept in the kernel
+    /// until its close carries them (one record per clean connection instead of three). Late
+    /// arrivals are not yet reconciled with stops, storms and starts; only for `cargo xtask
+    /// bench`, which measures what it saves.
+    #[arg(long, env = "DRAINWATCH_HOLD", hide = true)]
+    pub hold: bool,
+
     /// Drop every event of these hooks (by stem, e.g. sched_process_exit) in the reader,
     /// counted as lost in the ring buffer. Only for tests of what a lost event does.
     #[arg(

@@ -39,6 +39,9 @@ macro_rules! config {
             /// SYN_SENT but its failure (`inet_sock_set_state`), and socket error reports. 0
             /// (capture's tests) keeps them: each hook's whole story.
             pub lean: u32,
+            /// Non-zero (`--hold`, experimental): a pod connection's arrival and accept wait in
+            /// the kernel (`HOLD`) for its next record to carry them (`inet_sock_set_state::Held`).
+            pub hold: u32,
         }
 
         impl Config {
@@ -51,6 +54,7 @@ macro_rules! config {
                 retry_window_us: 0,
                 packet_events_per_sec: 0,
                 lean: 0,
+                hold: 0,
             };
         }
     };
@@ -61,4 +65,4 @@ crate::for_each_hook!(config);
 pod!(Config);
 
 // No implicit padding: the agent writes these bytes verbatim into the program's global.
-const _: () = assert!(core::mem::size_of::<Config>() == 348);
+const _: () = assert!(core::mem::size_of::<Config>() == 356);

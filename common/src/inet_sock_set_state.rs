@@ -33,7 +33,29 @@ pub struct Event {
     /// segments per segment it receives, a request/response connection about as many.
     pub data_segs_in: u32,
     pub data_segs_out: u32,
+    /// With `Config::hold`: the socket's arrival and accept, held in the kernel and sent with
+    /// this record instead of records of their own (all zero when nothing was held).
+    pub held: Held,
 }
+
+/// A passive child's arrival (SYN_RECV→ESTABLISHED) and accept, kept in the kernel until the
+/// socket's next record carries them (`Config::hold`): a connection that opens and closes
+/// cleanly then makes one record where it made three.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// When its handshake completed (`bpf_ktime_get_ns`); 0: nothing held.
+    pub arrived_ns: u64,
+    /// When accept() took it; 0: not accepted.
+    pub accepted_ns: u64,
+    /// The thread group that accepted it.
+    pub accept_tgid: u32,
+    pub _pad: u32,
+}
+
+/// `oldstate` and `newstate` of a record that carries only what was held for its socket (sent
+/// before a reset hook's record of the same socket), no transition of its own.
+pub const HELD_ONLY: i32 = -1;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +96,9 @@ pub struct Fields {
     /// a freed upstream socket's whose `sock_length` entry outlived it (the agent adds entries
     /// for sockets it learns of late, which may be gone by then): that entry goes.
     pub syn_recv_state: i32,
+    /// TCP_ESTABLISHED's number (-2: unknown): with `Config::hold`, a passive child entering
+    /// it from SYN_RECV is an arrival, held (`inet_sock_set_state::Held`).
+    pub established_state: i32,
     /// With `Config::lean`: old states (SYN_SENT, ESTABLISHED, CLOSE_WAIT) whose transitions
     /// are dropped for a connect to a loopback or unset address (`LOOPBACK_CONNECTS`), but a
     /// failed connect (SYN_SENT to CLOSE). The agent follows a connect only to a container's
@@ -97,11 +122,12 @@ impl Fields {
         close_state: -2,
         last_ack_state: -2,
         syn_recv_state: -2,
+        established_state: -2,
         loopback_old: 0,
     };
 }
 
-pod!(Event, Fields);
+pod!(Event, Fields, Held);
 
 // The layout is a contract with the kernel side (see the crate root).
-const _: () = assert!(core::mem::size_of::<Event>() == 152);
+const _: () = assert!(core::mem::size_of::<Event>() == 176);

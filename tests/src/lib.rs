@@ -89,19 +89,25 @@ impl Harness {
         skip: &[&str],
         per_cpu: u32,
     ) -> Result<Self, capture::CaptureError> {
-        Self::try_start_as(only, ring_bytes, queue, skip, per_cpu, false)
+        Self::try_start_as(only, ring_bytes, queue, skip, per_cpu, (false, false))
     }
 
     /// As `start`, as the agent loads the programs: records nothing in the agent reads are
     /// dropped in the kernel and counted as filtered (`capture::Options::lean`).
     pub fn start_lean(only: &[&'static str], ring_bytes: u32) -> Self {
+        Self::start_lean_as(only, ring_bytes, false)
+    }
+
+    /// As `start_lean`, with the kernel holding a connection's arrival and accept for its next
+    /// record (`capture::Options::hold`) when `hold`.
+    pub fn start_lean_as(only: &[&'static str], ring_bytes: u32, hold: bool) -> Self {
         let h = Self::try_start_as(
             Some(only),
             ring_bytes,
             1 << 20,
             &[],
             capture::PACKET_EVENTS_PER_CPU,
-            true,
+            (true, hold),
         )
         .expect("loading the eBPF programs");
         for st in &h.capture.statuses {
@@ -116,7 +122,7 @@ impl Harness {
         queue: usize,
         skip: &[&str],
         per_cpu: u32,
-        lean: bool,
+        (lean, hold): (bool, bool),
     ) -> Result<Self, capture::CaptureError> {
         require_root();
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -130,6 +136,7 @@ impl Harness {
             skip_hooks: skip.iter().map(|s| s.to_string()).collect(),
             packet_events_per_cpu: per_cpu,
             lean,
+            hold,
             ..Default::default()
         })?;
         let metrics = Arc::new(Telemetry::new("test"));

@@ -265,6 +265,49 @@ pub use super::hooks::{
     inet_sock_set_state::TcpCounters, sched_process_exit::ExitStatus, sock_length::IoStep,
 };
 
+/// One decoded record onto `out` as the events it stands for: a state change that carries its
+/// connection's held arrival and accept (`--hold`) is preceded by them, stamped when they
+/// happened (the merge puts them in time order); a record that only carried them
+/// (`HELD_ONLY`, before a reset) is not passed on itself.
+pub fn unfold(ev: Event, out: &mut Vec<Event>) {
+    let Event::StateChange(s) = &ev else {
+        out.push(ev);
+        return;
+    };
+    let Some(held) = s.held else {
+        out.push(ev);
+        return;
+    };
+    let meta = |ts_ns, tgid| Meta {
+        ts_ns,
+        pid: tgid,
+        tgid,
+        comm: Comm::default(),
+        cgroup_id: 0,
+        netns: s.meta.netns,
+    };
+    out.push(Event::StateChange(StateChange {
+        meta: meta(held.arrived_at, 0),
+        skaddr: s.skaddr,
+        conn: s.conn,
+        old: Some(TcpState::SynRecv),
+        new: Some(TcpState::Established),
+        counters: TcpCounters::default(),
+        max_ack_backlog: None,
+        held: None,
+    }));
+    if let Some((at, tgid)) = held.accepted {
+        out.push(Event::Accepted(Accepted {
+            meta: meta(at, tgid),
+            skaddr: s.skaddr,
+            conn: s.conn,
+        }));
+    }
+    if s.old.is_some() || s.new.is_some() {
+        out.push(ev);
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -322,6 +365,75 @@ pub(crate) mod tests {
         assert_eq!(e6.local.to_string(), "[::1]:443");
         assert_eq!(e6.remote.to_string(), "[fd00::2]:50000");
         assert_eq!(Endpoints::from_tuple(&Tuple::default()), None);
+    }
+
+    #[test]
+    fn a_held_arrival_and_accept_come_back_as_events_before_the_record_that_carried_them() {
+        use drainwatch_common::inet_sock_set_state as set_state;
+        let names = KernelNames {
+            tcp_states: super::super::tracefs::tests::fixture("6.18", "inet_sock_set_state")
+                .symbols("newstate"),
+            ..Default::default()
+        };
+        let record = |old, new, held| set_state::Event {
+            header: header(EventKind::InetSockSetState),
+            skaddr: 9,
+            tuple: v4_tuple([10, 0, 0, 2], 8080, [10, 0, 0, 3], 50000),
+            oldstate: old,
+            newstate: new,
+            bytes_received: 0,
+            bytes_sent: 0,
+            rcv_nxt: 0,
+            copied_seq: 0,
+            lrcvtime: 0,
+            lsndtime: 0,
+            max_ack_backlog: 0,
+            jiffies: 0,
+            data_segs_in: 0,
+            data_segs_out: 0,
+            held,
+        };
+        let unfolded = |e: &set_state::Event| {
+            let mut out = Vec::new();
+            unfold(decode(&bytes_of(e), &names).unwrap(), &mut out);
+            out.iter()
+                .map(|e| match e {
+                    Event::StateChange(s) => format!(
+                        "{:?}->{:?} at {} by {}",
+                        s.old, s.new, s.meta.ts_ns, s.meta.tgid
+                    ),
+                    Event::Accepted(a) => format!("accept at {} by {}", a.meta.ts_ns, a.meta.tgid),
+                    other => format!("{other:?}"),
+                })
+                .collect::<Vec<_>>()
+        };
+        let held = set_state::Held {
+            arrived_ns: 100,
+            accepted_ns: 150,
+            accept_tgid: 77,
+            _pad: 0,
+        };
+        // ESTABLISHED (1) to FIN_WAIT1 (4), carrying both.
+        assert_eq!(
+            unfolded(&record(1, 4, held)),
+            [
+                "Some(SynRecv)->Some(Established) at 100 by 0",
+                "accept at 150 by 77",
+                "Some(Established)->Some(FinWait1) at 123456789 by 1000",
+            ]
+        );
+        // Never accepted; and a record that carried only them is not passed on.
+        let queued = set_state::Held {
+            accepted_ns: 0,
+            ..held
+        };
+        let only = set_state::HELD_ONLY;
+        assert_eq!(
+            unfolded(&record(only, only, queued)),
+            ["Some(SynRecv)->Some(Established) at 100 by 0"]
+        );
+        // Nothing held: the record alone.
+        assert_eq!(unfolded(&record(1, 4, set_state::Held::default())).len(), 1);
     }
 
     #[test]

@@ -200,6 +200,7 @@ impl Capture {
         config.retry_window_us = u32::try_from(opts.retry_window.as_micros()).unwrap_or(u32::MAX);
         config.packet_events_per_sec = opts.packet_events_per_cpu;
         config.lean = u32::from(opts.lean);
+        config.hold = u32::from(opts.hold);
         let mut names = KernelNames::default();
         let (infos, res) = resolve_tracepoints(&events_dir, &mut config, &mut names);
 

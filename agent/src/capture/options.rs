@@ -20,6 +20,9 @@ pub struct Options {
     /// Drop in the kernel (counted as filtered) the records no part of the agent reads (see
     /// `Config::lean`); off by default, so capture's tests see each hook's whole story.
     pub lean: bool,
+    /// Hold a pod connection's arrival and accept in the kernel until its next record (see
+    /// `Config::hold`; experimental).
+    pub hold: bool,
 }
 
 /// nginx re-sends from the failed read's handler, tens of microseconds after the cut; the
@@ -50,6 +53,7 @@ impl Default for Options {
             retry_window: RETRY_WINDOW,
             packet_events_per_cpu: PACKET_EVENTS_PER_CPU,
             lean: false,
+            hold: false,
         }
     }
 }

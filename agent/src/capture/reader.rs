@@ -280,7 +280,7 @@ fn read(
         match event::decode(&item, names) {
             Ok(ev) => {
                 telemetry.agent.event_received(ev.kind());
-                out.push(ev);
+                event::unfold(ev, out);
             }
             Err(error) => DecodeFailed { error }.emit(telemetry),
         }

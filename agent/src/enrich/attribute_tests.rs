@@ -165,6 +165,7 @@ fn state(
         new: tcp(new),
         counters,
         max_ack_backlog: None,
+        held: None,
     })
 }
 

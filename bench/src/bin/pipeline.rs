@@ -177,6 +177,7 @@ fn connection(k: u64, containers: u32, states: &dyn Fn(&str) -> i32, open: bool)
             jiffies: 12,
             data_segs_in: 2,
             data_segs_out: 2,
+            held: Default::default(),
         })
     };
     let mut out = vec![

@@ -18,6 +18,27 @@ pub struct StateChange {
     pub counters: TcpCounters,
     /// Entering LISTEN: the accept queue's limit, when BTF gave its offset.
     pub max_ack_backlog: Option<u32>,
+    /// The socket's arrival and accept, held in the kernel and sent with this record
+    /// (`--hold`); `event::unfold` turns them back into events of their own.
+    pub held: Option<Held>,
+}
+
+/// What the kernel held for a connection (`drainwatch_common::inet_sock_set_state::Held`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// When its handshake completed.
+    pub arrived_at: u64,
+    /// When accept() took it, and the thread group that did.
+    pub accepted: Option<(u64, u32)>,
+}
+
+impl Held {
+    fn of(h: &drainwatch_common::inet_sock_set_state::Held) -> Option<Self> {
+        (h.arrived_ns != 0).then(|| Self {
+            arrived_at: h.arrived_ns,
+            accepted: (h.accepted_ns != 0).then_some((h.accepted_ns, h.accept_tgid)),
+        })
+    }
 }
 
 /// A connection's `tcp_sock` counters at a state change.
@@ -108,6 +129,7 @@ pub fn fields(r: &mut Resolver) -> Fields {
     f.close_state = state("TCP_CLOSE");
     f.last_ack_state = state("TCP_LAST_ACK");
     f.syn_recv_state = state("TCP_SYN_RECV");
+    f.established_state = state("TCP_ESTABLISHED");
     f
 }
 
@@ -143,6 +165,7 @@ pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<StateChange, DecodeEr
         },
         max_ack_backlog: (names.tcp_state(e.newstate) == Some(TcpState::Listen))
             .then_some(e.max_ack_backlog),
+        held: Held::of(&e.held),
     })
 }
 
@@ -215,8 +238,10 @@ mod tests {
             jiffies: 1100,
             data_segs_in: 3,
             data_segs_out: 9,
+            held: Default::default(),
         };
         let d = decode(&bytes_of(&e), &names).unwrap();
+        assert_eq!(d.held, None, "nothing held");
         assert_eq!(d.old.unwrap().name(), Some("TCP_LISTEN"));
         assert_eq!(d.new.unwrap().name(), Some("TCP_CLOSE"));
         // The receive queue's ends wrap around the sequence space.

@@ -1,0 +1,179 @@
+//! `--hold` (experimental): the kernel holds a connection's arrival and accept until its next
+//! record carries them. Real programs in the real kernel: the events the agent gets must be
+//! the ones it gets without the hold, in the same order, while the records are fewer. Needs
+//! root.
+
+use std::{
+    io::{Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    time::Duration,
+};
+
+use drainwatch::capture::event::Event;
+use drainwatch_tests::Harness;
+
+const RING: u32 = 1 << 22;
+const HOOKS: &[&str] = &["socket_states", "accept_wait", "resets_received"];
+/// Clean connections per run, and one aborted after them.
+const CLEAN: usize = 40;
+
+/// Records the kernel sent of `kind`, as the reader counted them.
+fn records(h: &Harness, kind: &str) -> f64 {
+    let text = h.metrics.encode_prometheus().unwrap();
+    let key = format!("drainwatch_events_total{{kind=\"{kind}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(key.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// What the server side of each connection to a fresh listener showed, one line per event in
+/// stream order (time stripped, as each run's clocks differ), and whether the stream's stamps
+/// never went back for it; then the record counts of the run: (state changes, accepts).
+fn run(hold: bool) -> (Vec<Vec<String>>, bool, (f64, f64)) {
+    let mut h = Harness::start_lean_as(HOOKS, RING, hold);
+    h.events();
+    let before = (
+        records(&h, "inet_sock_set_state"),
+        records(&h, "inet_csk_accept"),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = listener.local_addr().unwrap();
+    let mut clients: Vec<SocketAddr> = Vec::new();
+    let mut byte = [0u8; 1];
+    for i in 0..CLEAN {
+        let mut c = TcpStream::connect(server).unwrap();
+        if i % 10 == 0 {
+            // A few wait in the accept queue a while: the wait must survive the hold.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (mut s, peer) = listener.accept().unwrap();
+        clients.push(peer);
+        c.write_all(b"q").unwrap();
+        s.read_exact(&mut byte).unwrap();
+        s.write_all(b"a").unwrap();
+        c.read_exact(&mut byte).unwrap();
+        // The server closes first on even connections (a held arrival carried by FIN_WAIT1),
+        // the client on odd ones (carried by CLOSE_WAIT).
+        if i % 2 == 0 {
+            drop(s);
+            assert_eq!(c.read(&mut byte).unwrap(), 0);
+            drop(c);
+        } else {
+            drop(c);
+            assert_eq!(s.read(&mut byte).unwrap(), 0);
+            drop(s);
+        }
+    }
+    // Aborted by the client: the server's side gets a RST while held.
+    let c = TcpStream::connect(server).unwrap();
+    let (s, peer) = listener.accept().unwrap();
+    clients.push(peer);
+    socket2::SockRef::from(&c)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(c);
+    std::thread::sleep(Duration::from_millis(50));
+    drop(s);
+    std::thread::sleep(Duration::from_millis(200));
+    let events = h.events();
+    let after = (
+        records(&h, "inet_sock_set_state"),
+        records(&h, "inet_csk_accept"),
+    );
+    let mut ordered = true;
+    let lines = clients
+        .iter()
+        .map(|peer| {
+            let mine = |c: &Option<drainwatch::capture::event::Endpoints>| {
+                c.is_some_and(|c| c.local == server && c.remote == *peer)
+            };
+            let mut last = 0;
+            let mut wait = None;
+            let mut arrived = 0;
+            let lines: Vec<String> = events
+                .iter()
+                .filter_map(|e| {
+                    let line = match e {
+                        Event::StateChange(s) if mine(&s.conn) => {
+                            if s.new.and_then(|n| n.name()) == Some("TCP_ESTABLISHED") {
+                                arrived = s.meta.ts_ns;
+                            }
+                            format!(
+                                "{}->{}",
+                                s.old.and_then(|n| n.name()).unwrap_or("?"),
+                                s.new.and_then(|n| n.name()).unwrap_or("?")
+                            )
+                        }
+                        Event::Accepted(a) if mine(&a.conn) => {
+                            assert_eq!(a.meta.tgid, std::process::id(), "accept() ran here");
+                            wait = Some(a.meta.ts_ns.saturating_sub(arrived));
+                            "accept".into()
+                        }
+                        Event::ResetReceived(r) if mine(&r.conn) => "rst-in".into(),
+                        _ => return None,
+                    };
+                    ordered &= e.meta().ts_ns >= last;
+                    last = e.meta().ts_ns;
+                    Some(line)
+                })
+                .collect();
+            // Every accept here came within a second of its arrival.
+            assert!(
+                wait.is_some_and(|w| w < 1_000_000_000),
+                "{lines:?}: {wait:?}"
+            );
+            lines
+        })
+        .collect();
+    (lines, ordered, (after.0 - before.0, after.1 - before.1))
+}
+
+#[test]
+fn held_connections_unfold_to_the_events_they_make_unheld_from_fewer_records() {
+    let (plain, plain_ordered, plain_records) = run(false);
+    let (held, held_ordered, held_records) = run(true);
+    assert!(plain_ordered && held_ordered, "stamps went back");
+    // The sequences, connection by connection (even: server first; odd: client first; last:
+    // aborted).
+    assert_eq!(held, plain);
+    assert_eq!(
+        held[0],
+        [
+            "TCP_SYN_RECV->TCP_ESTABLISHED",
+            "accept",
+            "TCP_ESTABLISHED->TCP_FIN_WAIT1"
+        ]
+    );
+    assert_eq!(
+        held[1],
+        [
+            "TCP_SYN_RECV->TCP_ESTABLISHED",
+            "accept",
+            "TCP_ESTABLISHED->TCP_CLOSE_WAIT",
+            "TCP_CLOSE_WAIT->TCP_LAST_ACK"
+        ]
+    );
+    assert_eq!(
+        held[CLEAN],
+        [
+            "TCP_SYN_RECV->TCP_ESTABLISHED",
+            "accept",
+            "rst-in",
+            "TCP_ESTABLISHED->TCP_CLOSE"
+        ]
+    );
+    // Unheld: an arrival, an accept and a close (two for a client's) per connection. Held: the
+    // close alone, and one record more for the aborted connection. Others' traffic on the
+    // host may add to either.
+    let n = CLEAN as f64;
+    assert!(
+        plain_records.0 >= 2.0 * n && plain_records.1 >= n,
+        "{plain_records:?}"
+    );
+    assert!(
+        held_records.0 < 1.75 * n,
+        "state-change records {held_records:?}"
+    );
+    assert!(held_records.1 < 0.1 * n, "accept records {held_records:?}");
+}
