@@ -1754,3 +1754,67 @@ fn events_lost_while_a_stop_is_open_are_on_its_record_and_make_it_incomplete() {
         "what it saw still decides"
     );
 }
+
+/// `--hold`: a connection's arrival may reach the tracker only with its close, after the
+/// signal and the exit that came between. Counted where it belonged: open at SIGTERM and at
+/// exit, accepted before SIGTERM, cut at exit.
+#[test]
+fn an_arrival_that_comes_after_the_signal_and_exit_it_preceded_is_counted_as_open_at_both() {
+    let mut t = running(1);
+    let established = |sock| O::InboundEstablished {
+        key: key(),
+        sock,
+        upstream: None,
+    };
+    let closed = |sock, pending| O::InboundClosed {
+        key: key(),
+        sock,
+        by_container: true,
+        pending,
+        upstream: None,
+        request_bytes: 10,
+        port: 8080,
+        activity: Default::default(),
+    };
+    t.observe(
+        ms(100),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+        },
+    );
+    // Accepted after SIGTERM, held too: counted as routed after it.
+    t.observe(ms(150), established(20));
+    t.observe(ms(160), closed(20, false));
+    t.observe(
+        ms(200),
+        O::Exit {
+            key: key(),
+            exit: killed_by(SIGTERM),
+        },
+    );
+    // Arrived at 50 and 120 (before SIGTERM, then before exit), cut at exit with a request
+    // pending; the scan's connection 1 was idle.
+    t.observe(ms(50), established(10));
+    t.observe(ms(201), closed(10, true));
+    t.observe(ms(120), established(11));
+    t.observe(ms(201), closed(11, true));
+    // A scan's connection seen by its handshake (late) changes no count: counted already.
+    t.observe(ms(60), established(1));
+    t.observe(ms(201), closed(1, false));
+    t.observe(ms(600), O::CgroupRemoved { key: key() });
+    let s = only_stop(&t);
+    assert_eq!(
+        (s.connections_at_sigterm, s.connections_at_exit),
+        (Some(2), Some(3)),
+        "1 and 10 at SIGTERM; 1, 10 and 11 at exit"
+    );
+    assert_eq!(s.loss.accepted_after_sigterm, 2, "20 and 11");
+    assert_eq!(s.last_accept_at, Some(ms(150)));
+    assert_eq!(
+        (s.loss.inflight_cut, s.loss.idle_closed),
+        (2, 2),
+        "10, 11; 20, 1"
+    );
+}

@@ -1596,3 +1596,83 @@ fn a_new_process_of_a_known_container_is_mapped_without_walking_proc() {
         "no walk of /proc per new pid"
     );
 }
+
+/// `--hold`: a connection's arrival may come with its close, after a scan found the connection
+/// or after its listener closed.
+#[test]
+fn a_held_arrival_is_no_second_connection_and_keeps_the_listener_it_arrived_at() {
+    let at = |ts, ev: Event| match ev {
+        Event::StateChange(mut s) => {
+            s.meta.ts_ns = ts;
+            Event::StateChange(s)
+        }
+        other => other,
+    };
+    let mut e = enricher();
+    let obs = e.scan();
+    let [O::Container { inbound, .. }] = obs.as_slice() else {
+        panic!()
+    };
+    let seeded = inbound[0];
+    let scanned = conn("10.88.0.5:8080", "10.88.0.1:40000");
+    let arrival = |sk, c| {
+        state(
+            sk,
+            NS,
+            "TCP_SYN_RECV",
+            "TCP_ESTABLISHED",
+            c,
+            Default::default(),
+        )
+    };
+    // The scan's connection, by its handshake: an arrival, not a second connection.
+    let obs = e.on_event(&at(50, arrival(0xbeef, scanned)));
+    assert!(
+        matches!(
+            obs.as_slice(),
+            [O::Listener {
+                fact: Fact::Arrival,
+                ..
+            }]
+        ),
+        "{obs:#?}"
+    );
+    // The listener closes at 200 (the exit), then the connections cut there come: one that
+    // arrived at 100 is the container's; one at 300 arrived at no listener of it.
+    let listener_closed = state(
+        0x1,
+        NS,
+        "TCP_LISTEN",
+        "TCP_CLOSE",
+        conn("10.88.0.5:8080", "0.0.0.0:0"),
+        Default::default(),
+    );
+    let obs = e.on_event(&at(200, listener_closed));
+    assert!(
+        matches!(obs.as_slice(), [O::ListenerClosed { .. }]),
+        "{obs:#?}"
+    );
+    let early = conn("10.88.0.5:8080", "10.88.0.1:40001");
+    let obs = e.on_event(&at(100, arrival(0xa1, early)));
+    assert!(
+        matches!(
+            obs.as_slice(),
+            [O::InboundEstablished { sock: 0xa1, .. }, O::Listener { .. }]
+        ),
+        "{obs:#?}"
+    );
+    let late = conn("10.88.0.5:8080", "10.88.0.1:40002");
+    assert!(e.on_event(&at(300, arrival(0xa2, late))).is_empty());
+    // The closes: the scan's by its id, the early one by its address.
+    let close = |sk, c| state(sk, NS, "TCP_ESTABLISHED", "TCP_CLOSE", c, pending());
+    let obs = e.on_event(&at(201, close(0xbeef, scanned)));
+    assert!(
+        matches!(obs.as_slice(), [O::InboundClosed { sock, pending: true, .. }] if *sock == seeded),
+        "{obs:#?}"
+    );
+    let obs = e.on_event(&at(201, close(0xa1, early)));
+    assert!(
+        matches!(obs.as_slice(), [O::InboundClosed { sock: 0xa1, .. }]),
+        "{obs:#?}"
+    );
+}

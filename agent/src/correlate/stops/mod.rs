@@ -345,11 +345,25 @@ impl Tracker {
                 if c.inbound.get(&sock).is_some_and(|o| o.at().is_some()) {
                     return; // duplicate
                 }
-                c.inbound.insert(sock, Opened(now));
-                c.last_accept_at = Some(now);
-                let after_sigterm = self
-                    .stop_mut(&key)
-                    .is_some_and(|s| s.sigterm_at.is_some_and(|t| t <= now) && s.exit_at.is_none());
+                // Counted already if a scan found it.
+                let counted = c.inbound.insert(sock, Opened(now)).is_some();
+                c.last_accept_at = c.last_accept_at.max(Some(now));
+                let mut after_sigterm = false;
+                if let Some(s) = self.stop_mut(&key) {
+                    let before = |t: Option<Mono>| t.is_some_and(|t| now < t);
+                    // By time, not by what was seen: an arrival may come late (below).
+                    after_sigterm =
+                        s.sigterm_at.is_some_and(|t| t <= now) && s.exit_at.is_none_or(|e| now < e);
+                    // An arrival from before the signal (or exit) that comes after it was held
+                    // in the kernel (`--hold`) by a record made after it: the connection was
+                    // open then, and the count taken at the signal missed it.
+                    if before(s.sigterm_at) && !counted {
+                        s.connections_at_sigterm = s.connections_at_sigterm.map(|n| n + 1);
+                    }
+                    if before(s.exit_at) && !counted {
+                        s.connections_at_exit = s.connections_at_exit.map(|n| n + 1);
+                    }
+                }
                 // A balancer still checking is not routing: probes move neither.
                 if self.probes.peek(upstream).is_some() {
                     if after_sigterm && let Some(c) = self.containers.get_mut(&key) {

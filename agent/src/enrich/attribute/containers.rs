@@ -303,7 +303,7 @@ impl<H: HostView> Enricher<H> {
                 .listeners
                 .closed
                 .iter()
-                .filter(|(_, k)| k.as_str() == key)
+                .filter(|(_, (k, _))| k.as_str() == key)
                 .map(|(at, _)| *at)
                 .collect();
             if let (Some(since), Some(c)) = (run_started, self.containers.get(key)) {

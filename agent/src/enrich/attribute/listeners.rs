@@ -22,8 +22,8 @@ use crate::{
 pub(super) struct Listeners {
     /// Open listeners: owner and address.
     pub(super) open: HashMap<(u32, u16), (Key, SocketAddr)>,
-    /// Listeners that were closed: former owner.
-    pub(super) closed: HashMap<(u32, u16), String>,
+    /// Listeners that were closed: former owner, and when.
+    pub(super) closed: HashMap<(u32, u16), (String, Mono)>,
     /// Listeners a container closed in an earlier run, and when its new run started (it
     /// restarted in place): a refusal there from then on is its start's, not its stop's.
     pub(super) reserved: HashMap<(u32, u16), (String, Mono)>,
@@ -57,19 +57,36 @@ impl<H: HostView> Enricher<H> {
         }
     }
 
-    pub(super) fn listener_closed(&mut self, ns: u32, conn: Endpoints, out: &mut Vec<Observation>) {
+    pub(super) fn listener_closed(
+        &mut self,
+        ns: u32,
+        conn: Endpoints,
+        at: Mono,
+        out: &mut Vec<Observation>,
+    ) {
         self.listeners
             .backlog_limits
             .remove(&(ns, conn.local.port()));
         if let Some((key, addr)) = self.listeners.open.remove(&(ns, conn.local.port())) {
             self.listeners
                 .closed
-                .insert((ns, addr.port()), key.to_string());
+                .insert((ns, addr.port()), (key.to_string(), at));
             out.push(Observation::ListenerClosed {
                 key: key.to_string(),
                 addr,
             });
         }
+    }
+
+    /// The container whose listener on `port` took an arrival at `at`: the open one, or one
+    /// closed after it (an arrival held in the kernel, `--hold`, comes with its connection's
+    /// next record, which may follow its listener's close: a cut at exit).
+    pub(super) fn arrival_owner(&self, ns: u32, port: u16, at: Mono) -> Option<Key> {
+        if let Some((key, _)) = self.listeners.open.get(&(ns, port)) {
+            return Some(key.clone());
+        }
+        let (key, closed_at) = self.listeners.closed.get(&(ns, port))?;
+        (at < *closed_at).then(|| Arc::new(key.clone()))
     }
 
     /// What happened on one of a container's listeners, for the per-listener metrics and

@@ -180,7 +180,9 @@ impl<H: HostView> Enricher<H> {
         self.listeners
             .open
             .retain(|_, (k, _)| !expired.contains(k.as_str()));
-        self.listeners.closed.retain(|_, k| !expired.contains(k));
+        self.listeners
+            .closed
+            .retain(|_, (k, _)| !expired.contains(k));
         self.listeners
             .reserved
             .retain(|_, (k, _)| !expired.contains(k));

@@ -84,7 +84,7 @@ impl<H: HostView> Enricher<H> {
         };
         let port = conn.local.port();
         // A refusal at an ended container's former address: restarted since?
-        if let Some(key) = self.listeners.closed.get(&(ns, port)).cloned() {
+        if let Some((key, _)) = self.listeners.closed.get(&(ns, port)).cloned() {
             self.recheck_ended(&key, r.meta.ts_ns, out);
         }
         let open = self.listeners.open.contains_key(&(ns, port));
@@ -99,6 +99,7 @@ impl<H: HostView> Enricher<H> {
             .listeners
             .closed
             .get(&(ns, port))
+            .map(|(k, _)| k)
             .filter(|k| !open && !restarted(k))
             .cloned()
             .or_else(|| {
@@ -218,7 +219,7 @@ impl<H: HostView> Enricher<H> {
             if let Some((key, _)) = self.listeners.open.get(&(ns, port)) {
                 return identity(key.as_str());
             }
-            if let Some(key) = self.listeners.closed.get(&(ns, port)) {
+            if let Some((key, _)) = self.listeners.closed.get(&(ns, port)) {
                 return identity(key);
             }
             if let Some((key, _)) = self.listeners.reserved.get(&(ns, port)) {

@@ -155,10 +155,18 @@ impl<H: HostView> Enricher<H> {
         }
         match (old, new) {
             (Some(Close), Some(Listen)) => self.listener_opened(s, conn, out),
-            (Some(Listen), Some(Close)) => self.listener_closed(ns, conn, out),
+            (Some(Listen), Some(Close)) => self.listener_closed(ns, conn, s.meta.ts_ns, out),
             (Some(SynRecv), Some(Established)) => {
-                if let Some((key, _)) = self.listeners.open.get(&(ns, conn.local.port())) {
-                    let key = key.clone();
+                let Some(key) = self.arrival_owner(ns, conn.local.port(), s.meta.ts_ns) else {
+                    return;
+                };
+                let queued = Some((s.meta.ts_ns, conn.local.port()));
+                let seed = self.sockets.seed_id(ns, conn.local, conn.remote);
+                if self.sockets.adopt(seed, s.skaddr) {
+                    // A scan found it first (its arrival was held in the kernel, or waited in
+                    // the queue): the tracker knows it by the scan's id already.
+                    self.sockets.passing.entry(s.skaddr).or_default().queued = queued;
+                } else {
                     out.push(Observation::InboundEstablished {
                         key: key.to_string(),
                         sock: s.skaddr,
@@ -172,10 +180,9 @@ impl<H: HostView> Enricher<H> {
                     );
                     // Bounded as the connections are; what it drops is of connections gone.
                     make_room(&mut self.sockets.passing, MAX_INBOUND, &s.skaddr, &mut 0);
-                    let queued = Some((s.meta.ts_ns, conn.local.port()));
                     self.sockets.follow(s.skaddr, key.clone(), queued);
-                    self.listener_fact(&key, conn.local.port(), Fact::Arrival, out);
                 }
+                self.listener_fact(&key, conn.local.port(), Fact::Arrival, out);
             }
             (Some(SynSent), Some(Close)) => {
                 // An attempt that never connected and was not refused: to a gone container's

@@ -103,7 +103,13 @@ impl<H: HostView> Enricher<H> {
         if let Some((k, _)) = self.listeners.open.get(&at) {
             return Some(k.to_string());
         }
-        Some(self.listeners.closed.get(&at).unwrap_or(key).clone())
+        Some(
+            self.listeners
+                .closed
+                .get(&at)
+                .map_or(key, |(k, _)| k)
+                .clone(),
+        )
     }
 
     /// The proxies the kernel is to follow the connects of. Not probers: a probe is never
