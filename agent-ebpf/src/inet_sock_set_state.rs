@@ -143,7 +143,7 @@ fn emit_event<S: Socket>(
     if hold
         && oldstate == cfg(&f.syn_recv_state)
         && newstate == cfg(&f.established_state)
-        && hold::arrive(skaddr)
+        && hold::arrive(skaddr, netns, &tuple)
     {
         return None;
     }

@@ -399,6 +399,11 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
             .collect(),
     );
     let watch = capture.take_watch()?;
+    let hold = if cli.hold {
+        Some(capture.take_hold()?)
+    } else {
+        None
+    };
     let reader = tokio::spawn(reader.run(shutdown_rx.clone()));
     // Watching again from here: a previous run's open stops go on, with the gap marked.
     if let Some(p) = previous
@@ -458,7 +463,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         .name("pipeline".into())
         .spawn({
             let telemetry = telemetry.clone();
-            move || consume(rx, pipeline, watch, telemetry, state_dir)
+            move || consume(rx, pipeline, (watch, hold), telemetry, state_dir)
         })
         .map_err(StartupError::Thread)?;
     state.ready.store(true, Ordering::Relaxed);

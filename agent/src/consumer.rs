@@ -7,7 +7,7 @@ use std::{
 };
 
 use crate::{
-    capture::{event::Event, watch::Watch},
+    capture::{event::Event, hold::Hold, watch::Watch},
     checkpoint::{self, StateDir},
     enrich::host::Procfs,
     model::monotonic_now,
@@ -21,6 +21,10 @@ use crate::{
 
 /// How often the pipeline's periodic work runs.
 const TICK: Duration = Duration::from_millis(100);
+/// `--hold`: how long the kernel may hold a connection's arrival before the agent takes it over
+/// (checked every `HOLD_CHECK`), so that the arrival metrics lag by at most about this.
+const HOLD_AT_MOST: Duration = Duration::from_secs(10);
+const HOLD_CHECK: Duration = Duration::from_secs(5);
 /// How often freed heap pages go back to the kernel (see `release_free_memory`).
 const TRIM_EVERY: Duration = Duration::from_secs(10);
 
@@ -30,7 +34,7 @@ const TRIM_EVERY: Duration = Duration::from_secs(10);
 pub fn consume(
     rx: queue::Receiver<Event>,
     mut pipeline: Pipeline<Procfs>,
-    mut watch: Watch,
+    (mut watch, mut hold): (Watch, Option<Hold>),
     telemetry: Arc<Telemetry>,
     mut state_dir: Option<StateDir>,
 ) {
@@ -68,8 +72,37 @@ pub fn consume(
             WatchUpdateFailed { error }.emit(&telemetry);
         }
     };
+    // `--hold`: the namespaces that must be seen as they happen, kept in step; what the kernel
+    // held there (or for long) is taken over and goes through the pipeline at once, late.
+    let mut next_hold_check = Instant::now();
+    let mut taken = Vec::new();
+    let mut sync_hot = |pipeline: &mut Pipeline<Procfs>| {
+        let Some(hold) = hold.as_mut() else { return };
+        let now = monotonic_now();
+        let by_age = Instant::now() >= next_hold_check;
+        let oldest = now.saturating_sub(HOLD_AT_MOST.as_nanos() as u64);
+        let result = hold.set_hot(&pipeline.hot_netns(now)).and_then(|new| {
+            if new.is_empty() && !by_age {
+                return Ok(0);
+            }
+            hold.take_over(
+                |ns, at| new.contains(&ns) || (by_age && at < oldest),
+                &mut taken,
+            )
+        });
+        if by_age {
+            next_hold_check = Instant::now() + HOLD_CHECK;
+        }
+        if let Err(error) = result {
+            WatchUpdateFailed { error }.emit(&telemetry);
+        }
+        for ev in taken.drain(..) {
+            pipeline.event(&ev);
+        }
+    };
     pipeline.start();
     sync_watch(&mut pipeline);
+    sync_hot(&mut pipeline);
     tracing::info!(
         containers = pipeline.container_count(),
         "containers found at start-up"
@@ -94,6 +127,10 @@ pub fn consume(
                     pipeline.event(ev);
                     // A new container or listener widens the watch at once, not a tick later.
                     sync_watch(&mut pipeline);
+                    // A stop is seen whole from its signal on.
+                    if ev.kind().lifecycle() {
+                        sync_hot(&mut pipeline);
+                    }
                 }
                 if Instant::now() < next_tick {
                     continue;
@@ -113,6 +150,7 @@ pub fn consume(
         }
         pipeline.tick(monotonic_now());
         sync_watch(&mut pipeline);
+        sync_hot(&mut pipeline);
         telemetry.heartbeats.pipeline.beat();
         if let Some(sd) = state_dir.as_mut()
             && Instant::now() >= next_checkpoint

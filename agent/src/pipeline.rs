@@ -132,6 +132,12 @@ impl<H: HostView> Pipeline<H> {
         self.enricher.container_count()
     }
 
+    /// The network namespaces whose arrivals the kernel must send as they come (`--hold`).
+    pub fn hot_netns(&self, now: Mono) -> std::collections::BTreeSet<u32> {
+        let (keys, workloads) = self.with_correlator(|c| c.hot(now));
+        self.enricher.netns_of(&keys, &workloads)
+    }
+
     /// One kernel event.
     pub fn event(&mut self, ev: &Event) {
         let (obs, emitted) = (&mut self.observations, &mut self.emitted);

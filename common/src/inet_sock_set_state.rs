@@ -53,6 +53,18 @@ pub struct Held {
     pub _pad: u32,
 }
 
+/// A held connection in the kernel's map (`HOLD`): what its next record will carry, and where
+/// it is, for the agent to take it over when its namespace turns hot (a stop, a start, a
+/// storm to follow) or it has waited long (see `capture::hold`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HoldEntry {
+    pub held: Held,
+    pub netns: u32,
+    pub _pad: u32,
+    pub tuple: Tuple,
+}
+
 /// `oldstate` and `newstate` of a record that carries only what was held for its socket (sent
 /// before a reset hook's record of the same socket), no transition of its own.
 pub const HELD_ONLY: i32 = -1;
@@ -127,7 +139,7 @@ impl Fields {
     };
 }
 
-pod!(Event, Fields, Held);
+pod!(Event, Fields, Held, HoldEntry);
 
 // The layout is a contract with the kernel side (see the crate root).
 const _: () = assert!(core::mem::size_of::<Event>() == 176);

@@ -177,3 +177,57 @@ fn held_connections_unfold_to_the_events_they_make_unheld_from_fewer_records() {
     );
     assert!(held_records.1 < 0.1 * n, "accept records {held_records:?}");
 }
+
+/// The agent's side of the hold: a namespace marked hot has its arrivals sent as they come,
+/// and what the kernel held there is taken over (as the events its record would have made),
+/// once: the connection's close then carries nothing.
+#[test]
+fn a_hot_namespace_is_sent_as_it_comes_and_what_was_held_there_is_taken_over_once() {
+    let mut h = Harness::start_lean_as(HOOKS, RING, true);
+    let mut hold = h.capture.take_hold().expect("the hold's maps");
+    let ns = drainwatch_tests::own_netns();
+    h.events();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = listener.local_addr().unwrap();
+    let held = TcpStream::connect(server).unwrap();
+    let (held_s, held_peer) = listener.accept().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let mine = |e: &Event, peer: SocketAddr| match e {
+        Event::StateChange(s) => s.conn.is_some_and(|c| c.local == server && c.remote == peer),
+        Event::Accepted(a) => a.conn.is_some_and(|c| c.local == server && c.remote == peer),
+        _ => false,
+    };
+    let count = |events: &[Event], peer| events.iter().filter(|e| mine(e, peer)).count();
+    assert_eq!(count(&h.events(), held_peer), 0, "held: nothing sent");
+    // Hot: what was held is taken over, arrival then accept.
+    let new = hold.set_hot(&[ns].into()).unwrap();
+    assert_eq!(new, [ns].into());
+    let mut taken = Vec::new();
+    hold.take_over(|n, _| n == ns, &mut taken).unwrap();
+    let taken: Vec<&Event> = taken.iter().filter(|e| mine(e, held_peer)).collect();
+    assert!(
+        matches!(
+            taken.as_slice(),
+            [Event::StateChange(s), Event::Accepted(a)]
+                if s.meta.ts_ns < a.meta.ts_ns && a.meta.tgid == std::process::id()
+        ),
+        "{taken:#?}"
+    );
+    // Its close carries nothing more; a new connection's arrival and accept come at once.
+    drop(held_s);
+    drop(held);
+    let c = TcpStream::connect(server).unwrap();
+    let (s, peer) = listener.accept().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let events = h.events();
+    assert_eq!(count(&events, held_peer), 1, "the close alone: {events:#?}");
+    assert_eq!(count(&events, peer), 2, "arrival and accept: {events:#?}");
+    // Cold again: the next one is held.
+    assert!(hold.set_hot(&Default::default()).unwrap().is_empty());
+    drop((c, s));
+    let c = TcpStream::connect(server).unwrap();
+    let (_s, peer) = listener.accept().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(count(&h.events(), peer), 0, "held again");
+    drop(c);
+}

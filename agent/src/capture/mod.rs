@@ -5,6 +5,7 @@ mod attach;
 pub mod btf;
 pub mod event;
 pub mod faults;
+pub mod hold;
 pub mod hooks;
 pub mod jiffies;
 mod memlock;
@@ -297,6 +298,11 @@ impl Capture {
     /// Takes the ring buffer and loss counters for the reader; call once.
     pub fn take_reader_maps(&mut self) -> Result<reader::Maps, CaptureError> {
         reader::Maps::take(&mut self.ebpf)
+    }
+
+    /// Takes `--hold`'s maps (hot namespaces, held connections); call once.
+    pub fn take_hold(&mut self) -> Result<hold::Hold, CaptureError> {
+        hold::Hold::take(&mut self.ebpf)
     }
 
     /// Takes the maps that say which host-namespace traffic to keep; call once.

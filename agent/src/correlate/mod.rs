@@ -258,6 +258,18 @@ impl Correlator {
         out.extend(self.starts.take_emitted());
     }
 
+    /// What must be seen as it happens (`--hold`'s hot namespaces): containers stopping or
+    /// starting, by key, and workloads whose reconnects a storm may follow.
+    pub fn hot(&self, now: Mono) -> (HashSet<String>, HashSet<Workload>) {
+        let keys = self
+            .tracker
+            .stopping()
+            .chain(self.starts.open())
+            .map(str::to_string)
+            .collect();
+        (keys, self.storms.watched(now))
+    }
+
     /// Workloads whose listen path is sampled fast (a recent stop, or a storm in progress).
     pub fn hot_workloads(&self, now: Mono) -> HashSet<Workload> {
         self.storms.hot_workloads(now)

@@ -96,6 +96,11 @@ impl Starts {
         }
     }
 
+    /// Containers with an open start.
+    pub fn open(&self) -> impl Iterator<Item = &str> {
+        self.open.iter().map(String::as_str)
+    }
+
     pub fn starts(&self) -> &[Start] {
         &self.records
     }

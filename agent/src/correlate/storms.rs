@@ -129,6 +129,16 @@ impl Storms {
             .collect()
     }
 
+    /// Workloads a storm may still start on (a stop within the watch window), or is open on.
+    pub fn watched(&self, now: Mono) -> HashSet<Workload> {
+        self.watching
+            .iter()
+            .filter(|(_, (_, since, _))| now <= since + self.config.watch)
+            .map(|(w, _)| w.clone())
+            .chain(self.open.keys().map(|(w, _)| w.clone()))
+            .collect()
+    }
+
     /// A sample of `container`'s network namespace counters.
     pub fn netns_counters(&mut self, workload: &Workload, container: &str, c: ListenCounters) {
         self.counters

@@ -33,7 +33,7 @@ pub struct Held {
 }
 
 impl Held {
-    fn of(h: &drainwatch_common::inet_sock_set_state::Held) -> Option<Self> {
+    pub(crate) fn of(h: &drainwatch_common::inet_sock_set_state::Held) -> Option<Self> {
         (h.arrived_ns != 0).then(|| Self {
             arrived_at: h.arrived_ns,
             accepted: (h.accepted_ns != 0).then_some((h.accepted_ns, h.accept_tgid)),

@@ -156,6 +156,18 @@ impl Tracker {
     }
 
     /// The container's stop in progress; a settled record never changes, so none then.
+    /// Containers with a stop in progress.
+    pub fn stopping(&self) -> impl Iterator<Item = &str> {
+        self.containers
+            .iter()
+            .filter(|(_, c)| {
+                c.stop
+                    .and_then(|seq| self.records.get(seq))
+                    .is_some_and(|s| !s.settled)
+            })
+            .map(|(k, _)| k.as_str())
+    }
+
     fn stop_mut(&mut self, key: &str) -> Option<&mut Stop> {
         let seq = self.containers.get(key)?.stop?;
         self.records.get_mut(seq).filter(|s| !s.settled)

@@ -1,8 +1,14 @@
 //! The watch set: what the kernel filter must keep of the host namespace's traffic, derived
 //! from what the enricher knows (pure), and a generation that changes when it may have.
 
+use std::collections::BTreeSet;
+
 use super::Enricher;
-use crate::{capture::watch::WatchSet, enrich::host::HostView};
+use crate::{
+    capture::watch::WatchSet,
+    enrich::host::HostView,
+    model::{HashSet, Workload},
+};
 
 impl<H: HostView> Enricher<H> {
     /// The host's network namespace (the agent's own), for `watch_set`.
@@ -41,5 +47,24 @@ impl<H: HostView> Enricher<H> {
         set.ports
             .extend(ports.filter(|(ns, _)| *ns == host).map(|(_, port)| *port));
         set
+    }
+
+    /// The network namespaces of the containers `keys` names and of those of `workloads`
+    /// (`--hold`'s hot namespaces).
+    pub fn netns_of(&self, keys: &HashSet<String>, workloads: &HashSet<Workload>) -> BTreeSet<u32> {
+        if keys.is_empty() && workloads.is_empty() {
+            return BTreeSet::new();
+        }
+        let of_workload = |c: &super::Container| {
+            let id = &c.identity;
+            workloads
+                .iter()
+                .any(|(ns, w)| *ns == id.namespace && *w == id.workload)
+        };
+        self.containers
+            .iter()
+            .filter(|(k, c)| keys.contains(k.as_str()) || of_workload(c))
+            .filter_map(|(_, c)| c.netns)
+            .collect()
     }
 }
