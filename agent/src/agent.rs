@@ -362,6 +362,13 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
     if cli.attach_only {
         tracing::warn!("--attach-only: the programs return at once, nothing is captured");
     }
+    if cli.hold && !capture.holds() {
+        tracing::warn!(
+            "--hold: this kernel cannot hand a held connection over to the agent \
+             (BPF_MAP_LOOKUP_AND_DELETE_ELEM on a hash map, 5.14+): every arrival and accept \
+             is sent as it comes"
+        );
+    }
     for st in &capture.statuses {
         if st.chosen().is_some() {
             // Why a preferred hook was passed over, for whoever wonders.
@@ -399,7 +406,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
             .collect(),
     );
     let watch = capture.take_watch()?;
-    let hold = if cli.hold {
+    let hold = if capture.holds() {
         Some(capture.take_hold()?)
     } else {
         None

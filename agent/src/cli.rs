@@ -134,11 +134,18 @@ pub struct Cli {
     #[arg(long, env = "DRAINWATCH_ATTACH_ONLY", hide = true)]
     pub attach_only: bool,
 
-    /// Experimental, not exact yet: hold a pod connection's arrival and accept in the kernel
-    /// until its close carries them (one record per clean connection instead of three). Late
-    /// arrivals are not yet reconciled with stops, storms and starts; only for `cargo xtask
-    /// bench`, which measures what it saves.
-    #[arg(long, env = "DRAINWATCH_HOLD", hide = true)]
+    /// Hold a pod connection's arrival and accept in the kernel until its close carries them:
+    /// one record per clean connection instead of three. Namespaces with a stop, a start or a
+    /// possible reconnect storm are sent as they come, and nothing waits more than about 10 s.
+    /// Off where the kernel cannot hand a held connection over (before 5.14). `false`: every
+    /// arrival and accept is a record of its own.
+    #[arg(
+        long,
+        env = "DRAINWATCH_HOLD",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL"
+    )]
     pub hold: bool,
 
     /// Drop every event of these hooks (by stem, e.g. sched_process_exit) in the reader,

@@ -193,8 +193,12 @@ fn a_hot_namespace_is_sent_as_it_comes_and_what_was_held_there_is_taken_over_onc
     let (held_s, held_peer) = listener.accept().unwrap();
     std::thread::sleep(Duration::from_millis(50));
     let mine = |e: &Event, peer: SocketAddr| match e {
-        Event::StateChange(s) => s.conn.is_some_and(|c| c.local == server && c.remote == peer),
-        Event::Accepted(a) => a.conn.is_some_and(|c| c.local == server && c.remote == peer),
+        Event::StateChange(s) => s
+            .conn
+            .is_some_and(|c| c.local == server && c.remote == peer),
+        Event::Accepted(a) => a
+            .conn
+            .is_some_and(|c| c.local == server && c.remote == peer),
         _ => false,
     };
     let count = |events: &[Event], peer| events.iter().filter(|e| mine(e, peer)).count();

@@ -9,9 +9,9 @@
 //!   it, so the draining of its records counts), kernel program time per connection (every
 //!   program the process holds, against bpftrace's, both attached during one churn of each
 //!   round: the ratio is the median of the rounds', each from one machine state) and records
-//!   per connection; the same for the agent with `--hold` (experimental: the kernel holds a
-//!   connection's arrival and accept for its close to carry), and the pod's throughput with
-//!   the hooks alone (`--attach-only`)
+//!   per connection; the same for the agent with `--hold false` (every arrival and accept a
+//!   record of its own, as before the hold), and the pod's throughput with the hooks alone
+//!   (`--attach-only`)
 //!   (`bench/src/bin/churn.rs pod`, `xtask/src/bench/pod.rs`).
 //! - Churn: loopback connect/accept/close, refused connects and aborts (`bench/src/bin/churn.rs`)
 //!   with nothing attached, with the agent, with the agent's hooks attached but its programs

@@ -4,7 +4,7 @@
 
 use std::{
     collections::BTreeSet,
-    os::fd::{AsFd, AsRawFd},
+    os::fd::{AsFd, AsRawFd, FromRawFd},
 };
 
 use aya::maps::{HashMap, IterableMap, MapData, MapError};
@@ -105,42 +105,79 @@ fn take_entry(
     map: &HashMap<MapData, u64, HoldEntry>,
     sk: u64,
 ) -> Result<Option<HoldEntry>, MapError> {
-    const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
-    #[repr(C)]
-    struct Attr {
-        map_fd: u32,
-        _pad: u32,
-        key: u64,
-        value: u64,
-        flags: u64,
-    }
     let mut value = HoldEntry::default();
-    let attr = Attr {
-        map_fd: map.map().fd().as_fd().as_raw_fd() as u32,
+    let fd = map.map().fd().as_fd().as_raw_fd();
+    match lookup_and_delete(fd, &sk, &mut value) {
+        Ok(()) => Ok(Some(value)),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(io_error) => Err(MapError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_map_lookup_and_delete_elem",
+            io_error,
+        })),
+    }
+}
+
+/// The `bpf_attr` of the element commands.
+#[repr(C)]
+struct ElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+fn bpf<T>(cmd: libc::c_long, attr: &T) -> std::io::Result<libc::c_long> {
+    // SAFETY: `attr` is the kernel's `bpf_attr` layout for `cmd`, and any pointers in it point
+    // at memory of the sizes the map was made with, live for the call.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *const T, size_of::<T>()) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn lookup_and_delete<K, V>(fd: i32, key: &K, value: &mut V) -> std::io::Result<()> {
+    const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
+    let attr = ElemAttr {
+        map_fd: fd as u32,
         _pad: 0,
-        key: &sk as *const u64 as u64,
-        value: &mut value as *mut HoldEntry as u64,
+        key: key as *const K as u64,
+        value: value as *mut V as u64,
         flags: 0,
     };
-    // SAFETY: `attr` is the kernel's `bpf_attr` layout for element commands, its pointers to
-    // a key and a value of the map's sizes, live for the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_LOOKUP_AND_DELETE_ELEM,
-            &attr as *const Attr,
-            size_of::<Attr>(),
-        )
+    bpf(BPF_MAP_LOOKUP_AND_DELETE_ELEM, &attr).map(drop)
+}
+
+/// Whether this kernel can read and remove a hash map's element in one step (5.14+), tried on
+/// a map of its own: without it a held connection could not be handed over whole, so nothing
+/// is held.
+pub fn kernel_can_hand_over() -> bool {
+    const BPF_MAP_CREATE: libc::c_long = 0;
+    const BPF_MAP_TYPE_HASH: u32 = 1;
+    #[repr(C)]
+    struct CreateAttr {
+        map_type: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        map_flags: u32,
+    }
+    let create = CreateAttr {
+        map_type: BPF_MAP_TYPE_HASH,
+        key_size: 8,
+        value_size: 8,
+        max_entries: 1,
+        map_flags: 0,
     };
-    if r == 0 {
-        return Ok(Some(value));
-    }
-    let error = std::io::Error::last_os_error();
-    if error.raw_os_error() == Some(libc::ENOENT) {
-        return Ok(None);
-    }
-    Err(MapError::SyscallError(aya::sys::SyscallError {
-        call: "bpf_map_lookup_and_delete_elem",
-        io_error: error,
-    }))
+    let Ok(fd) = bpf(BPF_MAP_CREATE, &create) else {
+        return false;
+    };
+    // SAFETY: a descriptor the kernel just returned, owned here alone.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
+    let mut value = 0u64;
+    // Empty: ENOENT where the command exists for hash maps (EINVAL or ENOTSUPP before).
+    lookup_and_delete(fd.as_raw_fd(), &0u64, &mut value)
+        .is_err_and(|e| e.raw_os_error() == Some(libc::ENOENT))
 }

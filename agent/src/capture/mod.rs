@@ -178,6 +178,9 @@ pub struct Capture {
     pub statuses: Vec<SignalStatus>,
     pub names: KernelNames,
     pub kernel_offsets: KernelOffsets,
+    /// Whether the programs hold clean connections (`Options::hold`, where the kernel can hand
+    /// one over: `hold::kernel_can_hand_over`).
+    holds: bool,
 }
 
 impl Capture {
@@ -201,7 +204,8 @@ impl Capture {
         config.retry_window_us = u32::try_from(opts.retry_window.as_micros()).unwrap_or(u32::MAX);
         config.packet_events_per_sec = opts.packet_events_per_cpu;
         config.lean = u32::from(opts.lean);
-        config.hold = u32::from(opts.hold);
+        let holds = opts.hold && hold::kernel_can_hand_over();
+        config.hold = u32::from(holds);
         let mut names = KernelNames::default();
         let (infos, res) = resolve_tracepoints(&events_dir, &mut config, &mut names);
 
@@ -292,12 +296,18 @@ impl Capture {
             statuses,
             names,
             kernel_offsets: kernel,
+            holds,
         })
     }
 
     /// Takes the ring buffer and loss counters for the reader; call once.
     pub fn take_reader_maps(&mut self) -> Result<reader::Maps, CaptureError> {
         reader::Maps::take(&mut self.ebpf)
+    }
+
+    /// Whether the programs hold clean connections (see `Options::hold`).
+    pub fn holds(&self) -> bool {
+        self.holds
     }
 
     /// Takes `--hold`'s maps (hot namespaces, held connections); call once.
