@@ -116,7 +116,8 @@ impl Harness {
         h
     }
 
-    fn try_start_as(
+    /// As `try_start`, `lean` and `hold` as `capture::Options` has them.
+    pub fn try_start_as(
         only: Option<&[&'static str]>,
         ring_bytes: u32,
         queue: usize,

@@ -292,7 +292,8 @@ impl Starts {
         if let Some(s) = self.open_mut(key)
             && s.first_listen_at.is_some()
         {
-            s.first_accept_at.get_or_insert(at);
+            // The earliest: an accept the kernel held (`--hold`) may come after later ones.
+            s.first_accept_at = Some(s.first_accept_at.map_or(at, |f| f.min(at)));
         }
     }
 

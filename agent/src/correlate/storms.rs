@@ -177,12 +177,15 @@ impl Storms {
                 counters: self.counters.get(container).map(|(_, c, _)| (*c, *c)),
                 ..Default::default()
             });
-        open.arrivals.push(at);
+        // In time order: an arrival the kernel held (`--hold`) may come after later ones.
+        let i = open.arrivals.partition_point(|a| *a <= at);
+        open.arrivals.insert(i, at);
     }
 
     pub fn accept_wait(&mut self, workload: &Workload, port: u16, secs: f64, at: Mono) {
         if let Some(o) = self.open.get_mut(&(workload.clone(), port)) {
-            o.accepts.push((at, secs));
+            let i = o.accepts.partition_point(|(a, _)| *a <= at);
+            o.accepts.insert(i, (at, secs));
         }
     }
 

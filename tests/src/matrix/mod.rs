@@ -3,9 +3,10 @@
 //! and busybox) and on this machine's own kernel. No podman, no proxy: every check causes its
 //! own traffic on loopback, its own processes, cgroups and network namespace.
 //!
-//! The programs are loaded three times at once, as three plans ([`VARIANTS`]): the plan as the
-//! kernel decides it, the classic tracepoints (every tp_btf hook and kprobe skipped), and the
-//! kprobe reset hooks (everything before them skipped). Each action is done once and every
+//! The programs are loaded four times at once, as four plans ([`VARIANTS`]): the plan as the
+//! kernel decides it, the same as the agent loads it (lean, holding clean connections where the
+//! kernel can hand them over), the classic tracepoints (every tp_btf hook and kprobe skipped),
+//! and the kprobe reset hooks (everything before them skipped). Each action is done once and every
 //! loaded plan's events are checked against it, exact, by what the plan says it offers
 //! (a reset hook without reasons must report none, a pre-6.10 tracepoint must miss the
 //! socket-less reset it is documented to miss).
@@ -38,13 +39,22 @@ pub struct Variant {
     pub only: Option<&'static [&'static str]>,
     /// Hook labels not tried (a prefix ending in `:` skips every hook of that kind).
     pub skip: &'static [&'static str],
+    /// Loaded as the agent does: lean, holding clean connections (`capture::Options::hold`).
+    pub held: bool,
 }
 
-pub const VARIANTS: [Variant; 3] = [
+pub const VARIANTS: [Variant; 4] = [
     Variant {
         name: "natural",
         only: None,
         skip: &[],
+        held: false,
+    },
+    Variant {
+        name: "held",
+        only: Some(&["socket_states", "accept_wait", "resets_received"]),
+        skip: &[],
+        held: true,
     },
     Variant {
         name: "classic",
@@ -55,11 +65,13 @@ pub const VARIANTS: [Variant; 3] = [
             "kprobe:",
             // The pre-6.10 tracepoint is the one to test where the kernel has no reasons.
         ],
+        held: false,
     },
     Variant {
         name: "kprobes",
         only: Some(&["resets_sent", "listen_overflows"]),
         skip: &["tp_btf:", "tracepoint:"],
+        held: false,
     },
 ];
 
@@ -92,12 +104,13 @@ impl Loaded {
     pub fn load(variant: &'static Variant) -> Result<Self, String> {
         let skip = skipped(variant.skip);
         let skip: Vec<&str> = skip.iter().map(String::as_str).collect();
-        let h = Harness::try_start(
+        let h = Harness::try_start_as(
             variant.only,
             1 << 22,
             1 << 20,
             &skip,
             capture::PACKET_EVENTS_PER_CPU,
+            (variant.held, variant.held),
         )
         .map_err(|e| format!("{}: loading the programs: {e}", variant.name))?;
         Ok(Self {
