@@ -10,7 +10,7 @@ use aya_ebpf::{
 };
 use drainwatch_common::{
     EventKind, Tuple,
-    inet_sock_set_state::{Event, Fields, HELD_ONLY, Held},
+    inet_sock_set_state::{Event, Fields, HELD_ONLY},
 };
 
 use crate::ring::{reserve, submit};
@@ -45,6 +45,18 @@ fn no_counters(ev: &mut Event) {
         core::ptr::write_volatile(&mut ev.jiffies, 0);
         core::ptr::write_volatile(&mut ev.data_segs_in, 0);
         core::ptr::write_volatile(&mut ev.data_segs_out, 0);
+    }
+    nothing_held(ev);
+}
+
+/// Nothing held (`hold`): four stores.
+#[inline(always)]
+fn nothing_held(ev: &mut Event) {
+    unsafe {
+        core::ptr::write_volatile(&mut ev.held.arrived_ns, 0);
+        core::ptr::write_volatile(&mut ev.held.accepted_ns, 0);
+        core::ptr::write_volatile(&mut ev.held.accept_tgid, 0);
+        core::ptr::write_volatile(&mut ev.held._pad, 0);
     }
 }
 
@@ -147,11 +159,6 @@ fn emit_event<S: Socket>(
     {
         return None;
     }
-    let held = if hold && in_mask(cfg(&f.counters_old), oldstate) {
-        hold::take(skaddr)
-    } else {
-        zeroed::<Held>()
-    };
     let mut entry = reserve::<Event>(KIND)?;
     let ev = unsafe { entry.assume_init_mut() };
     fill_header_task(
@@ -170,6 +177,13 @@ fn emit_event<S: Socket>(
         s.counters(ev);
         // The clock `lrcvtime` / `lsndtime` count in (5.5+).
         ev.jiffies = unsafe { aya_ebpf::helpers::bpf_jiffies64() } as u32;
+        // What was held comes with the first step out of ESTABLISHED. Stores only where
+        // nothing is held: the classic program is at its verifier's limit on 5.10 and 6.1.
+        if hold {
+            ev.held = hold::take(skaddr);
+        } else {
+            nothing_held(ev);
+        }
     } else {
         no_counters(ev);
     }
@@ -179,7 +193,6 @@ fn emit_event<S: Socket>(
     } else {
         0
     };
-    ev.held = held;
     submit(entry);
     Some(())
 }

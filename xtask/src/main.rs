@@ -173,8 +173,9 @@ enum Cmd {
         private apt state) Debian's cloud kernels 5.10 (bullseye), 6.1 (bookworm) and 6.12 \
         (trixie), writes an initramfs (busybox, the agent, the runner, their libraries), boots \
         each under QEMU (TCG, one CPU, nice 15) and runs the runner on this machine's own kernel \
-        directly. The runner loads the programs as three plans (as the kernel decides, classic \
-        tracepoints only, kprobe resets only) and checks each against what the kernel says it \
+        directly. The runner loads the programs as four plans (as the kernel decides, as the agent \
+        loads the accept path (holding clean connections), classic tracepoints only, kprobe \
+        resets only) and checks each against what the kernel says it \
         offers, then exact events of a refused connect, an abort, accept wait, a listen \
         overflow, SIGTERM and SIGKILL exits and a cgroup removal, the real agent's start-up and \
         probe metrics, one synthetic container's whole stop, and the agent under a 64 KiB \
