@@ -387,9 +387,9 @@ pub fn on_proxy_close(sk: u64) {
 
 /// The proxy closed `sk` (FIN_WAIT1 or LAST_ACK, or its destruction at close() of a socket
 /// a reset or the close itself left in CLOSE: process context) with a retry candidate on it
-/// that read no response byte: the candidate is over, with what was sent of it. A client gone
-/// meanwhile makes the proxy drop its retry so, after sending it, and neither a response byte
-/// nor a cut ever ends it (the cut stayed without a verdict).
+/// that read no response byte: the candidate is over, with what was sent of it. A proxy drops
+/// a retry so when its client left meanwhile (nginx even before sending it), and no response
+/// byte or cut would ever end it: its cut stayed without a verdict.
 #[inline(always)]
 pub fn on_proxy_shut(sk: u64) {
     let Some(st) = UPSTREAM_SOCKS.get_ptr_mut(sk) else {
