@@ -238,7 +238,11 @@ pub fn inet_sock_set_state_btf(ctx: BtfTracePointContext) -> i32 {
     if newstate == cfg(&f.close_state) {
         crate::sock_length::on_close(sk as u64);
     } else if newstate == cfg(&f.last_ack_state) {
+        crate::sock_length::on_proxy_shut(sk as u64);
         crate::sock_length::on_proxy_close(sk as u64);
+    } else if newstate == cfg(&f.fin_wait1_state) {
+        // Not on the classic tracepoint (at its verifier's limit; sock_length needs tp_btf).
+        crate::sock_length::on_proxy_shut(sk as u64);
     } else if newstate == cfg(&f.syn_recv_state) {
         crate::sock_length::on_new_sock(sk as u64);
     }

@@ -385,15 +385,40 @@ pub fn on_proxy_close(sk: u64) {
     }
 }
 
+/// The proxy closed `sk` (FIN_WAIT1 or LAST_ACK, or its destruction at close() of a socket
+/// a reset or the close itself left in CLOSE: process context) with a retry candidate on it
+/// that read no response byte: the candidate is over, with what was sent of it. A proxy drops
+/// a retry so when its client left meanwhile (nginx even before sending it), and no response
+/// byte or cut would ever end it: its cut stayed without a verdict.
+#[inline(always)]
+pub fn on_proxy_shut(sk: u64) {
+    let Some(st) = UPSTREAM_SOCKS.get_ptr_mut(sk) else {
+        return;
+    };
+    let st = unsafe { &mut *st };
+    if st.retry_of == 0 || st.flags & RETRY_STARTED == 0 || st.resp_bytes != 0 {
+        return;
+    }
+    // Ended as sent of nothing, an abort, whatever was sent: whether the backend read a
+    // dropped retry nothing here says, and a "done twice" it may not have done is the one
+    // verdict never to give (where it had read it, the duplicate is missed).
+    st.req_bytes = 0;
+    emit(sk, st, Phase::RetryEnd, 0);
+    st.retry_of = 0;
+    st.retry_cut_at = 0;
+    st.flags &= !RETRY_STARTED;
+}
+
 /// tp_btf: `tcp_destroy_sock(struct sock *sk)`. A socket a reset had closed is destroyed at
-/// its process's close(), in process context: a proxy's close of a cut upstream; any other
-/// entry goes too (the kernel reuses the address).
+/// its process's close(), in process context: a proxy's close of a cut upstream (or of a
+/// retry, see `on_proxy_shut`); any other entry goes too (the kernel reuses the address).
 #[btf_tracepoint(function = "tcp_destroy_sock")]
 pub fn tcp_destroy_sock_btf(ctx: BtfTracePointContext) -> i32 {
     if crate::util::attach_only() {
         return 0;
     }
     let sk = ctx.arg::<*const u8>(0) as u64;
+    on_proxy_shut(sk);
     on_proxy_close(sk);
     let _ = UPSTREAM_SOCKS.remove(sk);
     0

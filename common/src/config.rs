@@ -65,4 +65,4 @@ crate::for_each_hook!(config);
 pod!(Config);
 
 // No implicit padding: the agent writes these bytes verbatim into the program's global.
-const _: () = assert!(core::mem::size_of::<Config>() == 356);
+const _: () = assert!(core::mem::size_of::<Config>() == 360);

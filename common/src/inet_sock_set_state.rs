@@ -104,6 +104,9 @@ pub struct Fields {
     /// TCP_LAST_ACK's number (-2: unknown): a socket the peer had closed, closed in turn by
     /// its process (process context): a proxy's close of a cut upstream.
     pub last_ack_state: i32,
+    /// TCP_FIN_WAIT1's number (-2: unknown): a process closed (or shut down) an established
+    /// socket (process context): a proxy giving up on a retry it sent (`sock_length`).
+    pub fin_wait1_state: i32,
     /// TCP_SYN_RECV's number (-2: unknown): a passive child's first state. Its address may be
     /// a freed upstream socket's whose `sock_length` entry outlived it (the agent adds entries
     /// for sockets it learns of late, which may be gone by then): that entry goes.
@@ -133,6 +136,7 @@ impl Fields {
         connect_new: 0,
         close_state: -2,
         last_ack_state: -2,
+        fin_wait1_state: -2,
         syn_recv_state: -2,
         established_state: -2,
         loopback_old: 0,

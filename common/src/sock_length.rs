@@ -17,8 +17,9 @@ pub enum Phase {
     /// connect, reported at the connect, or a send on a pooled connection) within the retry
     /// window of the cut on `cut_sk`, with no other socket I/O in between.
     RetryStart = 2,
-    /// That request was sent whole (its first response byte was read, or it was cut in turn):
-    /// `req_bytes` is its size.
+    /// That request was sent whole (its first response byte was read, or it was cut in turn),
+    /// or the proxy closed its socket before any response byte (its client gone): `req_bytes`
+    /// is its size, or 0 for a dropped one (an abort: whether the backend read it is unknown).
     RetryEnd = 3,
 }
 

@@ -16,6 +16,10 @@
 //!   unexecuted**, done once;
 //! - no retry: an **upstream abort**, the client saw an error.
 //!
+//! A retry whose client went away meanwhile is dropped by the proxy: its close of the retry's
+//! connection (before any response byte) ends it as sent of nothing, an abort (whether the
+//! backend read it is not known there).
+//!
 //! A reset that fails the proxy's first send on a fresh connection (the backend's listener
 //! closed with it in its accept queue) is a cut of zero bytes: its retry is the worker's next
 //! request elsewhere, whatever its size, and ran once; without one it is an abort.
@@ -164,7 +168,8 @@ impl Matcher {
         }
     }
 
-    /// That request was sent whole, `bytes` long: the cut is decided.
+    /// That request was sent whole, `bytes` long, or the proxy closed its connection with
+    /// `bytes` of it sent (its client gone): the cut is decided.
     pub fn retry_ended(&mut self, cut_sock: u64, tid: u32, bytes: u64) -> Option<Decision> {
         let p = self.pending.get(&cut_sock)?;
         if p.cut.tid != tid {
@@ -179,8 +184,10 @@ impl Matcher {
         };
         // The same request again, elsewhere; anything else was the worker's next job. A cut of
         // zero bytes (a reset failed the request's first send) has no size to compare: the
-        // worker's next request elsewhere is its retry, and ran once whatever it was.
-        let same = c.backend != p.cut.backend && (p.cut.bytes == 0 || bytes == p.cut.bytes);
+        // worker's next request elsewhere is its retry, and ran once whatever it was. Nothing
+        // sent (closed in its connect) is no retry.
+        let same =
+            c.backend != p.cut.backend && bytes != 0 && (p.cut.bytes == 0 || bytes == p.cut.bytes);
         let outcome = if !same {
             RetryOutcome::Abort
         } else {
@@ -427,6 +434,24 @@ mod tests {
         let mut m = matcher();
         m.cut(cut(1, T, 0));
         assert_eq!(m.tick(T + 2 * SECOND)[0].outcome, RetryOutcome::Abort);
+    }
+
+    #[test]
+    fn a_retry_closed_before_anything_was_sent_is_no_retry() {
+        for cut_bytes in [120, 0] {
+            let mut m = matcher();
+            m.cut(cut(1, T, cut_bytes));
+            m.retry_started(1, 77, "s2".into(), T + 40 * US);
+            let d = m.retry_ended(1, 77, 0).unwrap();
+            assert_eq!(d.outcome, RetryOutcome::Abort, "{cut_bytes}");
+        }
+        // Closed once sent whole (its client gone): the request reached the other backend.
+        let mut m = matcher();
+        m.peer_closed(1, "s1".into(), T - 50 * US, 0);
+        m.cut(cut(1, T, 120));
+        m.retry_started(1, 77, "s2".into(), T + 40 * US);
+        let d = m.retry_ended(1, 77, 120).unwrap();
+        assert!(matches!(d.outcome, RetryOutcome::Duplicate { .. }), "{d:?}");
     }
 
     #[test]

@@ -141,6 +141,10 @@ pub struct SteadyRun {
     /// not.
     pub maybe_read: Vec<String>,
     pub aborts: Vec<String>,
+    /// Of `aborts`, those nginx logged a try on `s2` for that `s2` never read (its own log):
+    /// their client left while nginx connected there, and nginx closed that connection
+    /// before sending the request. Not retried: done once at most.
+    pub dropped_retries: Vec<String>,
     /// Requests the client saw fail (any reason).
     pub failed: Vec<String>,
     pub unlogged: Vec<String>,
@@ -151,7 +155,7 @@ pub struct SteadyRun {
 impl SteadyRun {
     pub fn report(&self) -> String {
         let mut s = format!(
-            "steady stream: {}\nexit code {}; cuts {:?}\nduplicates {:?}\nretried unexecuted {:?} (maybe read as s1 died: {:?})\naborts {:?}\nfailed {:?}\n",
+            "steady stream: {}\nexit code {}; cuts {:?}\nduplicates {:?}\nretried unexecuted {:?} (maybe read as s1 died: {:?})\naborts {:?} (tried on s2, never read there: {:?})\nfailed {:?}\n",
             self.summary,
             self.exit_code,
             self.cuts,
@@ -159,6 +163,7 @@ impl SteadyRun {
             self.retried_unexecuted,
             self.maybe_read,
             self.aborts,
+            self.dropped_retries,
             self.failed
         );
         for l in &self.s1_errors {
@@ -240,7 +245,10 @@ impl RetryLab {
                 .map(|r| r.record.id.clone())
                 .collect()
         };
-        let retried = |r: &SteadyRequest| r.upstreams.len() > 1;
+        // Re-sent to `s2`: nginx tried it and `s2` read it. nginx logs a try of `s2` for a
+        // request it dropped before sending it there (its client gone during the connect).
+        let tried_s2 = |r: &SteadyRequest| r.upstreams.len() > 1;
+        let retried = |r: &SteadyRequest| tried_s2(r) && r.started_on_s2;
         let cuts = ids_where(&|r| r.cut_on_s1);
         let duplicates = ids_where(&|r| r.cut_on_s1 && retried(r) && r.started_on_s1);
         let retried_unexecuted = ids_where(&|r| r.cut_on_s1 && retried(r) && !r.started_on_s1);
@@ -248,6 +256,7 @@ impl RetryLab {
         let maybe_read =
             ids_where(&|r| r.cut_on_s1 && retried(r) && !r.started_on_s1 && r.record.start >= late);
         let aborts = ids_where(&|r| r.cut_on_s1 && !retried(r));
+        let dropped_retries = ids_where(&|r| r.cut_on_s1 && tried_s2(r) && !r.started_on_s2);
         let failed = ids_where(&|r| r.record.outcome != Outcome::Ok);
         let recs: Vec<RequestRecord> = requests.iter().map(|r| r.record.clone()).collect();
         SteadyRun {
@@ -260,6 +269,7 @@ impl RetryLab {
             retried_unexecuted,
             maybe_read,
             aborts,
+            dropped_retries,
             failed,
             unlogged,
             s1_errors,

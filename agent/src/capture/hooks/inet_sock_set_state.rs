@@ -128,6 +128,7 @@ pub fn fields(r: &mut Resolver) -> Fields {
     };
     f.close_state = state("TCP_CLOSE");
     f.last_ack_state = state("TCP_LAST_ACK");
+    f.fin_wait1_state = state("TCP_FIN_WAIT1");
     f.syn_recv_state = state("TCP_SYN_RECV");
     f.established_state = state("TCP_ESTABLISHED");
     f
@@ -213,6 +214,7 @@ mod tests {
         assert_eq!(f.loopback_old, bit(2) | bit(1) | bit(8));
         assert_eq!(f.close_state, 7);
         assert_eq!(f.last_ack_state, 9);
+        assert_eq!(f.fin_wait1_state, 4);
         assert_eq!(f.syn_recv_state, 3);
     }
 
