@@ -399,10 +399,8 @@ pub fn on_proxy_shut(sk: u64) {
     if st.retry_of == 0 || st.flags & RETRY_STARTED == 0 || st.resp_bytes != 0 {
         return;
     }
-    // Ended as sent of nothing, an abort, whatever was sent: whether the backend read a
-    // dropped retry nothing here says, and a "done twice" it may not have done is the one
-    // verdict never to give (where it had read it, the duplicate is missed).
-    st.req_bytes = 0;
+    // With what was sent of it: nothing is an abort; sent whole, the backend has it, and (as
+    // for the cut backend, `retries::read_by_backend`) having it counts as running it.
     emit(sk, st, Phase::RetryEnd, 0);
     st.retry_of = 0;
     st.retry_cut_at = 0;

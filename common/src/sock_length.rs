@@ -19,7 +19,7 @@ pub enum Phase {
     RetryStart = 2,
     /// That request was sent whole (its first response byte was read, or it was cut in turn),
     /// or the proxy closed its socket before any response byte (its client gone): `req_bytes`
-    /// is its size, or 0 for a dropped one (an abort: whether the backend read it is unknown).
+    /// is its size, or what was sent of it.
     RetryEnd = 3,
 }
 

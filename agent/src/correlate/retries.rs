@@ -17,8 +17,8 @@
 //! - no retry: an **upstream abort**, the client saw an error.
 //!
 //! A retry whose client went away meanwhile is dropped by the proxy: its close of the retry's
-//! connection (before any response byte) ends it as sent of nothing, an abort (whether the
-//! backend read it is not known there).
+//! connection (before any response byte) ends it, with what was sent of it (sent whole, the
+//! backend has it: run, as `read_by_backend` has it for the cut backend).
 //!
 //! A reset that fails the proxy's first send on a fresh connection (the backend's listener
 //! closed with it in its accept queue) is a cut of zero bytes: its retry is the worker's next
