@@ -210,6 +210,23 @@ fn a_stop_whose_exit_event_was_lost_settles_incomplete() {
     // The test hook drops every exit event in the reader, counted as lost in the ring buffer.
     let agent = Agent::start(&["--test-drop-events", "sched_process_exit"]);
     let b = Backend::start("lostexit", Mode::NoHandler, BackendOpts::default());
+    // Known to the agent before its stop: with no exit event, nothing else could name the
+    // container once its process (no handler: gone at SIGTERM) and its cgroup are (CI once
+    // stopped it before a scan had found it, and the stop was no one's).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, starts) = drainwatch_tests::agent::api(&agent, "/api/v1/starts");
+        let known = starts
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["container"]["id"] == b.id.as_str());
+        if known {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never found: {starts:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     b.stop(10);
     assert_eq!(b.exit_code(), 143, "it did exit");
     let deadline = Instant::now() + Duration::from_secs(40);
