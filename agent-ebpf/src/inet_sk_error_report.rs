@@ -13,7 +13,7 @@ use drainwatch_common::{
 use crate::ring::{reserve, submit};
 use crate::util::{
     CONFIG, IPPROTO_TCP, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, cfg,
-    count_filtered, fill_header, ld, out_of_scope, task_netns, tp_tuple, zeroed,
+    count_filtered, fill_header_sock, ld, out_of_scope, task_netns, tp_tuple, zeroed,
 };
 
 /// tp_btf: `inet_sk_error_report(const struct sock *sk)`; the socket read with plain loads,
@@ -46,7 +46,7 @@ pub fn inet_sk_error_report_btf(ctx: BtfTracePointContext) -> i32 {
         return 0;
     };
     let ev = unsafe { entry.assume_init_mut() };
-    fill_header(&mut ev.header, EventKind::InetSkErrorReport, netns);
+    fill_header_sock(&mut ev.header, EventKind::InetSkErrorReport, netns);
     ev.tuple = tuple;
     ev.error = ld::<i32>(sk, cfg(&k.sock_err)).unwrap_or(0);
     ev._pad = 0;
@@ -83,7 +83,7 @@ fn try_inet_sk_error_report(ctx: &TracePointContext) -> Option<()> {
     }
     let mut entry = reserve::<Event>(EventKind::InetSkErrorReport)?;
     let ev = unsafe { entry.assume_init_mut() };
-    fill_header(&mut ev.header, EventKind::InetSkErrorReport, netns);
+    fill_header_sock(&mut ev.header, EventKind::InetSkErrorReport, netns);
     ev.tuple = tuple;
     ev.error = rec.get::<i32>(f.error).unwrap_or(0);
     ev._pad = 0;

@@ -18,8 +18,8 @@ use crate::{
     hold, loopback,
     util::{
         CONFIG, IPPROTO_TCP, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, btf_tcp_sock,
-        cfg, count_filtered, fill_header_task, kread, ld, out_of_scope, sock_netns, tp_tuple,
-        zeroed,
+        cfg, count_filtered, fill_header_task, is_host, kread, ld, out_of_scope, sock_netns,
+        tp_tuple, zeroed,
     },
 };
 
@@ -101,25 +101,35 @@ fn emit<S: Socket>(
     r
 }
 
-/// A step no part of the agent reads (see `loopback`): a loopback connect by a process that is
-/// no proxy, and its steps after SYN_SENT but its failure; a passive child's first step
-/// (LISTEN to SYN_RECV: the handshake's completion, SYN_RECV to ESTABLISHED, is the arrival).
+/// A passive child's first step (LISTEN to SYN_RECV: the handshake's completion, SYN_RECV to
+/// ESTABLISHED, is the arrival), which no part of the agent reads: dropped before anything
+/// is read from the socket.
 #[inline(always)]
-fn unused_step(f: &Fields, sk: u64, oldstate: i32, newstate: i32, t: &Tuple) -> bool {
-    let connect = cfg(&f.connect_new);
-    if in_mask(connect, newstate) {
-        // A proxy's connect stays: `sock_length` follows its socket, whose I/O the agent
-        // matches by address (`UpstreamIo`), and this record is where it forgets a closed
-        // upstream that had the address.
-        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        return loopback::on_connect(sk, t) && !crate::sock_length::is_proxy(tgid);
-    }
-    if newstate == cfg(&f.syn_recv_state) {
-        return in_mask(cfg(&f.backlog_new), oldstate);
-    }
-    let failed = in_mask(connect, oldstate) && newstate == cfg(&f.close_state);
+fn child_first_step(f: &Fields, oldstate: i32, newstate: i32) -> bool {
+    newstate == cfg(&f.syn_recv_state) && in_mask(cfg(&f.backlog_new), oldstate)
+}
+
+/// A connect no part of the agent reads (see `loopback`): to a loopback or unset address, by a
+/// process that is no proxy (marked, so that its later steps go too).
+#[inline(always)]
+fn unused_connect(sk: u64, t: &Tuple) -> bool {
+    // A proxy's connect stays: `sock_length` follows its socket, whose I/O the agent matches
+    // by address (`UpstreamIo`), and this record is where it forgets a closed upstream that
+    // had the address.
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    loopback::on_connect(sk, t) && !crate::sock_length::is_proxy(tgid)
+}
+
+/// Such a connect's steps after SYN_SENT but its failure (no step is a connect here).
+#[inline(always)]
+fn unused_later(f: &Fields, sk: u64, oldstate: i32, newstate: i32) -> bool {
+    let failed = in_mask(cfg(&f.connect_new), oldstate) && newstate == cfg(&f.close_state);
     let old = cfg(&f.loopback_old);
-    old != 0 && in_mask(old, oldstate) && !failed && loopback::is_loopback_connect(sk)
+    old != 0
+        && in_mask(old, oldstate)
+        && !failed
+        && newstate != cfg(&f.syn_recv_state)
+        && loopback::is_loopback_connect(sk)
 }
 
 #[inline(always)]
@@ -131,7 +141,24 @@ fn emit_event<S: Socket>(
     newstate: i32,
     btf: bool,
 ) -> Option<()> {
+    if btf && loopback::lean() && child_first_step(f, oldstate, newstate) {
+        count_filtered(KIND);
+        return None;
+    }
     let netns = s.netns();
+    // Each `cfg` read below only where `lean` (on tp_btf): the classic program is at its
+    // verifier's limit on 5.10 and 6.1.
+    let lean = btf && loopback::lean();
+    // A pod's loopback connect's later steps go before its tuple is read. (A host socket's
+    // after the host filter, which drops most of them with no lookup.)
+    if lean
+        && !in_mask(cfg(&f.connect_new), newstate)
+        && !is_host(netns)
+        && unused_later(f, skaddr, oldstate, newstate)
+    {
+        count_filtered(KIND);
+        return None;
+    }
     let mut tuple = zeroed::<Tuple>();
     s.tuple(&mut tuple);
     // Each mask read where it is needed, through `cfg`: `f` is the frozen global itself on the
@@ -140,12 +167,19 @@ fn emit_event<S: Socket>(
     let listener = in_mask(backlog_new, newstate)
         || (in_mask(backlog_new, oldstate) && in_mask(cfg(&f.listener_closed_new), newstate));
     // The host's own traffic first: its loopback connects then cost no map update each (no
-    // step `unused_step` drops is a listener's). A host socket the watch set takes in later
-    // was never marked a loopback connect: its steps are kept, as before the lean filter.
+    // step `unused_connect` or `unused_later` drops is a listener's). A host socket the watch
+    // set takes in later was never marked a loopback connect: its steps are kept, as before
+    // the lean filter.
     if !listener && out_of_scope(KIND, netns, &tuple) {
         return None;
     }
-    if btf && loopback::lean() && unused_step(f, skaddr, oldstate, newstate, &tuple) {
+    if lean
+        && if in_mask(cfg(&f.connect_new), newstate) {
+            unused_connect(skaddr, &tuple)
+        } else {
+            is_host(netns) && unused_later(f, skaddr, oldstate, newstate)
+        }
+    {
         count_filtered(KIND);
         return None;
     }
@@ -238,8 +272,7 @@ pub fn inet_sock_set_state_btf(ctx: BtfTracePointContext) -> i32 {
     if newstate == cfg(&f.close_state) {
         crate::sock_length::on_close(sk as u64);
     } else if newstate == cfg(&f.last_ack_state) {
-        crate::sock_length::on_proxy_shut(sk as u64);
-        crate::sock_length::on_proxy_close(sk as u64);
+        crate::sock_length::on_last_ack(sk as u64);
     } else if newstate == cfg(&f.fin_wait1_state) {
         // Not on the classic tracepoint (at its verifier's limit; sock_length needs tp_btf).
         crate::sock_length::on_proxy_shut(sk as u64);

@@ -13,8 +13,8 @@ use drainwatch_common::{
 
 use crate::ring::{reserve, submit};
 use crate::util::{
-    CONFIG, Record, btf_sock_netns, btf_sock_tuple, cfg, fill_header, kread, ld, skb_netns,
-    sock_netns, sock_tuple, zeroed,
+    CONFIG, Record, btf_net_inum, btf_sock_netns, btf_sock_tuple, cfg, fill_header_sock, kread, ld,
+    skb_netns, sock_netns, sock_tuple, zeroed,
 };
 
 /// tp_btf, 6.11+: `kfree_skb(struct sk_buff *skb, void *location, enum skb_drop_reason reason,
@@ -42,8 +42,7 @@ pub fn kfree_skb_btf(ctx: BtfTracePointContext) -> i32 {
             .filter(|dev| !dev.is_null())
             .and_then(|dev| ld::<*const u8>(dev, cfg(&k.net_device_nd_net)))
             .filter(|net| !net.is_null())
-            .and_then(|net| ld::<u32>(net, cfg(&k.net_inum)))
-            .unwrap_or(0)
+            .map_or(0, btf_net_inum)
     } else {
         0
     };
@@ -56,7 +55,7 @@ pub fn kfree_skb_btf(ctx: BtfTracePointContext) -> i32 {
         return 0;
     };
     let ev = unsafe { entry.assume_init_mut() };
-    fill_header(&mut ev.header, EventKind::KfreeSkb, netns);
+    fill_header_sock(&mut ev.header, EventKind::KfreeSkb, netns);
     ev.skbaddr = skb as u64;
     ev.rx_sk = rx_sk as u64;
     ev.tuple = tuple;
@@ -92,7 +91,7 @@ fn try_kfree_skb(ctx: &TracePointContext) -> Option<()> {
     };
     let mut entry = reserve::<Event>(EventKind::KfreeSkb)?;
     let ev = unsafe { entry.assume_init_mut() };
-    fill_header(&mut ev.header, EventKind::KfreeSkb, netns);
+    fill_header_sock(&mut ev.header, EventKind::KfreeSkb, netns);
     ev.skbaddr = skbaddr;
     ev.rx_sk = rx_sk;
     ev.tuple = zeroed::<Tuple>();
@@ -150,7 +149,7 @@ fn syn_recv_sock(ctx: &ProbeContext, v6: bool) -> Option<()> {
     let netns = sock_netns(KIND, sk);
     let mut entry = reserve::<Event>(KIND)?;
     let ev = unsafe { entry.assume_init_mut() };
-    fill_header(&mut ev.header, KIND, netns);
+    fill_header_sock(&mut ev.header, KIND, netns);
     ev.skbaddr = skb;
     ev.rx_sk = sk;
     ev.tuple = zeroed::<Tuple>();

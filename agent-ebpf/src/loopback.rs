@@ -36,14 +36,17 @@ pub fn on_connect(sk: u64, t: &Tuple) -> bool {
         let _ = LOOPBACK_CONNECTS.insert(sk, 1, 0);
         return true;
     }
-    let _ = LOOPBACK_CONNECTS.remove(sk);
+    forget(sk);
     false
 }
 
 /// A socket's last step (CLOSE) or a passive child's first (SYN_RECV): no entry from here.
 #[inline(always)]
 pub fn forget(sk: u64) {
-    let _ = LOOPBACK_CONNECTS.remove(sk);
+    // Looked up first: most sockets have none, and a removal takes the bucket's lock.
+    if is_loopback_connect(sk) {
+        let _ = LOOPBACK_CONNECTS.remove(sk);
+    }
 }
 
 /// Whether `sk` is a connect to a loopback or unset address.

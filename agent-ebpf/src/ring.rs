@@ -6,7 +6,7 @@ use aya_ebpf::{
     macros::map,
     maps::{PerCpuArray, RingBuf, ring_buf::RingBufEntry},
 };
-use drainwatch_common::EventKind;
+use drainwatch_common::{EventKind, config::BUDGET_WINDOW_NS};
 
 use crate::util::{CONFIG, cfg, count};
 
@@ -28,34 +28,34 @@ pub static SHED: PerCpuArray<u64> = PerCpuArray::with_max_entries(EventKind::COU
 #[map]
 pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(EventKind::COUNT, 0);
 
-/// What a CPU has spent of a kind's budget in the current second.
+/// What a CPU has spent of a kind's budget in the current window.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Budget {
-    second: u64,
+    window: u64,
     used: u64,
 }
 
 #[map]
 static BUDGET: PerCpuArray<Budget> = PerCpuArray::with_max_entries(EventKind::COUNT, 0);
 
-/// Whether this CPU has spent `kind`'s budget for the current second: the record is then
-/// shed, and counted. A fixed one-second window per CPU: two helper calls, no lock (programs
+/// Whether this CPU has spent `kind`'s budget for the current window: the record is then
+/// shed, and counted. A fixed window per CPU: two helper calls, no lock (programs
 /// on one CPU do not preempt each other's map update here but for an interrupt, which at worst
 /// lets one record more through).
 #[inline(always)]
 fn over_budget(kind: EventKind) -> bool {
-    let limit = u64::from(cfg(&CONFIG.packet_events_per_sec));
+    let limit = u64::from(cfg(&CONFIG.packet_events_per_window));
     if limit == 0 {
         return false;
     }
     let Some(b) = BUDGET.get_ptr_mut(kind.index() as u32) else {
         return false;
     };
-    let second = unsafe { bpf_ktime_get_ns() } / 1_000_000_000;
+    let window = unsafe { bpf_ktime_get_ns() } >> BUDGET_WINDOW_NS.trailing_zeros();
     let b = unsafe { &mut *b };
-    if b.second != second {
-        b.second = second;
+    if b.window != window {
+        b.window = window;
         b.used = 0;
     }
     if b.used < limit {

@@ -373,16 +373,33 @@ pub fn on_close(sk: u64) {
 /// opens (see `Chain`).
 #[inline(always)]
 pub fn on_proxy_close(sk: u64) {
-    let Some(st) = UPSTREAM_SOCKS.get_ptr_mut(sk) else {
-        return;
-    };
-    unsafe {
-        if (*st).flags & CUT == 0 {
-            return;
-        }
-        (*st).flags &= !CUT;
-        open_chain(sk, (*st).cut_at);
+    if let Some(st) = followed(sk) {
+        proxy_close(sk, st);
     }
+}
+
+#[inline(always)]
+fn proxy_close(sk: u64, st: &mut ReqState) {
+    if st.flags & CUT == 0 {
+        return;
+    }
+    st.flags &= !CUT;
+    open_chain(sk, st.cut_at);
+}
+
+/// CLOSE_WAIT → LAST_ACK: [`on_proxy_shut`] then [`on_proxy_close`], one lookup for both.
+#[inline(always)]
+pub fn on_last_ack(sk: u64) {
+    if let Some(st) = followed(sk) {
+        proxy_shut(sk, st);
+        proxy_close(sk, st);
+    }
+}
+
+/// `sk`'s entry, if it is followed (one lookup: most sockets are not).
+#[inline(always)]
+fn followed(sk: u64) -> Option<&'static mut ReqState> {
+    UPSTREAM_SOCKS.get_ptr_mut(sk).map(|st| unsafe { &mut *st })
 }
 
 /// The proxy closed `sk` (FIN_WAIT1 or LAST_ACK, or its destruction at close() of a socket
@@ -392,10 +409,13 @@ pub fn on_proxy_close(sk: u64) {
 /// byte or cut would ever end it: its cut stayed without a verdict.
 #[inline(always)]
 pub fn on_proxy_shut(sk: u64) {
-    let Some(st) = UPSTREAM_SOCKS.get_ptr_mut(sk) else {
-        return;
-    };
-    let st = unsafe { &mut *st };
+    if let Some(st) = followed(sk) {
+        proxy_shut(sk, st);
+    }
+}
+
+#[inline(always)]
+fn proxy_shut(sk: u64, st: &mut ReqState) {
     if st.retry_of == 0 || st.flags & RETRY_STARTED == 0 || st.resp_bytes != 0 {
         return;
     }
@@ -416,8 +436,11 @@ pub fn tcp_destroy_sock_btf(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let sk = ctx.arg::<*const u8>(0) as u64;
-    on_proxy_shut(sk);
-    on_proxy_close(sk);
-    let _ = UPSTREAM_SOCKS.remove(sk);
+    // One lookup where most sockets have no entry (a removal takes the bucket's lock).
+    if let Some(st) = followed(sk) {
+        proxy_shut(sk, st);
+        proxy_close(sk, st);
+        let _ = UPSTREAM_SOCKS.remove(sk);
+    }
     0
 }

@@ -2,6 +2,7 @@
 //! through BTF offsets; emits the same `inet_csk_accept` event as the kretprobe.
 
 use aya_ebpf::{
+    EbpfContext as _,
     helpers::{bpf_get_current_task, generated::bpf_get_current_task_btf},
     macros::tracepoint,
     programs::TracePointContext,
@@ -19,6 +20,9 @@ use crate::{
 
 /// The program emits `inet_csk_accept` events; its faults count there.
 const KIND: EventKind = EventKind::InetCskAccept;
+
+/// `ret`'s offset in the record (after the common fields and `__syscall_nr`).
+const RET_AT: u16 = 16;
 
 /// Attached to both `sys_exit_accept4` and `sys_exit_accept` (same layout).
 #[tracepoint]
@@ -89,9 +93,18 @@ fn try_sys_exit_accept<const TASK_BTF: bool>(ctx: &TracePointContext) -> Option<
     if off == NO_FIELD {
         return None;
     }
-    let Ok(ret) = (unsafe { ctx.read_at::<i64>(usize::from(off)) }) else {
-        fault(KIND, FaultKind::RecordRead);
-        return None;
+    // Where every kernel seen puts it, a direct load (the verifier allows one at a constant
+    // offset); elsewhere a helper call.
+    let ret = if off == RET_AT {
+        unsafe {
+            core::ptr::read_volatile(ctx.as_ptr().cast::<u8>().add(RET_AT.into()).cast::<i64>())
+        }
+    } else {
+        let Ok(ret) = (unsafe { ctx.read_at::<i64>(usize::from(off)) }) else {
+            fault(KIND, FaultKind::RecordRead);
+            return None;
+        };
+        ret
     };
     if ret < 0 {
         return None;

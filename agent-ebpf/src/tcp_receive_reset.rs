@@ -13,8 +13,8 @@ use drainwatch_common::{
 
 use crate::ring::{reserve, submit};
 use crate::util::{
-    CONFIG, Record, btf_sock_netns, btf_sock_tuple, cfg, fill_header, ld, out_of_scope, sock_netns,
-    sock_state, tp_tuple, zeroed,
+    CONFIG, Record, btf_sock_netns, btf_sock_tuple, cfg, fill_header_sock, ld, out_of_scope,
+    sock_netns, sock_state, tp_tuple, zeroed,
 };
 
 /// tp_btf: `tcp_receive_reset(struct sock *sk)`; the socket read with plain loads.
@@ -35,7 +35,7 @@ pub fn tcp_receive_reset_btf(ctx: BtfTracePointContext) -> i32 {
         return 0;
     };
     let ev = unsafe { entry.assume_init_mut() };
-    fill_header(&mut ev.header, EventKind::TcpReceiveReset, netns);
+    fill_header_sock(&mut ev.header, EventKind::TcpReceiveReset, netns);
     ev.skaddr = sk as u64;
     // As the classic record has it: the cookie, assigned on first use.
     ev.sock_cookie = unsafe { bpf_get_socket_cookie(sk as *mut _) };
@@ -67,7 +67,7 @@ fn try_tcp_receive_reset(ctx: &TracePointContext) -> Option<()> {
     }
     let mut entry = reserve::<Event>(EventKind::TcpReceiveReset)?;
     let ev = unsafe { entry.assume_init_mut() };
-    fill_header(&mut ev.header, EventKind::TcpReceiveReset, netns);
+    fill_header_sock(&mut ev.header, EventKind::TcpReceiveReset, netns);
     ev.skaddr = skaddr;
     ev.sock_cookie = rec.get::<u64>(f.sock_cookie).unwrap_or(0);
     ev.tuple = tuple;

@@ -18,8 +18,9 @@ use crate::ring::{reserve, submit};
 use crate::{
     fault::fault,
     util::{
-        CONFIG, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, cfg, fill_header, kread,
-        ld, out_of_scope, skb_netns, sock_netns, sock_state, sock_tuple, tp_tuple, zeroed,
+        CONFIG, Record, btf_inet_sport, btf_net_inum, btf_sock_netns, btf_sock_tuple, cfg,
+        fill_header_sock, kread, ld, out_of_scope, skb_netns, sock_netns, sock_state, sock_tuple,
+        tp_tuple, zeroed,
     },
 };
 
@@ -44,8 +45,7 @@ pub fn tcp_send_reset_btf(ctx: BtfTracePointContext) -> i32 {
         }
         let netns = ld::<*const u8>(skb, cfg(&k.skb_dev))
             .and_then(|dev| ld::<*const u8>(dev, cfg(&k.net_device_nd_net)))
-            .and_then(|net| ld::<u32>(net, cfg(&k.net_inum)))
-            .unwrap_or(0);
+            .map_or(0, btf_net_inum);
         (netns, -1)
     } else {
         let state = ld::<u8>(sk, cfg(&k.sock_state)).map_or(-1, i32::from);
@@ -79,7 +79,7 @@ pub fn tcp_send_reset_btf(ctx: BtfTracePointContext) -> i32 {
         return 0;
     };
     let ev = unsafe { entry.assume_init_mut() };
-    fill_header(&mut ev.header, EventKind::TcpSendReset, netns);
+    fill_header_sock(&mut ev.header, EventKind::TcpSendReset, netns);
     ev.skaddr = sk as u64;
     ev.tuple = tuple;
     ev.state = state;
@@ -194,7 +194,7 @@ fn try_tcp_send_reset(ctx: &TracePointContext) -> Option<()> {
     }
     let mut entry = reserve::<Event>(EventKind::TcpSendReset)?;
     let ev = unsafe { entry.assume_init_mut() };
-    fill_header(&mut ev.header, EventKind::TcpSendReset, netns);
+    fill_header_sock(&mut ev.header, EventKind::TcpSendReset, netns);
     ev.skaddr = skaddr;
     ev.answered = answered;
     ev._pad = 0;
@@ -249,7 +249,7 @@ fn probe_send_reset(ctx: &ProbeContext, has_skb: bool) -> Option<()> {
     }
     let mut entry = reserve::<Event>(EventKind::TcpSendReset)?;
     let ev = unsafe { entry.assume_init_mut() };
-    fill_header(&mut ev.header, EventKind::TcpSendReset, netns);
+    fill_header_sock(&mut ev.header, EventKind::TcpSendReset, netns);
     ev.skaddr = sk;
     ev.tuple = tuple;
     ev.state = if sk == 0 {

@@ -101,6 +101,9 @@ pub struct KernelOffsets {
     /// `sock.sk_ack_backlog`: connections in a listener's accept queue (the listen-overflow
     /// kprobes compare it with `sk_max_ack_backlog`).
     pub sock_ack_backlog: u32,
+    /// `net.net_cookie`: a namespace's id, never reused; keys the programs' per-CPU cache of
+    /// the last namespace's inode (`util::NETNS_SEEN`).
+    pub net_cookie: u32,
 }
 
 impl KernelOffsets {
@@ -143,13 +146,14 @@ impl KernelOffsets {
         skb_network_header: NO_OFFSET,
         skb_protocol: NO_OFFSET,
         sock_ack_backlog: NO_OFFSET,
+        net_cookie: NO_OFFSET,
     };
 }
 
 pod!(KernelOffsets, AddrFields);
 
 const _: () = assert!(core::mem::size_of::<AddrFields>() == 16);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 152);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 156);
 
 #[cfg(test)]
 mod tests {

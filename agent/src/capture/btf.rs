@@ -116,6 +116,7 @@ const MEMBERS: &[(&str, &str, Slot)] = &[
     }),
     ("sock", "__sk_common.skc_v6_daddr", |k| &mut k.sock_v6_daddr),
     ("net", "ns.inum", |k| &mut k.net_inum),
+    ("net", "net_cookie", |k| &mut k.net_cookie),
     ("task_struct", "nsproxy", |k| &mut k.task_nsproxy),
     ("task_struct", "exit_code", |k| &mut k.task_exit_code),
     ("nsproxy", "net_ns", |k| &mut k.nsproxy_net_ns),

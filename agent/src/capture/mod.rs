@@ -202,7 +202,8 @@ impl Capture {
         config.host_netns = opts.host_netns.unwrap_or(0);
         config.attach_only = u32::from(opts.attach_only);
         config.retry_window_us = u32::try_from(opts.retry_window.as_micros()).unwrap_or(u32::MAX);
-        config.packet_events_per_sec = opts.packet_events_per_cpu;
+        config.packet_events_per_window =
+            drainwatch_common::config::per_window(opts.packet_events_per_cpu);
         config.lean = u32::from(opts.lean);
         let holds = opts.hold && hold::kernel_can_hand_over();
         config.hold = u32::from(holds);
