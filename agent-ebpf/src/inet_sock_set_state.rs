@@ -80,7 +80,11 @@ fn emit<S: Socket>(
 ) -> Option<()> {
     // The same flag: both need tp_btf (the classic program is at its verifier's limit).
     let r = emit_event(s, f, skaddr, oldstate, newstate, follow_containers);
-    if in_mask(cfg(&f.connect_new), newstate) {
+    if matches!(r, Err(Skip::LoopbackConnect)) {
+        // A connect known to be no proxy's and to no container: not followed (as
+        // `on_connect` would find, with a second look at the proxies).
+        crate::sock_length::on_new_sock(skaddr);
+    } else if in_mask(cfg(&f.connect_new), newstate) {
         // A proxy's upstream is followed wherever it goes, and any connection to a container
         // on this node from its first byte: a proxy is known only after its first connect
         // reached the agent, too late for the requests it sent meanwhile. After the
@@ -98,7 +102,14 @@ fn emit<S: Socket>(
             to_container,
         );
     }
-    r
+    r.ok()
+}
+
+/// Why a step made no record.
+enum Skip {
+    /// A connect dropped as `unused_connect`: no proxy's, to no container.
+    LoopbackConnect,
+    Other,
 }
 
 /// A passive child's first step (LISTEN to SYN_RECV: the handshake's completion, SYN_RECV to
@@ -140,10 +151,10 @@ fn emit_event<S: Socket>(
     oldstate: i32,
     newstate: i32,
     btf: bool,
-) -> Option<()> {
+) -> Result<(), Skip> {
     if btf && loopback::lean() && child_first_step(f, oldstate, newstate) {
         count_filtered(KIND);
-        return None;
+        return Err(Skip::Other);
     }
     let netns = s.netns();
     // Each `cfg` read below only where `lean` (on tp_btf): the classic program is at its
@@ -157,7 +168,7 @@ fn emit_event<S: Socket>(
         && unused_later(f, skaddr, oldstate, newstate)
     {
         count_filtered(KIND);
-        return None;
+        return Err(Skip::Other);
     }
     let mut tuple = zeroed::<Tuple>();
     s.tuple(&mut tuple);
@@ -171,17 +182,18 @@ fn emit_event<S: Socket>(
     // set takes in later was never marked a loopback connect: its steps are kept, as before
     // the lean filter.
     if !listener && out_of_scope(KIND, netns, &tuple) {
-        return None;
+        return Err(Skip::Other);
     }
-    if lean
-        && if in_mask(cfg(&f.connect_new), newstate) {
-            unused_connect(skaddr, &tuple)
-        } else {
-            is_host(netns) && unused_later(f, skaddr, oldstate, newstate)
+    if lean {
+        let connect = in_mask(cfg(&f.connect_new), newstate);
+        if connect && unused_connect(skaddr, &tuple) {
+            count_filtered(KIND);
+            return Err(Skip::LoopbackConnect);
         }
-    {
-        count_filtered(KIND);
-        return None;
+        if !connect && is_host(netns) && unused_later(f, skaddr, oldstate, newstate) {
+            count_filtered(KIND);
+            return Err(Skip::Other);
+        }
     }
     // Only on tp_btf (the classic program is at its verifier's limit): a held arrival is
     // carried by the connection's first step out of ESTABLISHED.
@@ -191,9 +203,9 @@ fn emit_event<S: Socket>(
         && newstate == cfg(&f.established_state)
         && hold::arrive(skaddr, netns, &tuple)
     {
-        return None;
+        return Err(Skip::Other);
     }
-    let mut entry = reserve::<Event>(KIND)?;
+    let mut entry = reserve::<Event>(KIND).ok_or(Skip::Other)?;
     let ev = unsafe { entry.assume_init_mut() };
     fill_header_task(
         &mut ev.header,
@@ -228,7 +240,7 @@ fn emit_event<S: Socket>(
         0
     };
     submit(entry);
-    Some(())
+    Ok(())
 }
 
 /// Before a reset hook's record of `sk`: what was held for it, in a record of its own, so that
