@@ -83,12 +83,18 @@ pub fn consume(
         let oldest = now.saturating_sub(HOLD_AT_MOST.as_nanos() as u64);
         let result = hold.set_hot(&pipeline.hot_netns(now)).and_then(|new| {
             if new.is_empty() && !by_age {
-                return Ok(0);
+                return Ok(());
             }
-            hold.take_over(
+            let t = Instant::now();
+            let sweep = hold.take_over(
                 |ns, at| new.contains(&ns) || (by_age && at < oldest),
                 &mut taken,
-            )
+            )?;
+            let seconds = t.elapsed().as_secs_f64();
+            telemetry
+                .work
+                .hold_take_over(sweep.held, sweep.taken, seconds);
+            Ok(())
         });
         if by_age {
             next_hold_check = Instant::now() + HOLD_CHECK;

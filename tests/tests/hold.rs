@@ -235,3 +235,88 @@ fn a_hot_namespace_is_sent_as_it_comes_and_what_was_held_there_is_taken_over_onc
     assert_eq!(count(&h.events(), peer), 0, "held again");
     drop(c);
 }
+
+/// A take-over reads the whole map in batches: thousands held at once are each taken over
+/// exactly once, whole (arrival, then its accept by this process), and none of them again.
+#[test]
+fn thousands_held_at_once_are_each_taken_over_once_whole() {
+    // More than one batch call reads (`CHUNK`, 4,096).
+    const N: usize = 5000;
+    drainwatch_tests::lab::storm::raise_nofile(N as u64 * 2 + 512);
+    let mut h = Harness::start_lean_as(HOOKS, RING, true);
+    let mut hold = h.capture.take_hold().expect("the hold's maps");
+    let ns = drainwatch_tests::own_netns();
+    h.events();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = listener.local_addr().unwrap();
+    // Ground truth: the peers this test made, each open on both ends.
+    let mut open = Vec::with_capacity(N);
+    let mut peers = std::collections::BTreeSet::new();
+    for _ in 0..N {
+        let c = TcpStream::connect(server).unwrap();
+        let (s, peer) = listener.accept().unwrap();
+        peers.insert(peer);
+        open.push((c, s));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let mine = |conn: Option<drainwatch::capture::event::Endpoints>| {
+        conn.filter(|c| c.local == server && peers.contains(&c.remote))
+            .map(|c| c.remote)
+    };
+    assert_eq!(
+        h.events()
+            .iter()
+            .filter(|e| match e {
+                Event::StateChange(s) => mine(s.conn).is_some(),
+                Event::Accepted(a) => mine(a.conn).is_some(),
+                _ => false,
+            })
+            .count(),
+        0,
+        "all held: nothing sent"
+    );
+    let mut taken = Vec::new();
+    let sweep = hold.take_over(|n, _| n == ns, &mut taken).unwrap();
+    assert!(sweep.held >= N, "{sweep:?}");
+    // Each peer: its arrival, then its accept, once.
+    let mut seen: std::collections::BTreeMap<SocketAddr, Vec<(&str, u64)>> = Default::default();
+    for e in &taken {
+        let (peer, what) = match e {
+            Event::StateChange(s) => (mine(s.conn), "arrival"),
+            Event::Accepted(a) => {
+                let p = mine(a.conn);
+                assert!(p.is_none() || a.meta.tgid == std::process::id());
+                (p, "accept")
+            }
+            _ => (None, ""),
+        };
+        if let Some(p) = peer {
+            seen.entry(p).or_default().push((what, e.meta().ts_ns));
+        }
+    }
+    assert_eq!(
+        seen.keys()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>(),
+        peers
+    );
+    for (peer, evs) in &seen {
+        assert!(
+            matches!(evs.as_slice(), [("arrival", a), ("accept", b)] if a < b),
+            "{peer}: {evs:?}"
+        );
+    }
+    assert!(sweep.taken >= N, "{sweep:?}");
+    // Taken: a second take-over finds none of them.
+    let mut again = Vec::new();
+    hold.take_over(|n, _| n == ns, &mut again).unwrap();
+    assert!(
+        again.iter().all(|e| match e {
+            Event::StateChange(s) => mine(s.conn).is_none(),
+            Event::Accepted(a) => mine(a.conn).is_none(),
+            _ => true,
+        }),
+        "taken twice"
+    );
+    drop(open);
+}

@@ -12,7 +12,12 @@
 //!   per connection; the same for the agent with `--hold false` (every arrival and accept a
 //!   record of its own, as before the hold), and the pod's throughput with the hooks alone
 //!   (`--attach-only`)
-//!   (`bench/src/bin/churn.rs pod`, `xtask/src/bench/pod.rs`).
+//!   (`bench/src/bin/churn.rs pod`, `xtask/src/bench/pod.rs`). Then records per connection
+//!   when none fails (`churn … clean`), and long-lived pod connections under the hold: 20,000
+//!   held open 17 s (`bench/src/bin/held.rs`), each to be taken over from the kernel once
+//!   (the agent's `drainwatch_hold_taken_over_total` against the client's count), what each
+//!   take-over cost (`drainwatch_hold_take_over_seconds`), and the kernel memory of the
+//!   agent's maps (`bpftool map show`'s `bytes_memlock`) (`xtask/src/bench/held.rs`).
 //! - Churn: loopback connect/accept/close, refused connects and aborts (`bench/src/bin/churn.rs`)
 //!   with nothing attached, with the agent, with the agent's hooks attached but its programs
 //!   returning at once (`--attach-only`: the floor that attaching these hooks costs on this
@@ -48,6 +53,7 @@
 
 mod agent;
 mod bpf;
+mod held;
 mod phases;
 mod pod;
 mod report;
@@ -84,6 +90,8 @@ struct Plan {
     /// Network namespaces made containers in the scale phase, and connections in each.
     scale_namespaces: usize,
     scale_conns: usize,
+    /// Long-lived pod connections held open for `--hold`'s take-over (`bench/held.rs`).
+    held_conns: usize,
 }
 
 impl Settings {
@@ -97,6 +105,7 @@ impl Settings {
                 rest_secs: 2.0,
                 scale_namespaces: 50,
                 scale_conns: 100,
+                held_conns: 500,
             }
         } else {
             Plan {
@@ -107,6 +116,7 @@ impl Settings {
                 rest_secs: 30.0,
                 scale_namespaces: 1000,
                 scale_conns: 100,
+                held_conns: 20_000,
             }
         }
     }

@@ -1,5 +1,7 @@
-//! The pipeline's periodic work that grows with the node: the containers it follows, and what
-//! each listen-path sample costs (it reads a few procfs files per running container).
+//! The pipeline's periodic work that grows with the node: the containers it follows, what
+//! each listen-path sample costs (it reads a few procfs files per running container), and
+//! what reading the connections the kernel holds costs (`--hold`: every 5 s, and when a
+//! namespace turns hot).
 
 use std::sync::atomic::AtomicU64;
 
@@ -37,6 +39,9 @@ pub struct WorkMetrics {
     containers: Gauge,
     sample_seconds: [Histogram; 2],
     sample_cpu: [Counter<f64, AtomicU64>; 2],
+    held: Gauge,
+    hold_sweep_seconds: Histogram,
+    taken_over: Counter,
 }
 
 impl WorkMetrics {
@@ -65,8 +70,32 @@ impl WorkMetrics {
             "CPU time the pipeline thread spent in listen-path samples, by scope",
             cpu.clone(),
         );
+        let held = Gauge::default();
+        registry.register(
+            "drainwatch_hold_entries",
+            "Connections the kernel held (--hold) at the last take-over: arrivals waiting for their connection's next record",
+            held.clone(),
+        );
+        // 10 µs (a few held) to 2.5 s (a full map behind a slow machine).
+        let hold_sweep_seconds = Histogram::new([
+            0.00001, 0.0001, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+        ]);
+        registry.register(
+            "drainwatch_hold_take_over_seconds",
+            "Wall time of each take-over of held connections (reading the kernel's map and removing what is taken), before the pipeline handles them",
+            hold_sweep_seconds.clone(),
+        );
+        let taken_over = Counter::default();
+        registry.register(
+            "drainwatch_hold_taken_over",
+            "Held connections the agent took over from the kernel (a hot namespace, or held for 10 s)",
+            taken_over.clone(),
+        );
         let scopes = [SampleScope::All, SampleScope::Some];
         Self {
+            held,
+            hold_sweep_seconds,
+            taken_over,
             containers,
             sample_seconds: scopes.map(|scope| seconds.get_or_create_owned(&ScopeLabels { scope })),
             sample_cpu: scopes.map(|scope| cpu.get_or_create_owned(&ScopeLabels { scope })),
@@ -82,6 +111,15 @@ impl WorkMetrics {
         let i = scope as usize;
         self.sample_seconds[i].observe(wall);
         self.sample_cpu[i].inc_by(cpu.max(0.0));
+    }
+}
+
+impl WorkMetrics {
+    /// One take-over of held connections: what the kernel held, what was taken, how long it took.
+    pub fn hold_take_over(&self, held: usize, taken: usize, seconds: f64) {
+        self.held.set(i64::try_from(held).unwrap_or(i64::MAX));
+        self.taken_over.inc_by(taken as u64);
+        self.hold_sweep_seconds.observe(seconds);
     }
 }
 
@@ -107,7 +145,17 @@ mod tests {
         let t = Telemetry::new("k");
         t.work.containers(3);
         t.work.listen_sample(super::SampleScope::All, 0.002, 0.001);
+        t.work.hold_take_over(7, 2, 0.003);
         let text = t.encode_prometheus().unwrap();
+        assert!(text.contains("drainwatch_hold_entries 7\n"), "{text}");
+        assert!(
+            text.contains("drainwatch_hold_taken_over_total 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("drainwatch_hold_take_over_seconds_count 1\n"),
+            "{text}"
+        );
         assert!(text.contains("drainwatch_containers 3"), "{text}");
         assert!(
             text.contains("drainwatch_listen_sample_seconds_count{scope=\"all\"} 1"),

@@ -2,12 +2,12 @@
 //! closes a connection, connects to a closed port (a reset) and aborts a connection with
 //! SO_LINGER 0 (a reset from the closing side). Prints one JSON line with what it did.
 //!
-//! churn <seconds> <threads> [<max connections per second, 0 = unbounded>] [thirds|pod]
+//! churn <seconds> <threads> [<max connections per second, 0 = unbounded>] [thirds|pod|clean]
 //!
 //! The mix: `thirds` (the default) makes each of the three kinds a third of the connections;
 //! `pod` is a server's day: of every ten connections eight carry a one-byte request and answer
 //! and close cleanly with the server closing first (as an HTTP server ending a response does),
-//! one is refused and one aborted.
+//! one is refused and one aborted; `clean` is `pod`'s clean connections alone.
 
 use std::{
     io::{Read, Write},
@@ -26,18 +26,25 @@ enum Mix {
     Thirds,
     /// Eight closed normally (the server first), one refused, one aborted.
     Pod,
+    /// Eight closed normally (the server first), as `Pod`'s, and none failing.
+    Clean,
 }
 
 impl Mix {
     fn clean(self) -> u64 {
         match self {
             Mix::Thirds => 1,
-            Mix::Pod => 8,
+            Mix::Pod | Mix::Clean => 8,
         }
     }
 
+    /// A refused and an aborted connection after the clean ones, or none.
+    fn fails(self) -> bool {
+        !matches!(self, Mix::Clean)
+    }
+
     fn per_round(self) -> u64 {
-        self.clean() + 2
+        self.clean() + if self.fails() { 2 } else { 0 }
     }
 }
 
@@ -80,7 +87,7 @@ fn worker(
                 // The client closes first; the server's close, with the byte unread, resets.
                 Mix::Thirds => drop((c, s)),
                 // A request and its answer, then the server closes first, cleanly.
-                Mix::Pod => {
+                Mix::Pod | Mix::Clean => {
                     let mut b = [0u8; 1];
                     s.read_exact(&mut b).map_err(|e| format!("read: {e}"))?;
                     s.write_all(b"y").map_err(|e| format!("write: {e}"))?;
@@ -90,16 +97,18 @@ fn worker(
                 }
             }
         }
-        // Refused: RST from the kernel, ECONNREFUSED here.
-        if TcpStream::connect(refused).is_ok() {
-            return Err(format!("{refused} unexpectedly accepted"));
+        if mix.fails() {
+            // Refused: RST from the kernel, ECONNREFUSED here.
+            if TcpStream::connect(refused).is_ok() {
+                return Err(format!("{refused} unexpectedly accepted"));
+            }
+            // Aborted: linger 0 turns close into a reset.
+            let c = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+            let (s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+            abort(&c);
+            drop(c);
+            drop(s);
         }
-        // Aborted: linger 0 turns close into a reset.
-        let c = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
-        let (s, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
-        abort(&c);
-        drop(c);
-        drop(s);
         rounds += 1;
         done.fetch_add(mix.per_round(), Ordering::Relaxed);
     }
@@ -119,7 +128,8 @@ fn main() {
     let mix = match args.get(3).map(String::as_str) {
         None | Some("thirds") => Mix::Thirds,
         Some("pod") => Mix::Pod,
-        Some(other) => panic!("unknown mix {other}: thirds or pod"),
+        Some("clean") => Mix::Clean,
+        Some(other) => panic!("unknown mix {other}: thirds, pod or clean"),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));

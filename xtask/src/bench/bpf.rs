@@ -172,6 +172,32 @@ impl Drop for BpfStats {
     }
 }
 
+/// Kernel memory of each map `pid` holds, by map name (bytes, as `bpftool map show` reports
+/// the kernel's own figure: `bytes_memlock`, its memory usage estimate on 6.5+).
+pub(super) fn map_memory(pid: u32) -> Result<std::collections::BTreeMap<String, u64>> {
+    let mut ids = std::collections::BTreeSet::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))?.flatten() {
+        let info = std::fs::read_to_string(e.path()).unwrap_or_default();
+        ids.extend(
+            info.lines()
+                .filter_map(|l| l.strip_prefix("map_id:"))
+                .filter_map(|v| v.trim().parse::<u64>().ok()),
+        );
+    }
+    let mut out = std::collections::BTreeMap::new();
+    for m in bpftool(&["map", "show"])?.as_array().into_iter().flatten() {
+        let (Some(id), Some(bytes)) = (m["id"].as_u64(), m["bytes_memlock"].as_u64()) else {
+            continue;
+        };
+        if ids.contains(&id) {
+            let name = m["name"].as_str().unwrap_or("?").to_string();
+            *out.entry(name).or_default() += bytes;
+        }
+    }
+    ensure!(!out.is_empty(), "process {pid} holds no BPF maps");
+    Ok(out)
+}
+
 fn bpftool(args: &[&str]) -> Result<Value> {
     let out = Command::new("bpftool")
         .args(args)
