@@ -33,11 +33,22 @@ use std::{
 
 use drainwatch_tests::{
     accuracy::stop,
-    agent::{Agent, instant, stop_record},
+    agent::{Agent, instant, stop_record, wait_for},
     lab::{Backend, BackendOpts, Lab, Mode, ScenarioRun, ScenarioSpec, Trigger},
     listen_overflows_of,
 };
 use serde_json::Value;
+
+/// The first of the items the agent's `path` lists that satisfies `found`.
+fn find_item(agent: &Agent, path: &str, found: impl Fn(&Value) -> bool) -> Option<Value> {
+    let (_, items) = drainwatch_tests::agent::api(agent, path);
+    items
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| found(v))
+        .cloned()
+}
 
 /// Ports the scan walks: none of them is ever a listener of the lab's backends.
 const SCAN_PORTS: std::ops::Range<u16> = 40_000..50_000;
@@ -102,20 +113,12 @@ fn restarted_mid_stop(spec: ScenarioSpec, after: Duration) -> (Agent, Lab, Scena
     let lab = Lab::setup(spec);
     let s1 = lab.s1.id.clone();
     let restart = std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let (_, stops) = drainwatch_tests::agent::api(&first, "/api/v1/stops");
-            let open = stops
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|s| s["container"]["id"] == s1.as_str() && s["sigterm_at"].is_string());
-            if open {
-                break;
-            }
-            assert!(Instant::now() < deadline, "no SIGTERM seen");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for("s1's SIGTERM seen", Duration::from_secs(60), || {
+            find_item(&first, "/api/v1/stops", |s| {
+                s["container"]["id"] == s1.as_str() && s["sigterm_at"].is_string()
+            })
+            .is_some()
+        });
         std::thread::sleep(after);
         first.child.kill().expect("SIGKILL the agent");
         let _ = first.child.wait();
@@ -213,37 +216,22 @@ fn a_stop_whose_exit_event_was_lost_settles_incomplete() {
     // Known to the agent before its stop: with no exit event, nothing else could name the
     // container once its process (no handler: gone at SIGTERM) and its cgroup are (CI once
     // stopped it before a scan had found it, and the stop was no one's).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (_, starts) = drainwatch_tests::agent::api(&agent, "/api/v1/starts");
-        let known = starts
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|s| s["container"]["id"] == b.id.as_str());
-        if known {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never found: {starts:#}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for("the backend's start found", Duration::from_secs(20), || {
+        find_item(&agent, "/api/v1/starts", |s| {
+            s["container"]["id"] == b.id.as_str()
+        })
+        .is_some()
+    });
     b.stop(10);
     assert_eq!(b.exit_code(), 143, "it did exit");
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let stop = loop {
-        let (_, stops) = drainwatch_tests::agent::api(&agent, "/api/v1/stops");
-        let mine = stops
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|s| s["container"]["id"] == b.id.as_str() && s["settled"] == true)
-            .cloned();
-        if let Some(s) = mine {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "never settled: {stops:#}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let mut settled = None;
+    wait_for("its stop settled", Duration::from_secs(40), || {
+        settled = find_item(&agent, "/api/v1/stops", |s| {
+            s["container"]["id"] == b.id.as_str() && s["settled"] == true
+        });
+        settled.is_some()
+    });
+    let stop = settled.expect("settled");
     println!("{stop:#}");
     assert!(stop["sigterm_at"].is_string());
     assert!(stop["cgroup_removed_at"].is_string());
