@@ -21,13 +21,18 @@ use aya_ebpf::{
     maps::HashMap,
 };
 use drainwatch_common::{
-    Tuple,
+    EventKind, Tuple,
+    faults::FaultKind,
     inet_sock_set_state::{Held, HoldEntry},
 };
 
-use crate::util::{CONFIG, cfg, zeroed};
+use crate::{
+    fault::fault,
+    util::{CONFIG, cfg, zeroed},
+};
 
-/// Connections held at once: past it, arrivals are sent as before.
+/// Connections held at once: past it, arrivals are sent as before (and counted as the fault
+/// `hold_full`). The agent sets the size (`--hold-entries`).
 const ENTRIES: u32 = 65_536;
 
 #[map]
@@ -52,7 +57,11 @@ pub fn arrive(sk: u64, netns: u32, tuple: &Tuple) -> bool {
     e.held.arrived_ns = unsafe { bpf_ktime_get_ns() };
     e.netns = netns;
     e.tuple = *tuple;
-    HOLD.insert(&sk, &e, u64::from(BPF_ANY)).is_ok()
+    if HOLD.insert(&sk, &e, u64::from(BPF_ANY)).is_err() {
+        fault(EventKind::InetSockSetState, FaultKind::HoldFull);
+        return false;
+    }
+    true
 }
 
 /// accept() took `sk`: noted in its held entry (true), or it has none (the accept is sent).

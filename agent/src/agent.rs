@@ -358,6 +358,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         packet_events_per_cpu: cli.packet_events_per_cpu,
         lean: true,
         hold: cli.hold,
+        hold_entries: cli.hold_entries,
     })?;
     if cli.attach_only {
         tracing::warn!("--attach-only: the programs return at once, nothing is captured");

@@ -148,6 +148,13 @@ pub struct Cli {
     )]
     pub hold: bool,
 
+    /// Connections the kernel may hold at once (`--hold`): about 144 bytes of kernel memory
+    /// each. Past it, arrivals are sent as they come, counted as
+    /// `drainwatch_ebpf_faults_total{fault="hold_full"}`.
+    #[arg(long, env = "DRAINWATCH_HOLD_ENTRIES", default_value_t = crate::capture::HOLD_ENTRIES,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub hold_entries: u32,
+
     /// Drop every event of these hooks (by stem, e.g. sched_process_exit) in the reader,
     /// counted as lost in the ring buffer. Only for tests of what a lost event does.
     #[arg(

@@ -28,10 +28,13 @@ pub enum FaultKind {
     /// socket was freed): dropped when a new socket took its address, whose I/O it would
     /// otherwise have read as the old socket's requests.
     StaleEntry = 6,
+    /// The hold (`--hold`) could not take a connection's arrival (its map full, at
+    /// `--hold-entries`): the arrival and the accept were sent as they came.
+    HoldFull = 7,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 7] = [
+    pub const ALL: [FaultKind; 8] = [
         FaultKind::RecordRead,
         FaultKind::KernelRead,
         FaultKind::PacketRead,
@@ -39,6 +42,7 @@ impl FaultKind {
         FaultKind::PathTruncated,
         FaultKind::ChainLost,
         FaultKind::StaleEntry,
+        FaultKind::HoldFull,
     ];
 
     pub const COUNT: u32 = Self::ALL.len() as u32;
@@ -52,6 +56,7 @@ impl FaultKind {
             FaultKind::PathTruncated => "path_truncated",
             FaultKind::ChainLost => "chain_lost",
             FaultKind::StaleEntry => "stale_entry",
+            FaultKind::HoldFull => "hold_full",
         }
     }
 }

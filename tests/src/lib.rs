@@ -116,6 +116,24 @@ impl Harness {
         h
     }
 
+    /// As `start_lean_as` with the kernel's hold, holding at most `entries` connections at
+    /// once (`capture::Options::hold_entries`).
+    pub fn start_lean_holding(only: &[&'static str], ring_bytes: u32, entries: u32) -> Self {
+        let h = Self::try_start_with(
+            Some(only),
+            (ring_bytes, 1 << 20),
+            &[],
+            capture::PACKET_EVENTS_PER_CPU,
+            (true, true),
+            entries,
+        )
+        .expect("loading the eBPF programs");
+        for st in &h.capture.statuses {
+            assert!(st.chosen().is_some(), "{}", st.summary());
+        }
+        h
+    }
+
     /// As `try_start`, `lean` and `hold` as `capture::Options` has them.
     pub fn try_start_as(
         only: Option<&[&'static str]>,
@@ -123,7 +141,25 @@ impl Harness {
         queue: usize,
         skip: &[&str],
         per_cpu: u32,
+        lean_hold: (bool, bool),
+    ) -> Result<Self, capture::CaptureError> {
+        Self::try_start_with(
+            only,
+            (ring_bytes, queue),
+            skip,
+            per_cpu,
+            lean_hold,
+            capture::HOLD_ENTRIES,
+        )
+    }
+
+    fn try_start_with(
+        only: Option<&[&'static str]>,
+        (ring_bytes, queue): (u32, usize),
+        skip: &[&str],
+        per_cpu: u32,
         (lean, hold): (bool, bool),
+        hold_entries: u32,
     ) -> Result<Self, capture::CaptureError> {
         require_root();
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -138,6 +174,7 @@ impl Harness {
             packet_events_per_cpu: per_cpu,
             lean,
             hold,
+            hold_entries,
             ..Default::default()
         })?;
         let metrics = Arc::new(Telemetry::new("test"));

@@ -320,3 +320,62 @@ fn thousands_held_at_once_are_each_taken_over_once_whole() {
     );
     drop(open);
 }
+
+/// Past its size (`--hold-entries`) the hold sends arrivals as they come, each counted
+/// (`hold_full`): with room for 16, of 40 connections at most 16 are held, and every other one
+/// arrives as records of its own, arrival then accept.
+#[test]
+fn past_its_size_the_hold_sends_arrivals_as_they_come_and_counts_them() {
+    use drainwatch::model::TcpState;
+    use drainwatch_common::faults::FaultKind;
+    const ROOM: u32 = 16;
+    const N: usize = 40;
+    let mut h = Harness::start_lean_holding(HOOKS, RING, ROOM);
+    let full = |h: &Harness| -> u64 {
+        h.capture
+            .faults()
+            .iter()
+            .filter(|(_, f, _)| *f == FaultKind::HoldFull)
+            .map(|(_, _, n)| n)
+            .sum()
+    };
+    let full_before = full(&h);
+    h.events();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = listener.local_addr().unwrap();
+    let mut open = Vec::with_capacity(N);
+    let mut peers = std::collections::BTreeSet::new();
+    for _ in 0..N {
+        let c = TcpStream::connect(server).unwrap();
+        let (s, peer) = listener.accept().unwrap();
+        peers.insert(peer);
+        open.push((c, s));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    // What each of this test's connections sent, in order.
+    let mut sent: std::collections::BTreeMap<SocketAddr, Vec<&str>> = Default::default();
+    let events = h.events();
+    for e in &events {
+        let (conn, what) = match e {
+            Event::StateChange(s) if s.new == Some(TcpState::Established) => (s.conn, "arrival"),
+            Event::StateChange(s) => (s.conn, "other step"),
+            Event::Accepted(a) => (a.conn, "accept"),
+            _ => (None, ""),
+        };
+        if let Some(c) = conn.filter(|c| c.local == server && peers.contains(&c.remote)) {
+            sent.entry(c.remote).or_default().push(what);
+        }
+    }
+    let held = N - sent.len();
+    assert!(held <= ROOM as usize, "{held} held with room for {ROOM}");
+    for (peer, what) in &sent {
+        assert_eq!(what, &["arrival", "accept"], "{peer}");
+    }
+    let counted = full(&h) - full_before;
+    assert!(
+        counted >= sent.len() as u64,
+        "{} sent past the hold's size, {counted} counted",
+        sent.len()
+    );
+    drop(open);
+}

@@ -16,7 +16,9 @@ pub mod reader;
 pub mod tracefs;
 pub mod watch;
 
-pub use options::{Options, PACKET_EVENTS_PER_CPU, RETRY_WINDOW, lifecycle_ring_bytes};
+pub use options::{
+    HOLD_ENTRIES, Options, PACKET_EVENTS_PER_CPU, RETRY_WINDOW, lifecycle_ring_bytes,
+};
 
 use std::{collections::BTreeMap, path::PathBuf};
 
@@ -215,6 +217,7 @@ impl Capture {
             .override_global("CONFIG", &config, true)
             .map_max_entries("EVENTS", size)
             .map_max_entries("LIFECYCLE", lifecycle_ring_bytes(size))
+            .map_max_entries("HOLD", opts.hold_entries.max(1))
             .load(EBPF_OBJECT)
             .map_err(|e| match memlock {
                 // aya lifts the limit on EPERM where it can; still EPERM under a finite

@@ -23,6 +23,8 @@ pub struct Options {
     /// Hold a pod connection's arrival and accept in the kernel until its next record (see
     /// `Config::hold`; experimental).
     pub hold: bool,
+    /// Connections the kernel may hold at once (the `HOLD` map's size).
+    pub hold_entries: u32,
 }
 
 /// nginx re-sends from the failed read's handler, tens of microseconds after the cut; the
@@ -54,9 +56,15 @@ impl Default for Options {
             packet_events_per_cpu: PACKET_EVENTS_PER_CPU,
             lean: false,
             hold: false,
+            hold_entries: HOLD_ENTRIES,
         }
     }
 }
+
+/// A clean connection is held from its arrival to its close, or for 10 s at most: this many
+/// at once is some 6,500 long-lived arrivals a second, far above a node's (9 MiB of kernel
+/// memory, BENCHMARKS.md).
+pub const HOLD_ENTRIES: u32 = 65_536;
 
 /// The lifecycle ring's size for a packet ring of `packet` bytes: a quarter, at least a page.
 /// Its records are few (a stop is a handful) but come in bursts when a node drains.

@@ -112,9 +112,7 @@ impl WorkMetrics {
         self.sample_seconds[i].observe(wall);
         self.sample_cpu[i].inc_by(cpu.max(0.0));
     }
-}
 
-impl WorkMetrics {
     /// One take-over of held connections: what the kernel held, what was taken, how long it took.
     pub fn hold_take_over(&self, held: usize, taken: usize, seconds: f64) {
         self.held.set(i64::try_from(held).unwrap_or(i64::MAX));
