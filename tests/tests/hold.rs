@@ -27,6 +27,30 @@ fn records(h: &Harness, kind: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// `n` connections to a fresh loopback listener, both ends kept open: the listener's address,
+/// the clients' addresses (the ground truth), and the open pairs; once the kernel has seen
+/// them.
+fn open_connections(
+    n: usize,
+) -> (
+    SocketAddr,
+    std::collections::BTreeSet<SocketAddr>,
+    Vec<(TcpStream, TcpStream)>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = listener.local_addr().unwrap();
+    let mut open = Vec::with_capacity(n);
+    let mut peers = std::collections::BTreeSet::new();
+    for _ in 0..n {
+        let c = TcpStream::connect(server).unwrap();
+        let (s, peer) = listener.accept().unwrap();
+        peers.insert(peer);
+        open.push((c, s));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    (server, peers, open)
+}
+
 /// What the server side of each connection to a fresh listener showed, one line per event in
 /// stream order (time stripped, as each run's clocks differ), and whether the stream's stamps
 /// never went back for it; then the record counts of the run: (state changes, accepts).
@@ -247,18 +271,8 @@ fn thousands_held_at_once_are_each_taken_over_once_whole() {
     let mut hold = h.capture.take_hold().expect("the hold's maps");
     let ns = drainwatch_tests::own_netns();
     h.events();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let server = listener.local_addr().unwrap();
     // Ground truth: the peers this test made, each open on both ends.
-    let mut open = Vec::with_capacity(N);
-    let mut peers = std::collections::BTreeSet::new();
-    for _ in 0..N {
-        let c = TcpStream::connect(server).unwrap();
-        let (s, peer) = listener.accept().unwrap();
-        peers.insert(peer);
-        open.push((c, s));
-    }
-    std::thread::sleep(Duration::from_millis(100));
+    let (server, peers, open) = open_connections(N);
     let mine = |conn: Option<drainwatch::capture::event::Endpoints>| {
         conn.filter(|c| c.local == server && peers.contains(&c.remote))
             .map(|c| c.remote)
@@ -341,17 +355,7 @@ fn past_its_size_the_hold_sends_arrivals_as_they_come_and_counts_them() {
     };
     let full_before = full(&h);
     h.events();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let server = listener.local_addr().unwrap();
-    let mut open = Vec::with_capacity(N);
-    let mut peers = std::collections::BTreeSet::new();
-    for _ in 0..N {
-        let c = TcpStream::connect(server).unwrap();
-        let (s, peer) = listener.accept().unwrap();
-        peers.insert(peer);
-        open.push((c, s));
-    }
-    std::thread::sleep(Duration::from_millis(100));
+    let (server, peers, open) = open_connections(N);
     // What each of this test's connections sent, in order.
     let mut sent: std::collections::BTreeMap<SocketAddr, Vec<&str>> = Default::default();
     let events = h.events();
