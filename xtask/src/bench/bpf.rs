@@ -133,15 +133,7 @@ impl BpfStats {
     /// The run-time counters of the programs `pid` holds, by program name: the hook for both
     /// the agent's and bpftrace's programs (truncated by the kernel to 15 characters).
     pub(super) fn snapshot(&self, pid: u32) -> Result<Snapshot> {
-        let mut ids = std::collections::BTreeSet::new();
-        for e in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))?.flatten() {
-            let info = std::fs::read_to_string(e.path()).unwrap_or_default();
-            ids.extend(
-                info.lines()
-                    .filter_map(|l| l.strip_prefix("prog_id:"))
-                    .filter_map(|v| v.trim().parse::<u64>().ok()),
-            );
-        }
+        let ids = fdinfo_ids(pid, "prog_id:")?;
         let progs = bpftool(&["prog", "show"])?;
         let mut out = Snapshot::new();
         for p in progs.as_array().into_iter().flatten() {
@@ -175,15 +167,7 @@ impl Drop for BpfStats {
 /// Kernel memory of each map `pid` holds, by map name (bytes, as `bpftool map show` reports
 /// the kernel's own figure: `bytes_memlock`, its memory usage estimate on 6.5+).
 pub(super) fn map_memory(pid: u32) -> Result<std::collections::BTreeMap<String, u64>> {
-    let mut ids = std::collections::BTreeSet::new();
-    for e in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))?.flatten() {
-        let info = std::fs::read_to_string(e.path()).unwrap_or_default();
-        ids.extend(
-            info.lines()
-                .filter_map(|l| l.strip_prefix("map_id:"))
-                .filter_map(|v| v.trim().parse::<u64>().ok()),
-        );
-    }
+    let ids = fdinfo_ids(pid, "map_id:")?;
     let mut out = std::collections::BTreeMap::new();
     for m in bpftool(&["map", "show"])?.as_array().into_iter().flatten() {
         let (Some(id), Some(bytes)) = (m["id"].as_u64(), m["bytes_memlock"].as_u64()) else {
@@ -196,6 +180,20 @@ pub(super) fn map_memory(pid: u32) -> Result<std::collections::BTreeMap<String, 
     }
     ensure!(!out.is_empty(), "process {pid} holds no BPF maps");
     Ok(out)
+}
+
+/// The BPF object ids (`prog_id:` or `map_id:`) behind `pid`'s descriptors.
+fn fdinfo_ids(pid: u32, key: &str) -> Result<std::collections::BTreeSet<u64>> {
+    let mut ids = std::collections::BTreeSet::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))?.flatten() {
+        let info = std::fs::read_to_string(e.path()).unwrap_or_default();
+        ids.extend(
+            info.lines()
+                .filter_map(|l| l.strip_prefix(key))
+                .filter_map(|v| v.trim().parse::<u64>().ok()),
+        );
+    }
+    Ok(ids)
 }
 
 fn bpftool(args: &[&str]) -> Result<Value> {
