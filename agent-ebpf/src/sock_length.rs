@@ -15,7 +15,7 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map},
-    maps::{Array, HashMap, LruHashMap},
+    maps::{Array, HashMap},
     programs::BtfTracePointContext,
 };
 use drainwatch_common::{
@@ -32,10 +32,11 @@ use crate::util::{CONFIG, cfg, fill_header_task, zeroed};
 
 const KIND: EventKind = EventKind::SockLength;
 
-/// Proxies' upstream sockets and their current request.
+/// Proxies' upstream sockets and their current request. The agent sets the size
+/// (`--upstream-entries`); a connect past it is counted (`upstream_full`).
 #[map]
-pub static UPSTREAM_SOCKS: LruHashMap<u64, ReqState> =
-    LruHashMap::with_max_entries(sock_length::UPSTREAM_SOCKS, 0);
+pub static UPSTREAM_SOCKS: HashMap<u64, ReqState> =
+    HashMap::with_max_entries(sock_length::UPSTREAM_SOCKS, 0);
 
 /// Thread-group ids of proxies (the agent fills it): their connects create entries above.
 #[map]
@@ -319,15 +320,20 @@ pub fn on_connect(sk: u64, tgid: u32, to_container: bool) {
     }
     let mut st = zeroed::<ReqState>();
     if let Some((cut_sk, at)) = take_chain(None) {
-        // Reported now, not at its first send: the handshake may take longer than the
-        // agent waits for a retry to start.
         st.retry_of = cut_sk;
         st.retry_cut_at = at;
         st.req_start_ns = now();
         st.flags = RETRY_STARTED;
+    }
+    if UPSTREAM_SOCKS.insert(sk, st, 0).is_err() {
+        // Full (`--upstream-entries`): this connection's requests go unjudged, and a retry
+        // of the chain's cut, if this was it, counts as an abort (as for `ChainLost`).
+        crate::fault::fault(EventKind::InetSockSetState, FaultKind::UpstreamFull);
+    } else if st.retry_of != 0 {
+        // Reported now, not at its first send: the handshake may take longer than the
+        // agent waits for a retry to start.
         emit(sk, &st, Phase::RetryStart, 0);
     }
-    let _ = UPSTREAM_SOCKS.insert(sk, st, 0);
 }
 
 /// Whether `tgid` is a proxy the agent named (its connects are followed).

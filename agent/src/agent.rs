@@ -359,6 +359,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         lean: true,
         hold: cli.hold,
         hold_entries: cli.hold_entries,
+        upstream_entries: cli.upstream_entries,
     })?;
     if cli.attach_only {
         tracing::warn!("--attach-only: the programs return at once, nothing is captured");

@@ -155,6 +155,15 @@ pub struct Cli {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub hold_entries: u32,
 
+    /// Proxies' upstream connections (and connections to containers from the host's network
+    /// namespace) whose requests the kernel follows at once, to judge cuts and retries: about
+    /// 128 bytes of kernel memory each. Past it a connection is not followed, counted as
+    /// `drainwatch_ebpf_faults_total{fault="upstream_full"}`.
+    #[arg(long, env = "DRAINWATCH_UPSTREAM_ENTRIES",
+          default_value_t = drainwatch_common::sock_length::UPSTREAM_SOCKS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub upstream_entries: u32,
+
     /// Drop every event of these hooks (by stem, e.g. sched_process_exit) in the reader,
     /// counted as lost in the ring buffer. Only for tests of what a lost event does.
     #[arg(

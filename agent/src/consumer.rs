@@ -15,7 +15,7 @@ use crate::{
     queue,
     telemetry::{
         Telemetry,
-        internal::{WatchUpdateFailed, WatchUpdated},
+        internal::{UpstreamsFollowed, WatchUpdateFailed, WatchUpdated},
     },
 };
 
@@ -66,10 +66,11 @@ pub fn consume(
             }
         }
         let follow = pipeline.take_follow();
-        if !follow.is_empty()
-            && let Err(error) = watch.follow(&follow)
-        {
-            WatchUpdateFailed { error }.emit(&telemetry);
+        if !follow.is_empty() {
+            match watch.follow(&follow) {
+                Ok(refused) => UpstreamsFollowed { refused }.emit(&telemetry),
+                Err(error) => WatchUpdateFailed { error }.emit(&telemetry),
+            }
         }
     };
     // `--hold`: the namespaces that must be seen as they happen, kept in step; what the kernel

@@ -31,10 +31,14 @@ pub enum FaultKind {
     /// The hold (`--hold`) could not take a connection's arrival (its map full, at
     /// `--hold-entries`): the arrival and the accept were sent as they came.
     HoldFull = 7,
+    /// A proxy's connect (or a connect to a container) found `UPSTREAM_SOCKS` full (at
+    /// `--upstream-entries`): that connection's requests are not followed, so a cut or retry
+    /// on it is not judged.
+    UpstreamFull = 8,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 8] = [
+    pub const ALL: [FaultKind; 9] = [
         FaultKind::RecordRead,
         FaultKind::KernelRead,
         FaultKind::PacketRead,
@@ -43,6 +47,7 @@ impl FaultKind {
         FaultKind::ChainLost,
         FaultKind::StaleEntry,
         FaultKind::HoldFull,
+        FaultKind::UpstreamFull,
     ];
 
     pub const COUNT: u32 = Self::ALL.len() as u32;
@@ -57,6 +62,7 @@ impl FaultKind {
             FaultKind::ChainLost => "chain_lost",
             FaultKind::StaleEntry => "stale_entry",
             FaultKind::HoldFull => "hold_full",
+            FaultKind::UpstreamFull => "upstream_full",
         }
     }
 }

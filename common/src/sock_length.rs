@@ -121,7 +121,10 @@ pub const CHAIN_OPEN: u32 = 2;
 /// How long after its latest cut a thread's close of a cut socket may open a chain.
 pub const CUT_CLOSE_NS: u64 = 250_000_000;
 
-/// Capacity of `UPSTREAM_SOCKS` (an LRU hash: stale entries of closed sockets age out).
+/// Default capacity of `UPSTREAM_SOCKS` (`--upstream-entries`). A plain hash: every entry
+/// goes when its socket is destroyed, so a full map is that many upstream connections open at
+/// once, and a connect it has no room for is counted (`FaultKind::UpstreamFull`), where an LRU
+/// would have evicted a live connection's request uncounted.
 pub const UPSTREAM_SOCKS: u32 = 65536;
 /// Capacity of `PROXIES`: processes whose connects create `UPSTREAM_SOCKS` entries.
 pub const PROXIES: u32 = 4096;

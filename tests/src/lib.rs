@@ -38,58 +38,42 @@ pub struct Harness {
 }
 
 impl Harness {
-    /// Loads the programs for `only` (plan signal names) with a ring buffer of `ring_bytes`.
+    /// What `start` loads: `only` (plan signal names) with a ring buffer of `ring_bytes`, the
+    /// rest as `capture::Options` has it; the other constructors change one thing of it.
+    pub fn options(only: &[&'static str], ring_bytes: u32) -> capture::Options {
+        capture::Options {
+            ring_buffer_bytes: ring_bytes,
+            only: Some(only.to_vec()),
+            ..Default::default()
+        }
+    }
+
+    /// Loads the programs for `only` with a ring buffer of `ring_bytes`.
     pub fn start(only: &[&'static str], ring_bytes: u32) -> Self {
-        Self::start_with_queue(only, ring_bytes, 1 << 20)
+        Self::start_opts(Self::options(only, ring_bytes), 1 << 20)
     }
 
     /// As `start`, without trying the hooks labelled `skip` (to reach a fallback).
     pub fn start_skipping(only: &[&'static str], ring_bytes: u32, skip: &[&'static str]) -> Self {
-        Self::start_full(
-            only,
-            ring_bytes,
-            1 << 20,
-            skip,
-            capture::PACKET_EVENTS_PER_CPU,
-        )
+        let opts = capture::Options {
+            skip_hooks: skip.iter().map(|s| s.to_string()).collect(),
+            ..Self::options(only, ring_bytes)
+        };
+        Self::start_opts(opts, 1 << 20)
     }
 
     /// As `start`, with a per-CPU budget of `per_cpu` packet-path events a second.
     pub fn start_budget(only: &[&'static str], per_cpu: u32) -> Self {
-        Self::start_full(only, 1 << 22, 1 << 20, &[], per_cpu)
+        let opts = capture::Options {
+            packet_events_per_cpu: per_cpu,
+            ..Self::options(only, 1 << 22)
+        };
+        Self::start_opts(opts, 1 << 20)
     }
 
     /// As `start`, with a queue of `queue` events between reader and consumer.
     pub fn start_with_queue(only: &[&'static str], ring_bytes: u32, queue: usize) -> Self {
-        Self::start_full(only, ring_bytes, queue, &[], capture::PACKET_EVENTS_PER_CPU)
-    }
-
-    fn start_full(
-        only: &[&'static str],
-        ring_bytes: u32,
-        queue: usize,
-        skip: &[&'static str],
-        per_cpu: u32,
-    ) -> Self {
-        let h = Self::try_start(Some(only), ring_bytes, queue, skip, per_cpu)
-            .expect("loading the eBPF programs");
-        for st in &h.capture.statuses {
-            assert!(st.chosen().is_some(), "{}", st.summary());
-        }
-        h
-    }
-
-    /// Loads the programs for `only` (every signal of the plan when `None`), not trying the
-    /// hooks labelled `skip`; signals that attach nothing are left in `capture.statuses` for
-    /// the caller to judge (the kernel matrix asserts what each kernel must offer).
-    pub fn try_start(
-        only: Option<&[&'static str]>,
-        ring_bytes: u32,
-        queue: usize,
-        skip: &[&str],
-        per_cpu: u32,
-    ) -> Result<Self, capture::CaptureError> {
-        Self::try_start_as(only, ring_bytes, queue, skip, per_cpu, (false, false))
+        Self::start_opts(Self::options(only, ring_bytes), queue)
     }
 
     /// As `start`, as the agent loads the programs: records nothing in the agent reads are
@@ -101,82 +85,46 @@ impl Harness {
     /// As `start_lean`, with the kernel holding a connection's arrival and accept for its next
     /// record (`capture::Options::hold`) when `hold`.
     pub fn start_lean_as(only: &[&'static str], ring_bytes: u32, hold: bool) -> Self {
-        let h = Self::try_start_as(
-            Some(only),
-            ring_bytes,
-            1 << 20,
-            &[],
-            capture::PACKET_EVENTS_PER_CPU,
-            (true, hold),
-        )
-        .expect("loading the eBPF programs");
-        for st in &h.capture.statuses {
-            assert!(st.chosen().is_some(), "{}", st.summary());
-        }
-        h
+        let opts = capture::Options {
+            lean: true,
+            hold,
+            ..Self::options(only, ring_bytes)
+        };
+        Self::start_opts(opts, 1 << 20)
     }
 
     /// As `start_lean_as` with the kernel's hold, holding at most `entries` connections at
     /// once (`capture::Options::hold_entries`).
     pub fn start_lean_holding(only: &[&'static str], ring_bytes: u32, entries: u32) -> Self {
-        let h = Self::try_start_with(
-            Some(only),
-            (ring_bytes, 1 << 20),
-            &[],
-            capture::PACKET_EVENTS_PER_CPU,
-            (true, true),
-            entries,
-        )
-        .expect("loading the eBPF programs");
+        let opts = capture::Options {
+            lean: true,
+            hold: true,
+            hold_entries: entries,
+            ..Self::options(only, ring_bytes)
+        };
+        Self::start_opts(opts, 1 << 20)
+    }
+
+    /// Loads with `opts` and a queue of `queue` events; every signal must attach.
+    pub fn start_opts(opts: capture::Options, queue: usize) -> Self {
+        let h = Self::try_start(&opts, queue).expect("loading the eBPF programs");
         for st in &h.capture.statuses {
             assert!(st.chosen().is_some(), "{}", st.summary());
         }
         h
     }
 
-    /// As `try_start`, `lean` and `hold` as `capture::Options` has them.
-    pub fn try_start_as(
-        only: Option<&[&'static str]>,
-        ring_bytes: u32,
-        queue: usize,
-        skip: &[&str],
-        per_cpu: u32,
-        lean_hold: (bool, bool),
-    ) -> Result<Self, capture::CaptureError> {
-        Self::try_start_with(
-            only,
-            (ring_bytes, queue),
-            skip,
-            per_cpu,
-            lean_hold,
-            capture::HOLD_ENTRIES,
-        )
-    }
-
-    fn try_start_with(
-        only: Option<&[&'static str]>,
-        (ring_bytes, queue): (u32, usize),
-        skip: &[&str],
-        per_cpu: u32,
-        (lean, hold): (bool, bool),
-        hold_entries: u32,
-    ) -> Result<Self, capture::CaptureError> {
+    /// Loads with `opts` and a queue of `queue` events; signals that attach nothing are left
+    /// in `capture.statuses` for the caller to judge (the kernel matrix asserts what each
+    /// kernel must offer).
+    pub fn try_start(opts: &capture::Options, queue: usize) -> Result<Self, capture::CaptureError> {
         require_root();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("tokio runtime");
         let _guard = rt.enter();
-        let mut capture = Capture::load(&capture::Options {
-            ring_buffer_bytes: ring_bytes,
-            only: only.map(<[_]>::to_vec),
-            skip_hooks: skip.iter().map(|s| s.to_string()).collect(),
-            packet_events_per_cpu: per_cpu,
-            lean,
-            hold,
-            hold_entries,
-            ..Default::default()
-        })?;
+        let mut capture = Capture::load(opts)?;
         let metrics = Arc::new(Telemetry::new("test"));
         let (tx, rx) = drainwatch::queue::bounded(queue);
         let maps = capture.take_reader_maps().expect("ring buffer maps");

@@ -218,6 +218,7 @@ impl Capture {
             .map_max_entries("EVENTS", size)
             .map_max_entries("LIFECYCLE", lifecycle_ring_bytes(size))
             .map_max_entries("HOLD", opts.hold_entries.max(1))
+            .map_max_entries("UPSTREAM_SOCKS", opts.upstream_entries.max(1))
             .load(EBPF_OBJECT)
             .map_err(|e| match memlock {
                 // aya lifts the limit on EPERM where it can; still EPERM under a finite

@@ -25,6 +25,9 @@ pub struct Options {
     pub hold: bool,
     /// Connections the kernel may hold at once (the `HOLD` map's size).
     pub hold_entries: u32,
+    /// Proxies' upstream connections whose requests the kernel may follow at once (the
+    /// `UPSTREAM_SOCKS` map's size).
+    pub upstream_entries: u32,
 }
 
 /// nginx re-sends from the failed read's handler, tens of microseconds after the cut; the
@@ -57,6 +60,7 @@ impl Default for Options {
             lean: false,
             hold: false,
             hold_entries: HOLD_ENTRIES,
+            upstream_entries: drainwatch_common::sock_length::UPSTREAM_SOCKS,
         }
     }
 }

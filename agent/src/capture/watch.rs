@@ -40,7 +40,7 @@ pub struct Watch {
     ports: Array<MapData, u8>,
     addrs: HashMap<MapData, Addr, u8>,
     proxies: HashMap<MapData, u32, u8>,
-    /// `UPSTREAM_SOCKS` (an LRU hash, which aya's `HashMap` handles too).
+    /// `UPSTREAM_SOCKS`.
     upstreams: HashMap<MapData, u64, ReqState>,
     current: WatchSet,
 }
@@ -78,18 +78,23 @@ impl Watch {
     }
 
     /// Follows upstream sockets the kernel did not (opened before their process was in
-    /// `PROXIES`); an entry the kernel made already is left alone.
-    pub fn follow(&mut self, socks: &[u64]) -> Result<(), MapError> {
+    /// `PROXIES`); an entry the kernel made already is left alone. Returns how many the map
+    /// had no room for (`--upstream-entries`): those are not followed.
+    pub fn follow(&mut self, socks: &[u64]) -> Result<u64, MapError> {
         const BPF_NOEXIST: u64 = 1;
+        let mut refused = 0;
         for sk in socks {
             match self.upstreams.insert(sk, ReqState::default(), BPF_NOEXIST) {
                 Ok(()) => {}
-                Err(MapError::SyscallError(e))
-                    if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(MapError::SyscallError(e)) => match e.io_error.raw_os_error() {
+                    Some(libc::EEXIST) => {}
+                    Some(libc::E2BIG) => refused += 1,
+                    _ => return Err(MapError::SyscallError(e)),
+                },
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        Ok(refused)
     }
 
     /// Makes the maps say `want`. An address the kernel refuses is left out (and retried on

@@ -40,8 +40,12 @@ pub struct AgentMetrics {
     filtered: [Counter; KINDS],
     shed: [Counter; KINDS],
     lost: [Counter; LossStage::ALL.len()],
-    watch_refused: Counter,
-    watch_entries: [Gauge; WatchMap::ALL.len()],
+    /// Entries a kernel map had no room for: container addresses, proxies' upstream sockets
+    /// the agent found (the kernel's own refusals are the fault `upstream_full`).
+    addresses_full: Counter,
+    upstreams_full: Counter,
+    /// `addresses`, `ports`.
+    watch_entries: [Gauge; 2],
     watch_failures: Counter,
     http_closed: Counter,
     probe_attached: Family<ProbeLabels, Gauge>,
@@ -56,7 +60,7 @@ impl AgentMetrics {
         let events = Family::<KindLabels, Counter>::default();
         let filtered = Family::<KindLabels, Counter>::default();
         let shed = Family::<KindLabels, Counter>::default();
-        let watch_refused = Counter::default();
+        let watch_full = Family::<MapLabels, Counter>::default();
         let watch_entries = Family::<MapLabels, Gauge>::default();
         let watch_failures = Counter::default();
         let http_closed = Counter::default();
@@ -87,8 +91,8 @@ impl AgentMetrics {
         );
         registry.register(
             "drainwatch_watch_map_full",
-            "Container addresses the kernel's watch map had no room for: host-side traffic to them is not captured",
-            watch_refused.clone(),
+            "Entries a kernel map had no room for, by map: container addresses (host-side traffic to them is not captured), proxies' upstream sockets the agent found open (their requests are not followed; connects the kernel could not follow are drainwatch_ebpf_faults_total{fault=\"upstream_full\"})",
+            watch_full.clone(),
         );
         registry.register(
             "drainwatch_watch_entries",
@@ -142,8 +146,13 @@ impl AgentMetrics {
             filtered: per_kind(&filtered),
             shed: per_kind(&shed),
             lost: LossStage::ALL.map(|stage| lost.get_or_create_owned(&StageLabels { stage })),
-            watch_refused,
-            watch_entries: WatchMap::ALL
+            addresses_full: watch_full.get_or_create_owned(&MapLabels {
+                map: WatchMap::Addresses,
+            }),
+            upstreams_full: watch_full.get_or_create_owned(&MapLabels {
+                map: WatchMap::UpstreamSockets,
+            }),
+            watch_entries: [WatchMap::Addresses, WatchMap::Ports]
                 .map(|map| watch_entries.get_or_create_owned(&MapLabels { map })),
             watch_failures,
             http_closed,
@@ -217,10 +226,16 @@ impl AgentMetrics {
     /// After the watch maps were updated: what they hold, and what did not fit. Counted by
     /// `internal::WatchUpdated`, which also logs.
     pub(super) fn watch_applied(&self, addresses: usize, ports: usize, refused: u64) {
-        self.watch_refused.inc_by(refused);
-        for (map, n) in [(WatchMap::Addresses, addresses), (WatchMap::Ports, ports)] {
-            self.watch_entries[map.index()].set(i64::try_from(n).unwrap_or(i64::MAX));
+        self.addresses_full.inc_by(refused);
+        for (gauge, n) in self.watch_entries.iter().zip([addresses, ports]) {
+            gauge.set(i64::try_from(n).unwrap_or(i64::MAX));
         }
+    }
+
+    /// Upstream sockets the agent found open that `UPSTREAM_SOCKS` had no room for. Counted
+    /// by `internal::UpstreamsFollowed`.
+    pub(super) fn upstreams_refused(&self, refused: u64) {
+        self.upstreams_full.inc_by(refused);
     }
 
     /// Counted by `internal::WatchUpdateFailed`, which also logs.

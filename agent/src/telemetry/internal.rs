@@ -151,6 +151,26 @@ impl WatchUpdated {
     }
 }
 
+/// Upstream sockets of a proxy the agent found open were given to the kernel to follow; it
+/// had no room for `refused` of them.
+pub struct UpstreamsFollowed {
+    pub refused: u64,
+}
+
+impl UpstreamsFollowed {
+    pub fn emit(&self, t: &Telemetry) {
+        if self.refused > 0 {
+            t.agent.upstreams_refused(self.refused);
+            log_limited!(
+                t.limits.watch_failed,
+                warn,
+                refused = self.refused,
+                "the upstream socket map is full (--upstream-entries): these proxy connections' requests are not followed"
+            );
+        }
+    }
+}
+
 /// Updating the watch maps failed part-way.
 pub struct WatchUpdateFailed<E> {
     pub error: E,
@@ -297,9 +317,13 @@ mod tests {
             text.contains("drainwatch_watch_entries{map=\"addresses\"} 3\n"),
             "{text}"
         );
-        assert!(
-            text.contains("drainwatch_watch_map_full_total 2\n"),
-            "{text}"
-        );
+        UpstreamsFollowed { refused: 5 }.emit(&t);
+        let text = t.encode_prometheus().unwrap();
+        for line in [
+            "drainwatch_watch_map_full_total{map=\"addresses\"} 2\n",
+            "drainwatch_watch_map_full_total{map=\"upstream_sockets\"} 5\n",
+        ] {
+            assert!(text.contains(line), "{text}");
+        }
     }
 }

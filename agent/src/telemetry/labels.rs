@@ -126,15 +126,22 @@ pub enum WatchMap {
     Addresses,
     /// `WATCH_PORTS`: ports host-network containers listen or listened on.
     Ports,
+    /// `UPSTREAM_SOCKS`: proxies' upstream connections whose requests are followed.
+    UpstreamSockets,
 }
 
 impl WatchMap {
-    pub const ALL: [WatchMap; 2] = [WatchMap::Addresses, WatchMap::Ports];
+    pub const ALL: [WatchMap; 3] = [
+        WatchMap::Addresses,
+        WatchMap::Ports,
+        WatchMap::UpstreamSockets,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             WatchMap::Addresses => "addresses",
             WatchMap::Ports => "ports",
+            WatchMap::UpstreamSockets => "upstream_sockets",
         }
     }
 
@@ -142,6 +149,7 @@ impl WatchMap {
         match self {
             WatchMap::Addresses => 0,
             WatchMap::Ports => 1,
+            WatchMap::UpstreamSockets => 2,
         }
     }
 }

@@ -103,16 +103,16 @@ pub struct Loaded {
 impl Loaded {
     pub fn load(variant: &'static Variant) -> Result<Self, String> {
         let skip = skipped(variant.skip);
-        let skip: Vec<&str> = skip.iter().map(String::as_str).collect();
-        let h = Harness::try_start_as(
-            variant.only,
-            1 << 22,
-            1 << 20,
-            &skip,
-            capture::PACKET_EVENTS_PER_CPU,
-            (variant.held, variant.held),
-        )
-        .map_err(|e| format!("{}: loading the programs: {e}", variant.name))?;
+        let opts = capture::Options {
+            ring_buffer_bytes: 1 << 22,
+            only: variant.only.map(<[_]>::to_vec),
+            skip_hooks: skip,
+            lean: variant.held,
+            hold: variant.held,
+            ..Default::default()
+        };
+        let h = Harness::try_start(&opts, 1 << 20)
+            .map_err(|e| format!("{}: loading the programs: {e}", variant.name))?;
         Ok(Self {
             variant,
             h,

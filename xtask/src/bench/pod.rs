@@ -16,7 +16,7 @@ use anyhow::{Context as _, Result, ensure};
 use super::{
     Plan,
     agent::Agent,
-    bpf::{BpfStats, Bpftrace, Snapshot},
+    bpf::{BpfStats, Bpftrace, Costs, Snapshot},
     phases::{json_of, median, num},
     report::{Row, Verdict, pct},
 };
@@ -158,6 +158,8 @@ struct Variant {
     /// (agent ns, bpftrace ns, connections) summed over the rounds.
     kernel: (f64, f64, f64),
     kernel_ratios: Vec<f64>,
+    /// The same, per hook: (agent's, bpftrace's).
+    by_hook: (Costs, Costs),
 }
 
 impl Variant {
@@ -197,6 +199,8 @@ impl Variant {
         let (a1, t1) = (stats.snapshot(agent.pid())?, stats.snapshot(tracer.pid())?);
         stats.set(false)?;
         let (a, t) = (kernel_ns(&a0, &a1), kernel_ns(&t0, &t1));
+        self.by_hook.0.add(&a0, &a1);
+        self.by_hook.1.add(&t0, &t1);
         self.kernel.0 += a;
         self.kernel.1 += t;
         self.kernel.2 += n;
@@ -243,6 +247,9 @@ impl Variant {
             budget: budget("≤ bpftrace"),
             verdict: verdict(ratio <= 1.0),
         });
+        if budgets {
+            self.hook_rows(what, rows);
+        }
         rows.push(Row {
             figure: format!(
                 "records per pod connection (received by the agent; 2 in 10 connections fail, \
@@ -257,6 +264,32 @@ impl Variant {
             budget: "-".into(),
             verdict: Verdict::Info,
         });
+    }
+}
+
+impl Variant {
+    /// Where the kernel time goes: each hook's time per connection, the agent's against
+    /// bpftrace's on the same hook (bpftrace attaches no tp_btf twin: its time for a
+    /// tracepoint is its one program's).
+    fn hook_rows(&self, what: &str, rows: &mut Vec<Row>) {
+        let conns = self.kernel.2.max(1.0);
+        let trace = self.by_hook.1.per_run();
+        for (hook, (ns, runs)) in self.by_hook.0.per_run() {
+            let baseline = trace.get(&hook).map_or("not attached".into(), |(t, n)| {
+                format!("{:.0} ns (bpftrace)", t * *n as f64 / conns)
+            });
+            rows.push(Row {
+                figure: format!(
+                    "kernel program time per pod connection, {hook} ({:.1} runs a connection), {what}",
+                    runs as f64 / conns
+                ),
+                value: format!("{:.0} ns", ns * runs as f64 / conns),
+                baseline,
+                ratio: "-".into(),
+                budget: "-".into(),
+                verdict: Verdict::Info,
+            });
+        }
     }
 }
 
