@@ -231,6 +231,17 @@ pub fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// `container_id`'s stop record as the API has it now, if any.
+pub fn current_stop(agent: &Agent, container_id: &str) -> Option<Value> {
+    let (_, stops) = api(agent, "/api/v1/stops");
+    stops
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["container"]["id"] == container_id)
+        .cloned()
+}
+
 /// s1's stop record, once its cgroup is gone and every event before that is processed.
 pub fn stop_record(agent: &Agent, container_id: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(30);

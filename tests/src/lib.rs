@@ -139,6 +139,16 @@ impl Harness {
         })
     }
 
+    /// How often the programs met `fault`, over every hook, since they were loaded.
+    pub fn fault_count(&self, fault: drainwatch_common::faults::FaultKind) -> u64 {
+        self.capture
+            .faults()
+            .iter()
+            .filter(|(_, f, _)| *f == fault)
+            .map(|(_, _, n)| n)
+            .sum()
+    }
+
     /// Everything the kernel has handed over so far, decoded, in order.
     pub fn events(&mut self) -> Vec<Event> {
         self.reader.drain();

@@ -345,14 +345,7 @@ fn past_its_size_the_hold_sends_arrivals_as_they_come_and_counts_them() {
     const ROOM: u32 = 16;
     const N: usize = 40;
     let mut h = Harness::start_lean_holding(HOOKS, RING, ROOM);
-    let full = |h: &Harness| -> u64 {
-        h.capture
-            .faults()
-            .iter()
-            .filter(|(_, f, _)| *f == FaultKind::HoldFull)
-            .map(|(_, _, n)| n)
-            .sum()
-    };
+    let full = |h: &Harness| h.fault_count(FaultKind::HoldFull);
     let full_before = full(&h);
     h.events();
     let (server, peers, open) = open_connections(N);

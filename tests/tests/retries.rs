@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use drainwatch_tests::{
-    agent::{Agent, api, promtool_check, stop_record},
+    agent::{Agent, current_stop, promtool_check, stop_record},
     lab::{Method, RetryLab, RetryRun, RetrySpec},
 };
 use serde_json::Value;
@@ -35,14 +35,7 @@ fn variant(spec: RetrySpec) -> Variant {
     while decided(&stop) < stop["loss"]["inflight_cut"].as_u64().unwrap_or(0) {
         assert!(Instant::now() < deadline, "cuts never decided: {stop:#}");
         std::thread::sleep(Duration::from_millis(200));
-        let (_, stops) = api(&agent, "/api/v1/stops");
-        stop = stops
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|s| s["container"]["id"] == lab.s1.id.as_str())
-            .cloned()
-            .expect("s1's stop");
+        stop = current_stop(&agent, &lab.s1.id).expect("s1's stop");
     }
     println!("drainwatch: {stop:#}");
     Variant {

@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use drainwatch_tests::{
-    agent::{Agent, api, stop_record},
+    agent::{Agent, current_stop, stop_record},
     lab::{Method, NginxOpts, RetryLab, RetrySpec, SteadyRun, Stream},
     require_root,
 };
@@ -54,25 +54,12 @@ fn variant(method: Method, next_upstream: Option<&str>, keepalive: Option<u32>) 
     let deadline = Instant::now() + Duration::from_secs(10);
     while decided(&stop) < run.cuts.len() as u64 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));
-        let (_, stops) = api(&agent, "/api/v1/stops");
-        stop = stops
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|s| s["container"]["id"] == lab.s1.id.as_str())
-            .cloned()
-            .expect("s1's stop");
+        stop = current_stop(&agent, &lab.s1.id).expect("s1's stop");
     }
     // Late verdicts would be wrong ones: give them time to show.
     std::thread::sleep(Duration::from_millis(1500));
-    let (_, stops) = api(&agent, "/api/v1/stops");
-    if let Some(s) = stops
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|s| s["container"]["id"] == lab.s1.id.as_str())
-    {
-        stop = s.clone();
+    if let Some(s) = current_stop(&agent, &lab.s1.id) {
+        stop = s;
     }
     println!("drainwatch: {:#}", stop["loss"]);
     println!(

@@ -36,14 +36,7 @@ fn past_its_size_a_proxys_connection_is_not_followed_and_is_counted() {
             ..Default::default()
         })
         .expect("naming this process a proxy");
-    let full = |h: &Harness| -> u64 {
-        h.capture
-            .faults()
-            .iter()
-            .filter(|(_, f, _)| *f == FaultKind::UpstreamFull)
-            .map(|(_, _, n)| n)
-            .sum()
-    };
+    let full = |h: &Harness| h.fault_count(FaultKind::UpstreamFull);
     let full_before = full(&h);
     h.events();
 
