@@ -174,9 +174,9 @@ impl<H: HostView> Pipeline<H> {
             self.telemetry
                 .starts
                 .set_unseen_containers(self.enricher.unseen_containers());
-            let lost = self.telemetry.lost_total();
+            let lost = self.telemetry.lost();
             let (emitted, state) = self.with_correlator(|c| {
-                c.events_lost(lost);
+                c.lost(lost);
                 (c.tick(now), c.state())
             });
             self.telemetry.state.record(&state);

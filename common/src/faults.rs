@@ -67,6 +67,16 @@ impl FaultKind {
     }
 }
 
+impl FaultKind {
+    /// Whether the fault loses part of what a stop or start record reads (an event's field, a
+    /// cgroup's path, a retry's chain, a connection's requests): the records open meanwhile
+    /// say so. A full hold sends what it could not keep, and a stale entry's drop is a
+    /// correction: neither loses anything.
+    pub const fn loses_input(self) -> bool {
+        !matches!(self, FaultKind::HoldFull | FaultKind::StaleEntry)
+    }
+}
+
 /// Entries of the `FAULTS` map.
 pub const SLOTS: u32 = EventKind::COUNT * FaultKind::COUNT;
 

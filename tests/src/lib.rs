@@ -181,6 +181,30 @@ pub fn snmp_tcp(pid: u32, field: &str) -> u64 {
         .expect("a number")
 }
 
+/// The cgroup v2 mount: the root on pure v2 hosts, `unified` on hybrid ones.
+pub fn cgroup_v2_root() -> std::path::PathBuf {
+    ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .into_iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.join("cgroup.controllers").exists())
+        .expect("a cgroup v2 mount")
+}
+
+/// Makes and removes two nested cgroups, the inner one's path longer than a record holds (1 +
+/// 29 + 180 + 1 + 100 bytes below the v2 root, past 256): its removal's path is cut, the fault
+/// `path_truncated`; the outer one's is whole.
+pub fn remove_cgroups_one_too_long() {
+    let outer = cgroup_v2_root().join(format!(
+        "drainwatch-test-{}-{}",
+        std::process::id(),
+        "a".repeat(180)
+    ));
+    let inner = outer.join("b".repeat(100));
+    std::fs::create_dir_all(&inner).expect("mkdir cgroups");
+    std::fs::remove_dir(&inner).expect("rmdir inner");
+    std::fs::remove_dir(&outer).expect("rmdir outer");
+}
+
 /// The inode of this process's network namespace, as the programs report it.
 pub fn own_netns() -> u32 {
     let link = std::fs::read_link("/proc/self/ns/net").expect("read /proc/self/ns/net");

@@ -9,7 +9,7 @@ use std::{
 };
 
 use drainwatch::capture::event::{Event, ExitStatus};
-use drainwatch_tests::{Harness, listen_overflows_of, own_netns};
+use drainwatch_tests::{Harness, cgroup_v2_root, listen_overflows_of, own_netns};
 
 const RING: u32 = 1 << 22;
 
@@ -261,15 +261,6 @@ fn sigkill_is_137() {
     assert_eq!(exits[0].shell_code(), Some(137));
 }
 
-/// The cgroup v2 mount: `unified` on hybrid hosts, the root on pure v2 ones.
-fn cgroup_v2_root() -> std::path::PathBuf {
-    ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
-        .into_iter()
-        .map(std::path::PathBuf::from)
-        .find(|p| p.join("cgroup.controllers").exists())
-        .expect("a cgroup v2 mount")
-}
-
 #[test]
 fn a_removed_cgroup_reports_its_id_and_path() {
     use std::os::unix::fs::MetadataExt;
@@ -312,16 +303,7 @@ fn a_cgroup_path_longer_than_the_record_is_counted_as_truncated() {
     };
     let mut h = Harness::start(&["cgroup_removals"], RING);
     assert_eq!(truncated(&h), Some(0), "every pair is reported, zeros too");
-    // 1 + 29 + 180 + 1 + 100 bytes below the v2 root: past the 256 the record holds.
-    let outer = cgroup_v2_root().join(format!(
-        "drainwatch-test-{}-{}",
-        std::process::id(),
-        "a".repeat(180)
-    ));
-    let inner = outer.join("b".repeat(100));
-    std::fs::create_dir_all(&inner).expect("mkdir cgroups");
-    std::fs::remove_dir(&inner).expect("rmdir inner");
-    std::fs::remove_dir(&outer).expect("rmdir outer");
+    drainwatch_tests::remove_cgroups_one_too_long();
     let events = h.events();
     assert!(
         events.iter().any(|e| matches!(e, Event::CgroupRemoved(_))),

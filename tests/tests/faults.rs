@@ -245,6 +245,69 @@ fn a_stop_whose_exit_event_was_lost_settles_incomplete() {
     assert!(lost > 0.0);
 }
 
+/// A fault that loses part of what records read, meeting an open stop: a cgroup whose path is
+/// longer than a record holds, removed while a backend drains (its removal's path is cut, the
+/// fault `path_truncated`). The stop's record counts it (`ebpf_faults`), settles incomplete, and
+/// its verdict says it may be incomplete; its own lifecycle still arrives whole.
+#[test]
+fn a_fault_while_a_stop_is_open_is_on_its_record_and_makes_it_incomplete() {
+    let agent = Agent::start(&[]);
+    let b = Backend::start(
+        "faulted",
+        Mode::Drain,
+        BackendOpts {
+            drain_delay: Some(Duration::from_secs(3)),
+            ..BackendOpts::default()
+        },
+    );
+    wait_for("the backend's start found", Duration::from_secs(20), || {
+        find_item(&agent, "/api/v1/starts", |s| {
+            s["container"]["id"] == b.id.as_str()
+        })
+        .is_some()
+    });
+    let faults = || {
+        agent
+            .metric("drainwatch_ebpf_faults_total{kind=\"cgroup_rmdir\",fault=\"path_truncated\"}")
+            .expect("the fault's series")
+    };
+    let before = faults();
+    std::thread::scope(|s| {
+        let stopping = s.spawn(|| b.stop(10));
+        wait_for("its stop opened", Duration::from_secs(10), || {
+            find_item(&agent, "/api/v1/stops", |s| {
+                s["container"]["id"] == b.id.as_str() && s["sigterm_at"].is_string()
+            })
+            .is_some()
+        });
+        drainwatch_tests::remove_cgroups_one_too_long();
+        wait_for("the fault counted", Duration::from_secs(5), || {
+            faults() > before
+        });
+        let open = find_item(&agent, "/api/v1/stops", |s| {
+            s["container"]["id"] == b.id.as_str()
+        })
+        .expect("its stop");
+        assert_eq!(
+            open["settled"], false,
+            "still open when the fault came: {open:#}"
+        );
+        stopping.join().expect("podman stop");
+    });
+    assert_eq!(b.exit_code(), 0, "it drained");
+    let stop = stop_record(&agent, &b.id);
+    println!("{stop:#}");
+    assert_eq!(stop["outcome"], "drained", "what it saw still decides");
+    assert!(stop["exit_at"].is_string());
+    assert!(stop["ebpf_faults"].as_u64().unwrap_or(0) >= 1, "{stop:#}");
+    assert_eq!(stop["complete"], false);
+    let verdict = stop["verdict"].as_str().unwrap_or_default();
+    assert!(
+        verdict.contains("may be incomplete: the eBPF programs lost part of what it reads"),
+        "{verdict}"
+    );
+}
+
 /// Keeps `idle` connections to `port` that send nothing and `slow` ones that send a request's
 /// headers a byte every 500 ms, opening new ones as the agent closes them, until `stop`.
 fn hold_connections(port: u16, idle: usize, slow: usize, stop: Arc<AtomicBool>) -> JoinHandle<u64> {

@@ -14,7 +14,7 @@ use crate::model::{
     Emitted, Fact, HashSet, ListenSample, Mono, Observation, Workload,
     start::Start,
     state::{StateMap, StateStat},
-    stop::Stop,
+    stop::{Lost, Stop},
     storm::Storm,
 };
 
@@ -25,8 +25,8 @@ pub struct Correlator {
     tracker: stops::Tracker,
     starts: starts::Starts,
     storms: storms::Storms,
-    /// Events lost so far, as last told (`events_lost`).
-    lost_seen: u64,
+    /// What was lost so far, as last told (`lost`).
+    lost_seen: Lost,
 }
 
 /// What a restarted agent resumes from (see `stops::StopsCheckpoint`): serialized by
@@ -59,7 +59,7 @@ impl Correlator {
             starts: starts::Starts::new(tracker.max_stops),
             tracker: stops::Tracker::new(tracker),
             storms: storms::Storms::new(storms),
-            lost_seen: 0,
+            lost_seen: Lost::default(),
         }
     }
 
@@ -128,14 +128,17 @@ impl Correlator {
     }
 
     /// Advances the clock (every second): storms that ended, stops that settled.
-    /// `total`: events lost so far anywhere on their way (ring buffer, decode, queue); the
-    /// stop and start records open meanwhile carry what is new.
-    pub fn events_lost(&mut self, total: u64) {
-        let new = total.saturating_sub(self.lost_seen);
-        self.lost_seen = self.lost_seen.max(total);
-        if new > 0 {
-            self.tracker.events_lost(new);
-            self.starts.events_lost(new);
+    /// `total`: what was lost so far (events on their way, faults that lose a record's
+    /// inputs); the stop and start records open meanwhile carry what is new.
+    pub fn lost(&mut self, total: Lost) {
+        let new = total.since(self.lost_seen);
+        self.lost_seen = Lost {
+            events: self.lost_seen.events.max(total.events),
+            faults: self.lost_seen.faults.max(total.faults),
+        };
+        if new.any() {
+            self.tracker.lost(new);
+            self.starts.lost(new);
         }
     }
 

@@ -19,6 +19,7 @@ use super::probes::{Schedule, on_ticks_before};
 use crate::model::{
     ContainerIdentity, Emitted, HashMap, HashSet, Mono, SECOND,
     start::{MAX_REFUSALS_KEPT, Start, StartLoss},
+    stop::Lost,
 };
 
 /// The learned check schedules of a container (by key): what settling a start asks.
@@ -206,6 +207,7 @@ impl Starts {
             probe_refused_at: Vec::new(),
             refusals_lost: 0,
             events_lost: 0,
+            ebpf_faults: 0,
             settled: false,
         });
     }
@@ -305,9 +307,10 @@ impl Starts {
     }
 
     /// `new`: events lost since the last call, charged to every open record.
-    pub fn events_lost(&mut self, new: u64) {
+    pub fn lost(&mut self, new: Lost) {
         for r in self.records.iter_mut().filter(|r| !r.settled) {
-            r.events_lost += new;
+            r.events_lost += new.events;
+            r.ebpf_faults += new.faults;
         }
     }
 

@@ -9,7 +9,7 @@ use super::{
 use crate::model::{
     ContainerIdentity, Emitted, ExitInfo, LossKind, Mono, Observation as O, ResetDirection,
     RetryOutcome, SECOND, Sender, UpstreamStep,
-    stop::{self as stops, Outcome, SIGKILL, SIGTERM, Stop},
+    stop::{self as stops, Lost, Outcome, SIGKILL, SIGTERM, Stop},
 };
 
 const T0: Mono = 1_000 * SECOND;
@@ -1722,10 +1722,13 @@ fn the_record_cap_evicts_settled_stops_past_an_open_one() {
     assert!(t.stops()[0].exit_at.is_some());
 }
 
-#[test]
-fn events_lost_while_a_stop_is_open_are_on_its_record_and_make_it_incomplete() {
+/// A stop that saw `during` lost while it was open (and more before and after it, not its).
+fn stop_losing(during: Lost) -> Stop {
     let mut t = running(0);
-    t.events_lost(5); // before any stop: nobody's
+    t.lost(Lost {
+        events: 5,
+        faults: 1,
+    }); // before any stop: nobody's
     t.observe(
         ms(100),
         O::Signal {
@@ -1734,7 +1737,7 @@ fn events_lost_while_a_stop_is_open_are_on_its_record_and_make_it_incomplete() {
             sender: runc(),
         },
     );
-    t.events_lost(3);
+    t.lost(during);
     t.observe(
         ms(200),
         O::Exit {
@@ -1744,15 +1747,31 @@ fn events_lost_while_a_stop_is_open_are_on_its_record_and_make_it_incomplete() {
     );
     t.observe(ms(300), O::CgroupRemoved { key: key() });
     t.tick(ms(20_000));
-    t.events_lost(7); // after it settled: not its
-    let s = only_stop(&t);
-    assert!(s.settled);
-    assert_eq!((s.events_lost, s.complete), (3, false));
-    assert_eq!(
-        s.outcome(),
-        Some(Outcome::ExitAtOnce),
-        "what it saw still decides"
-    );
+    t.lost(Lost {
+        events: 7,
+        faults: 4,
+    }); // after it settled: not its
+    only_stop(&t).clone()
+}
+
+/// Events lost on their way, or faults that lose part of what a stop reads (a retry chain,
+/// an upstream connection the kernel could not follow), each alone: on the record, which
+/// settles incomplete; what it saw still decides its outcome.
+#[test]
+fn losses_while_a_stop_is_open_are_on_its_record_and_make_it_incomplete() {
+    for (events, faults) in [(3, 0), (0, 2)] {
+        let s = stop_losing(Lost { events, faults });
+        assert!(s.settled);
+        assert_eq!(
+            (s.events_lost, s.ebpf_faults, s.complete),
+            (events, faults, false)
+        );
+        assert_eq!(
+            s.outcome(),
+            Some(Outcome::ExitAtOnce),
+            "what it saw still decides"
+        );
+    }
 }
 
 /// `--hold`: a connection's arrival may reach the tracker only with its close, after the

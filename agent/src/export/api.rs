@@ -92,6 +92,7 @@ fn container_view(c: &ContainerIdentity) -> ContainerView {
 pub fn start_view(s: &Start, clock: &Clock) -> StartView {
     let mut v = StartView {
         container: container_view(&s.container),
+        ebpf_faults: s.ebpf_faults,
         events_lost: s.events_lost,
         first_accept_at: clock.opt(s.first_accept_at),
         first_listen_at: clock.opt(s.first_listen_at),
@@ -146,6 +147,7 @@ pub fn stop_view(s: &Stop, clock: &Clock) -> StopView {
         connections_at_sigterm: s.connections_at_sigterm,
         container: container_view(&s.container),
         drain_seconds: s.drain_seconds().map(round3),
+        ebpf_faults: s.ebpf_faults,
         events_lost: s.events_lost,
         exit_at: clock.opt(s.exit_at),
         exit_code: s.exit.and_then(|e| e.code),
@@ -481,6 +483,7 @@ mod tests {
             probe_refused_at: vec![],
             refusals_lost: 0,
             events_lost: 0,
+            ebpf_faults: 0,
             settled: true,
         };
         let v = |ready| start_view(&start(ready), &clock).ready_at;
@@ -531,6 +534,7 @@ mod tests {
             probe_refused_at: vec![],
             refusals_lost: 0,
             events_lost: 0,
+            ebpf_faults: 0,
             settled: false,
         };
         sorted(&start_views(&[start], &clock()));

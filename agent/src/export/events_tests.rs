@@ -156,6 +156,7 @@ async fn only_settled_records_of_pods_with_loss_are_announced_and_a_start_too() 
         probe_refused_at: vec![],
         refusals_lost: 0,
         events_lost: 0,
+        ebpf_faults: 0,
         settled: true,
     };
     let picked = e.select(&[open.clone(), clean, no_pod], &[start], &[], &CLOCK);

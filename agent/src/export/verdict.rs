@@ -163,14 +163,23 @@ fn streams_cut(stop: &StopView) -> Option<String> {
     })
 }
 
-/// What a record whose inputs were partly lost says about itself.
-fn lost_note(lost: u64) -> Option<String> {
-    (lost > 0).then(|| {
-        format!(
+/// What a record whose inputs were partly lost says about itself: events lost on the way,
+/// eBPF program faults that lost part of what it reads.
+fn lost_notes(events: u64, faults: u64) -> Vec<String> {
+    let mut notes = Vec::new();
+    if events > 0 {
+        notes.push(format!(
             "may be incomplete: {} lost on the way while it was open (drainwatch_events_lost_total)",
-            count(lost, "kernel event was", "kernel events were")
-        )
-    })
+            count(events, "kernel event was", "kernel events were")
+        ));
+    }
+    if faults > 0 {
+        notes.push(format!(
+            "may be incomplete: the eBPF programs lost part of what it reads {} while it was open (drainwatch_ebpf_faults_total)",
+            count(faults, "time", "times")
+        ));
+    }
+    notes
 }
 
 /// The verdict on one stop record (`/api/v1/stops` element).
@@ -363,14 +372,15 @@ pub fn stop(stop: &StopView) -> Verdict {
     }
     parts.extend(streams_cut(stop));
     common_findings(stop, &mut parts);
-    parts.extend(lost_note(stop.events_lost));
+    parts.extend(lost_notes(stop.events_lost, stop.ebpf_faults));
     if let Some(gap) = &stop.agent_gap {
         parts.push(format!(
             "may be incomplete: the agent was not watching for {} s while it was open (it restarted; agent_gap)",
             secs(gap.seconds)
         ));
     }
-    if (stop.events_lost > 0 || stop.agent_gap.is_some()) && level == Level::Good {
+    let partial = stop.events_lost > 0 || stop.ebpf_faults > 0 || stop.agent_gap.is_some();
+    if partial && level == Level::Good {
         level = Level::Warning; // "nothing lost" is not known
     }
     Verdict {
@@ -382,7 +392,7 @@ pub fn stop(stop: &StopView) -> Verdict {
 /// The verdict on one container start (`/api/v1/starts` element).
 pub fn start(start: &StartView) -> Verdict {
     let mut v = start_verdict(start);
-    if let Some(note) = lost_note(start.events_lost) {
+    for note in lost_notes(start.events_lost, start.ebpf_faults) {
         v.text += &format!("; {note}");
     }
     v
@@ -549,6 +559,31 @@ mod tests {
         assert_eq!(
             stop(&s).text,
             "drained cleanly in 0.5 s: nothing lost; may be incomplete: 12 kernel events were lost on the way while it was open (drainwatch_events_lost_total)"
+        );
+    }
+
+    #[test]
+    fn a_record_whose_programs_faulted_says_it_may_be_incomplete() {
+        let s = stop_with(
+            "drained",
+            json!({}),
+            json!({"events_lost": 2, "ebpf_faults": 3}),
+        );
+        assert_eq!(stop(&s).level, Level::Warning);
+        assert_eq!(
+            stop(&s).text,
+            "drained cleanly in 0.5 s: nothing lost; may be incomplete: 2 kernel events were lost on the way while it was open (drainwatch_events_lost_total); may be incomplete: the eBPF programs lost part of what it reads 3 times while it was open (drainwatch_ebpf_faults_total)"
+        );
+        let start = StartView {
+            ebpf_faults: 1,
+            ..Default::default()
+        };
+        assert!(
+            super::start(&start)
+                .text
+                .ends_with("the eBPF programs lost part of what it reads 1 time while it was open (drainwatch_ebpf_faults_total)"),
+            "{}",
+            super::start(&start).text
         );
     }
 

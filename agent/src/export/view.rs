@@ -33,6 +33,10 @@ pub struct StopView {
     pub container: ContainerView,
     /// Stop signal → exit.
     pub drain_seconds: Option<f64>,
+    /// eBPF program faults while it was open that lose part of what it reads
+    /// (`drainwatch_ebpf_faults_total`): its counts may be short.
+    #[serde(default)]
+    pub ebpf_faults: u64,
     /// Kernel events lost while it was open: its counts may be short.
     pub events_lost: u64,
     pub exit_at: Option<String>,
@@ -167,6 +171,8 @@ pub struct DeployView {
 #[serde(default)]
 pub struct StartView {
     pub container: ContainerView,
+    /// eBPF program faults while it was open that lose part of what it reads.
+    pub ebpf_faults: u64,
     /// Kernel events lost while it was open: its counts may be short.
     pub events_lost: u64,
     pub first_accept_at: Option<String>,

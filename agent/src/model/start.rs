@@ -54,6 +54,9 @@ pub struct Start {
     pub refusals_lost: u64,
     /// Kernel events lost anywhere on their way while it was open: its counts may be short.
     pub events_lost: u64,
+    /// eBPF program faults while it was open that lose what it reads (see `Lost`).
+    #[serde(default)]
+    pub ebpf_faults: u64,
     /// It will not change any more.
     pub settled: bool,
 }

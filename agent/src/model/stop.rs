@@ -122,6 +122,10 @@ pub struct Stop {
     /// Kernel events lost anywhere on their way (ring buffer, decode, queue) while it was
     /// open: its counts may be short.
     pub events_lost: u64,
+    /// eBPF program faults while it was open that lose what it reads (see `Lost`): its counts
+    /// may be short too.
+    #[serde(default)]
+    pub ebpf_faults: u64,
     /// Set once the record will not change any more (see `Tracker::tick`).
     pub settled: bool,
     /// The agent restarted while it was open (see `AgentGap`); it is then incomplete.
@@ -155,6 +159,7 @@ impl Stop {
             stream_rotation: None,
             complete: true,
             events_lost: 0,
+            ebpf_faults: 0,
             settled: false,
             agent_gap: None,
         }
@@ -249,6 +254,32 @@ impl Stop {
 
 fn secs(ns: Mono) -> f64 {
     ns as f64 / SECOND as f64
+}
+
+/// What the kernel side lost while records were open: totals since the agent started, or what
+/// is new since the last look. Open stop and start records take what is new, and are then
+/// incomplete.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Lost {
+    /// Events lost on their way: shed, ring buffer, queue, decode.
+    pub events: u64,
+    /// eBPF program faults that lose part of what a record reads
+    /// (`FaultKind::loses_input`), and upstream connections the kernel had no room to follow.
+    pub faults: u64,
+}
+
+impl Lost {
+    /// What this total adds to an earlier one.
+    pub fn since(self, before: Lost) -> Lost {
+        Lost {
+            events: self.events.saturating_sub(before.events),
+            faults: self.faults.saturating_sub(before.faults),
+        }
+    }
+
+    pub fn any(self) -> bool {
+        self.events > 0 || self.faults > 0
+    }
 }
 
 #[cfg(test)]

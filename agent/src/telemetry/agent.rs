@@ -209,6 +209,19 @@ impl AgentMetrics {
         before
     }
 
+    /// eBPF program faults that lose part of a record's inputs (`FaultKind::loses_input`),
+    /// and upstream sockets the agent found that the kernel had no room to follow.
+    pub fn input_faults(&self) -> u64 {
+        let kernel: u64 = self
+            .faults
+            .iter()
+            .flat_map(|per_kind| FaultKind::ALL.iter().zip(per_kind))
+            .filter(|(f, _)| f.loses_input())
+            .map(|(_, c)| c.get())
+            .sum();
+        kernel + self.upstreams_full.get()
+    }
+
     pub fn lost_count(&self, stage: LossStage) -> u64 {
         self.lost[stage.index()].get()
     }
@@ -268,8 +281,27 @@ impl AgentMetrics {
 
 #[cfg(test)]
 mod tests {
-    use super::Attach;
+    use super::{Attach, EventKind, FaultKind};
     use crate::telemetry::Telemetry;
+
+    /// What open records are told was lost: the faults that lose part of what a record reads
+    /// (a retry chain, an upstream connection unfollowed, by the kernel or the agent), not a
+    /// full hold (its arrivals were sent) nor a stale entry's drop (a correction).
+    #[test]
+    fn input_faults_are_the_faults_that_lose_what_a_record_reads() {
+        let m = Telemetry::new("k");
+        m.agent
+            .ebpf_faults(EventKind::InetSockSetState, FaultKind::HoldFull, 5);
+        m.agent
+            .ebpf_faults(EventKind::InetSockSetState, FaultKind::StaleEntry, 2);
+        m.agent
+            .ebpf_faults(EventKind::InetSockSetState, FaultKind::UpstreamFull, 3);
+        m.agent
+            .ebpf_faults(EventKind::SockLength, FaultKind::ChainLost, 1);
+        m.agent.upstreams_refused(4);
+        assert_eq!(m.lost().faults, 3 + 1 + 4);
+        assert_eq!(m.lost().events, 0);
+    }
 
     #[test]
     fn plan_outcome_becomes_attached_gauges() {

@@ -144,6 +144,15 @@ impl Telemetry {
         LossStage::ALL.iter().map(|s| self.lost_count(*s)).sum()
     }
 
+    /// What was lost so far that open records must say: events on their way, and faults
+    /// that lose part of what a record reads.
+    pub fn lost(&self) -> crate::model::stop::Lost {
+        crate::model::stop::Lost {
+            events: self.lost_total(),
+            faults: self.agent.input_faults(),
+        }
+    }
+
     pub fn lost_count(&self, stage: LossStage) -> u64 {
         self.agent.lost_count(stage)
     }

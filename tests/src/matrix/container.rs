@@ -17,8 +17,9 @@ use std::{
 
 use drainwatch::{export::view::StopView, model::stop::Outcome};
 
-use super::{Runner, expect::Facts, processes::cgroup_v2_root};
+use super::{Runner, expect::Facts};
 use crate::agent::{Agent, free_port, get, stop_record, wait_for};
+use crate::cgroup_v2_root;
 
 /// The port the container's server listens on, inside its own namespace.
 const PORT: u16 = 8080;

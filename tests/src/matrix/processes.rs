@@ -6,6 +6,7 @@ use std::{os::unix::process::ExitStatusExt, process::Command};
 use drainwatch::capture::event::{Event, ExitStatus};
 
 use super::Loaded;
+use crate::cgroup_v2_root;
 
 pub(super) struct Child {
     pid: u32,
@@ -56,15 +57,6 @@ pub(super) fn check_killed(_: &Loaded, c: &Child, events: &[Event], sig: i32, co
         c.pid,
         std::process::id()
     )
-}
-
-/// The cgroup v2 mount: the root on pure v2 hosts (the matrix's VMs), `unified` on hybrid ones.
-pub fn cgroup_v2_root() -> std::path::PathBuf {
-    ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
-        .into_iter()
-        .map(std::path::PathBuf::from)
-        .find(|p| p.join("cgroup.controllers").exists())
-        .expect("a cgroup v2 mount")
 }
 
 pub(super) struct Removed {

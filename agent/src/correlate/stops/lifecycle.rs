@@ -6,7 +6,7 @@ use crate::{
     correlate::retries::Decision,
     model::{
         Emitted, ExitInfo, Mono, SECOND, Sender,
-        stop::{SIGINT, SIGKILL, SIGQUIT, SIGTERM, Stop},
+        stop::{Lost, SIGINT, SIGKILL, SIGQUIT, SIGTERM, Stop},
     },
 };
 
@@ -134,11 +134,12 @@ impl Tracker {
         }
     }
 
-    /// `new`: events lost since the last call, charged to every open record.
-    pub fn events_lost(&mut self, new: u64) {
+    /// `new`: what was lost since the last call, charged to every open record.
+    pub fn lost(&mut self, new: Lost) {
         for (_, s) in self.records.iter_mut() {
             if !s.settled {
-                s.events_lost += new;
+                s.events_lost += new.events;
+                s.ebpf_faults += new.faults;
                 s.complete = false;
             }
         }
@@ -173,7 +174,7 @@ impl Tracker {
                 (None, None) => no_exit_limit(s),
             };
             if now >= due {
-                s.complete = s.exit_at.is_some() && s.events_lost == 0;
+                s.complete = s.exit_at.is_some() && s.events_lost == 0 && s.ebpf_faults == 0;
                 s.settled = true;
                 settled.push(s.clone());
             }

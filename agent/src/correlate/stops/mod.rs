@@ -208,7 +208,10 @@ impl Tracker {
                 .stop_mut(&key)
                 .filter(|s| (s.exit_at.is_some() || gone) && !s.settled);
             if let Some(s) = restarted {
-                s.complete = s.exit_at.is_some() && s.events_lost == 0 && s.agent_gap.is_none();
+                s.complete = s.exit_at.is_some()
+                    && s.events_lost == 0
+                    && s.ebpf_faults == 0
+                    && s.agent_gap.is_none();
                 s.settled = true;
                 let stop = Box::new(s.clone());
                 self.emitted.push(Emitted::Settled { stop });
