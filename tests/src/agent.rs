@@ -148,6 +148,15 @@ impl Agent {
         s
     }
 
+    /// Container addresses the kernel keeps host-side traffic for
+    /// (`drainwatch_watch_entries{map="addresses"}`): until a container's is in, a host
+    /// process's connection to it is not captured, as on a node where a container is stopped
+    /// before the agent found it.
+    pub fn watched_addresses(&self) -> f64 {
+        self.metric("drainwatch_watch_entries{map=\"addresses\"}")
+            .unwrap_or(0.0)
+    }
+
     pub fn metric(&self, name_and_labels: &str) -> Option<f64> {
         let (_, _, body) =
             get_as(self.port, "/metrics", "text/plain", self.token.as_deref()).ok()?;

@@ -15,7 +15,7 @@ use std::{
 
 use drainwatch_tests::{
     accuracy::{loss, settled_stop},
-    agent::Agent,
+    agent::{Agent, wait_for},
     lab::{Backend, BackendOpts, Mode},
 };
 
@@ -42,7 +42,6 @@ fn proxy(
     connected: mpsc::Sender<()>,
     stopped: mpsc::Receiver<()>,
 ) -> Seen {
-    let _listener = TcpListener::bind("127.0.0.1:0").expect("listen");
     // A blocking connect returns once the handshake is done: the connection waits in the
     // accept queue of `s1`, which accepts nothing.
     let queued: Vec<TcpStream> = (0..2)
@@ -73,7 +72,12 @@ fn proxy(
 
 #[test]
 fn a_request_a_reset_kept_from_going_out_is_an_abort_or_retried_unexecuted() {
+    // A proxy listens: this process does from before its first connect to a container (the
+    // backends' readiness checks), which the agent would otherwise find made by no proxy
+    // (CI once: the proxy's connections were then nobody's, and nothing was judged).
+    let _listener = TcpListener::bind("127.0.0.1:0").expect("listen");
     let agent = Agent::start(&[]);
+    let watched = agent.watched_addresses();
     let mut s1 = Backend::launch(
         "unsent-s1",
         Mode::Gate,
@@ -84,6 +88,13 @@ fn a_request_a_reset_kept_from_going_out_is_an_abort_or_retried_unexecuted() {
     );
     s1.await_listening_only(Instant::now() + Duration::from_secs(30));
     let s2 = Backend::start("unsent-s2", Mode::NoHandler, BackendOpts::default());
+    // Its connections are captured only once the agent keeps host-side traffic to s1 and s2
+    // (a connection to a container it has yet to find is nobody's: nothing judged).
+    wait_for(
+        "the agent to watch s1's and s2's addresses",
+        Duration::from_secs(20),
+        || agent.watched_addresses() >= watched + 2.0,
+    );
     let (connected_tx, connected) = mpsc::channel();
     let (tx, rx) = mpsc::channel();
     let (a1, a2) = (SocketAddr::V4(s1.addr()), SocketAddr::V4(s2.addr()));

@@ -32,6 +32,8 @@ struct FakeHost {
     start_times: Vec<(u32, u64)>,
     /// Walks of every process (`container_pids`) so far.
     walks: std::cell::Cell<u32>,
+    /// Sockets processes opened since (pid, inode), which a test adds to.
+    opened: std::rc::Rc<std::cell::RefCell<Vec<(u32, u64)>>>,
 }
 
 impl HostView for FakeHost {
@@ -70,11 +72,19 @@ impl HostView for FakeHost {
         ]
     }
     fn socket_inodes(&self, pid: u32) -> Vec<u64> {
-        match pid {
+        let mut own = match pid {
             101 => vec![11, 12],
             60 => vec![21],
             _ => vec![],
-        }
+        };
+        own.extend(
+            self.opened
+                .borrow()
+                .iter()
+                .filter(|(p, _)| *p == pid)
+                .map(|(_, inode)| *inode),
+        );
+        own
     }
     fn local_ips(&self, _pid: u32) -> Vec<IpAddr> {
         vec!["10.88.0.5".parse().unwrap()]
@@ -948,6 +958,57 @@ fn a_process_without_a_listener_is_no_proxy() {
     };
     s.meta.tgid = 50; // runc: holds no listening socket
     assert!(e.on_event(&Event::StateChange(s)).is_empty());
+}
+
+/// A proxy may connect to a container before it listens (Envoy health-checks its clusters
+/// before its listeners are up): found no proxy then, it is looked at again after
+/// `NOT_A_PROXY_FOR`, not taken for none until it exits.
+#[test]
+fn a_process_that_listens_after_its_first_connect_is_a_proxy_once_looked_at_again() {
+    let host = FakeHost {
+        procs: vec![
+            proc(100, 90, "catatonit", 1, true),
+            proc(101, 100, "python3", 2, true),
+        ],
+        ..Default::default()
+    };
+    let opened = host.opened.clone();
+    let mut e = Enricher::new(host);
+    e.scan();
+    let connect = |sock: u64, at_s: u64| {
+        let mut ev = state(
+            sock,
+            HOST_NS,
+            "TCP_CLOSE",
+            "TCP_SYN_SENT",
+            conn("0.0.0.0:0", "10.88.0.5:8080"),
+            TcpCounters::default(),
+        );
+        if let Event::StateChange(s) = &mut ev {
+            s.meta.tgid = 70;
+            s.meta.ts_ns = at_s * 1_000_000_000;
+        }
+        ev
+    };
+    let opened_upstream = |obs: &[O]| {
+        obs.iter()
+            .any(|o| matches!(o, O::UpstreamOpened { proxy, .. } if proxy.tgid == 70))
+    };
+    assert!(
+        !opened_upstream(&e.on_event(&connect(0xf1, 10))),
+        "no listener yet"
+    );
+    // It listens (nginx's socket of the fake host's table) from now on.
+    opened.borrow_mut().push((70, 21));
+    assert!(
+        !opened_upstream(&e.on_event(&connect(0xf2, 12))),
+        "within the time it is taken for none"
+    );
+    assert!(
+        opened_upstream(&e.on_event(&connect(0xf3, 16))),
+        "looked at again"
+    );
+    assert_eq!(e.watch_set().proxies.into_iter().collect::<Vec<_>>(), [70]);
 }
 
 #[test]

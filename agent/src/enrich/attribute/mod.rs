@@ -325,7 +325,12 @@ impl<H: HostView> Enricher<H> {
                 let pid = x.meta.tgid;
                 let key = self.by_pid.remove(&pid);
                 self.not_containers.remove(&pid);
-                if self.upstreams.proxies.remove(&pid).flatten().is_some() {
+                if self
+                    .upstreams
+                    .proxies
+                    .remove(&pid)
+                    .is_some_and(|p| p.is_ok())
+                {
                     self.watch_generation += 1; // the kernel's proxy map
                 }
                 let Some(key) = key else { return };

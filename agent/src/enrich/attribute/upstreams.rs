@@ -39,9 +39,10 @@ pub(super) struct Upstreams {
     /// before its worker reads the error (the cut).
     pub(super) closed: HashMap<u64, Upstream>,
     pub(super) closed_order: VecDeque<u64>,
-    /// Whether a process is a proxy (it holds a listening socket), cached until it exits;
-    /// with when it was found to be one (the kernel follows its connects from shortly after).
-    pub(super) proxies: HashMap<u32, Option<(Proxy, Mono)>>,
+    /// Whether a process is a proxy (it holds a listening socket): when found to be one (the
+    /// kernel follows its connects from shortly after), cached until it exits; when found to
+    /// be none, when that was (see `NOT_A_PROXY_FOR`).
+    pub(super) proxies: HashMap<u32, Result<(Proxy, Mono), Mono>>,
     /// Upstream sockets the kernel may not follow yet (opened before their process was in
     /// its proxy map): the agent adds them (`take_follow`).
     pub(super) follow: Vec<u64>,
@@ -50,6 +51,12 @@ pub(super) struct Upstreams {
     /// once, so nothing else may name a closed upstream by its address.
     pub(super) failed_attempt: Option<u64>,
 }
+
+/// How long a process found holding no listening socket is taken for no proxy: its next
+/// connect to a container after that looks again. A proxy may connect before it listens
+/// (Envoy health-checks its clusters before its listeners are up; a proxy's readiness checks of
+/// its backends): cached for good, as it was, its connections were nobody's until it exited.
+const NOT_A_PROXY_FOR: Mono = 5 * SECOND;
 
 /// How long after a proxy is found its connects may still precede the kernel knowing it:
 /// the pipeline updates the map after the event that found it, and events reach it in
@@ -60,8 +67,10 @@ impl<H: HostView> Enricher<H> {
     /// The proxy a process is, if it is one: it holds a listening socket. Named by its
     /// container's workload, or its command outside containers.
     fn proxy(&mut self, tgid: u32, comm: &str, now: Mono) -> Option<(Proxy, Mono)> {
-        if let Some(p) = self.upstreams.proxies.get(&tgid) {
-            return p.clone();
+        match self.upstreams.proxies.get(&tgid) {
+            Some(Ok(p)) => return Some(p.clone()),
+            Some(Err(at)) if now < at.saturating_add(NOT_A_PROXY_FOR) => return None,
+            _ => {}
         }
         let prober = PROBERS.contains(&comm) && !self.by_pid.contains_key(&tgid);
         let own: HashSet<u64> = self.host.socket_inodes(tgid).into_iter().collect();
@@ -87,7 +96,7 @@ impl<H: HostView> Enricher<H> {
         if p.is_some() {
             self.watch_generation += 1;
         }
-        self.upstreams.proxies.insert(tgid, p.clone());
+        self.upstreams.proxies.insert(tgid, p.clone().ok_or(now));
         p
     }
 
@@ -118,7 +127,7 @@ impl<H: HostView> Enricher<H> {
         self.upstreams
             .proxies
             .iter()
-            .filter_map(|(tgid, p)| p.as_ref().filter(|(p, _)| !p.prober).map(|_| *tgid))
+            .filter_map(|(tgid, p)| p.as_ref().ok().filter(|(p, _)| !p.prober).map(|_| *tgid))
     }
 
     /// Upstream sockets the agent must add to the kernel's map itself, since the last call.
