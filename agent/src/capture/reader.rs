@@ -160,7 +160,7 @@ impl Reader {
             }
         }
         let n = lifecycle.len() + packet.len();
-        let mut out = Vec::with_capacity(n);
+        let mut out = Vec::with_capacity(n + self.merge.held());
         self.merge.drain(watermark, lifecycle, packet, &mut out);
         self.send(out);
         n
