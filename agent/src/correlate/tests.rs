@@ -41,8 +41,8 @@ fn runc() -> Sender {
     }
 }
 
-fn key() -> String {
-    "c1".into()
+fn key() -> crate::model::observation::ContainerKey {
+    crate::model::observation::ContainerKey::new("c1".into())
 }
 
 /// A running container with a listener and `conns` open inbound connections.
@@ -459,7 +459,7 @@ fn duplicates_and_out_of_order_events_do_not_double_count() {
     t.observe(
         ms(9),
         O::Refused {
-            key: "unknown".into(),
+            key: std::sync::Arc::new("unknown".into()),
             at: ms(9),
             upstream: None,
         },
@@ -711,7 +711,7 @@ fn stops_of_one_workload_within_ten_minutes_are_one_deploy() {
         t.observe(
             at,
             O::Signal {
-                key: id.to_string(),
+                key: std::sync::Arc::new(id.to_string()),
                 sig: SIGTERM,
                 sender: runc(),
             },
@@ -719,7 +719,7 @@ fn stops_of_one_workload_within_ten_minutes_are_one_deploy() {
         t.observe(
             at + 2 * SECOND,
             O::Exit {
-                key: id.to_string(),
+                key: std::sync::Arc::new(id.to_string()),
                 exit: ExitInfo {
                     code: Some(0),
                     signal: None,
@@ -739,7 +739,7 @@ fn stops_of_one_workload_within_ten_minutes_are_one_deploy() {
     t.observe(
         T0 + 60 * SECOND,
         O::Signal {
-            key: "x".into(),
+            key: std::sync::Arc::new("x".into()),
             sig: SIGTERM,
             sender: runc(),
         },
@@ -755,7 +755,7 @@ fn stops_of_one_workload_within_ten_minutes_are_one_deploy() {
     t.observe(
         T0 + 1800 * SECOND,
         O::Signal {
-            key: "d".into(),
+            key: std::sync::Arc::new("d".into()),
             sig: SIGTERM,
             sender: runc(),
         },
@@ -927,7 +927,7 @@ fn a_retry_is_drawn_at_the_cut_it_repeated() {
         },
     );
     let request = |sock, key: &str, step| O::UpstreamRequest {
-        key: key.into(),
+        key: std::sync::Arc::new(key.into()),
         sock,
         proxy: nginx.clone(),
         tid: 78,
@@ -1028,7 +1028,7 @@ fn a_retried_request_the_backend_never_read_counts_apart_and_a_cut_without_retry
         },
     );
     let request = |sock, key: &str, step| O::UpstreamRequest {
-        key: key.into(),
+        key: std::sync::Arc::new(key.into()),
         sock,
         proxy: nginx.clone(),
         tid: 78,
@@ -1690,7 +1690,7 @@ fn the_record_cap_evicts_settled_stops_past_an_open_one() {
         t.observe(
             at,
             O::Signal {
-                key: id.into(),
+                key: std::sync::Arc::new(id.into()),
                 sig: SIGTERM,
                 sender: runc(),
             },
@@ -1700,11 +1700,16 @@ fn the_record_cap_evicts_settled_stops_past_an_open_one() {
             t.observe(
                 at + 1_000_000,
                 O::Exit {
-                    key: id.into(),
+                    key: std::sync::Arc::new(id.into()),
                     exit: killed_by(SIGTERM),
                 },
             );
-            t.observe(at + 2_000_000, O::CgroupRemoved { key: id.into() });
+            t.observe(
+                at + 2_000_000,
+                O::CgroupRemoved {
+                    key: std::sync::Arc::new(id.into()),
+                },
+            );
         }
     }
     t.tick(ms(20_000));
@@ -1715,7 +1720,7 @@ fn the_record_cap_evicts_settled_stops_past_an_open_one() {
     t.observe(
         ms(21_000),
         O::Exit {
-            key: "a".into(),
+            key: std::sync::Arc::new("a".into()),
             exit: killed_by(SIGTERM),
         },
     );

@@ -345,7 +345,7 @@ fn a_syn_to_a_closed_listener_is_refused_only_in_that_namespace() {
         matches!(flushed.as_slice(), [
             O::Refused { key, at: 1, upstream: None },
             O::RefusedAt { container, netns: NS, port: 9999, at: 1, upstream: None },
-        ] if key == ID && container.id == ID),
+        ] if key.as_str() == ID && container.id == ID),
         "{flushed:#?}"
     );
     assert!(e.flush(3_000_000_000).is_empty());
@@ -455,7 +455,7 @@ fn a_refusal_seen_from_the_attempts_side_names_a_proxys_socket_only() {
     // pid 60 listens (a proxy): its attempt is named.
     let obs = attempt(60, 41_234);
     assert!(
-        matches!(obs.as_slice(), [O::UpstreamClosed { sock: 0xd1, .. }, O::Refused { key, at: 1, upstream: Some(0xd1) }] if key == ID),
+        matches!(obs.as_slice(), [O::UpstreamClosed { sock: 0xd1, .. }, O::Refused { key, at: 1, upstream: Some(0xd1) }] if key.as_str() == ID),
         "{obs:#?}"
     );
     // The kernel reuses the address at once for another process's socket: not the proxy's.
@@ -463,7 +463,7 @@ fn a_refusal_seen_from_the_attempts_side_names_a_proxys_socket_only() {
     assert_eq!(
         obs,
         [O::Refused {
-            key: ID.into(),
+            key: std::sync::Arc::new(ID.into()),
             at: 1,
             upstream: None
         }]
@@ -657,7 +657,7 @@ fn failed_connects_to_its_address_and_its_cgroup_removal() {
     let cut: String = format!("/kubepods.slice/{}", "x".repeat(240));
     assert!(matches!(
         e.on_event(&rmdir(cut)).as_slice(),
-        [O::CgroupRemoved { key }] if key == ID
+        [O::CgroupRemoved { key }] if key.as_str() == ID
     ));
 }
 
@@ -1378,7 +1378,7 @@ fn a_proxy_connection_to_a_pods_shared_address_belongs_to_the_container_listenin
     });
     let obs = e.on_event(&cut);
     assert!(
-        matches!(obs.as_slice(), [O::UpstreamRequest { key, .. }] if key == ID),
+        matches!(obs.as_slice(), [O::UpstreamRequest { key, .. }] if key.as_str() == ID),
         "{obs:#?}"
     );
 }
@@ -1629,7 +1629,12 @@ fn a_container_whose_processes_vanished_without_a_cgroup_removal_goes_after_30_s
     at(&mut e, 129);
     assert!(e.scan().is_empty(), "29 s: not yet");
     at(&mut e, 130);
-    assert_eq!(e.scan(), [O::Vanished { key: ID.into() }]);
+    assert_eq!(
+        e.scan(),
+        [O::Vanished {
+            key: std::sync::Arc::new(ID.into())
+        }]
+    );
     assert!(e.scan().is_empty(), "once");
 }
 

@@ -556,7 +556,7 @@ fn containers_found_before_their_pod_get_its_names_and_a_stop_gets_its_policy() 
     tracker.observe(
         2 * SECOND,
         Observation::Signal {
-            key: NGINX_ID.into(),
+            key: std::sync::Arc::new(NGINX_ID.into()),
             sig: 15,
             sender: Sender {
                 pid: 900,

@@ -4,6 +4,11 @@ use std::{net::SocketAddr, sync::Arc};
 
 use super::{ContainerIdentity, ExitInfo, Mono, Proxy, ResetDirection, Sender, activity::Activity};
 
+/// A container's id as observations carry it: shared, so that an observation made per
+/// connection event costs no allocation of its own. `Arc<String>` rather than `Arc<str>`: a
+/// thin pointer, 8 bytes less in every connection's entry that keeps one.
+pub type ContainerKey = Arc<String>;
+
 /// A namespace's `TcpExt: ListenOverflows ListenDrops`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ListenCounters {
@@ -73,27 +78,27 @@ pub enum Observation {
     },
     /// A stop signal from outside the container.
     Signal {
-        key: String,
+        key: ContainerKey,
         sig: i32,
         sender: Sender,
     },
     /// The container's main process exited.
     Exit {
-        key: String,
+        key: ContainerKey,
         exit: ExitInfo,
     },
     ListenerOpened {
-        key: String,
+        key: ContainerKey,
         addr: SocketAddr,
     },
     ListenerClosed {
-        key: String,
+        key: ContainerKey,
         addr: SocketAddr,
     },
     /// A connection to one of its listeners completed its handshake. `upstream`: the
     /// connecting socket, when a proxy or prober on this node opened it (see `UpstreamOpened`).
     InboundEstablished {
-        key: String,
+        key: ContainerKey,
         sock: u64,
         upstream: Option<u64>,
     },
@@ -102,7 +107,7 @@ pub enum Observation {
     /// received on the connection; `port`: the listener's; `activity`: how its data stood
     /// (a live stream's or an idle connection's).
     InboundClosed {
-        key: String,
+        key: ContainerKey,
         sock: u64,
         by_container: bool,
         pending: bool,
@@ -125,7 +130,7 @@ pub enum Observation {
     /// the connecting socket, when the attempt was seen from its side too (a process on this
     /// node).
     Refused {
-        key: String,
+        key: ContainerKey,
         at: Mono,
         upstream: Option<u64>,
     },
@@ -143,16 +148,16 @@ pub enum Observation {
     /// A connection attempt from this node to an address it held, after it was gone;
     /// `upstream` the attempt's socket.
     Unreachable {
-        key: String,
+        key: ContainerKey,
         upstream: Option<u64>,
     },
     CgroupRemoved {
-        key: String,
+        key: ContainerKey,
     },
     /// No process of it was found for a while, and its cgroup's removal was never seen (the
     /// event lost, or its path cut): gone, for everything that waits on that.
     Vanished {
-        key: String,
+        key: ContainerKey,
     },
     /// What is known about who the container is changed (the Kubernetes API learned its
     /// pod after it was adopted with the runtime's names, or its pod spec changed).
@@ -167,20 +172,20 @@ pub enum Observation {
     },
     /// A proxy (or prober) on this node opened a connection to the container (`key`).
     UpstreamOpened {
-        key: String,
+        key: ContainerKey,
         sock: u64,
         proxy: Proxy,
     },
     /// That connection closed after the proxy sent `bytes_sent` bytes on it.
     UpstreamClosed {
-        key: String,
+        key: ContainerKey,
         sock: u64,
         bytes_sent: u64,
     },
     /// What a proxy's worker thread (`tid`) did on its connection `sock` to the container
     /// (`key`) around a cut (see `UpstreamStep`).
     UpstreamRequest {
-        key: String,
+        key: ContainerKey,
         sock: u64,
         proxy: Proxy,
         tid: u32,
@@ -189,7 +194,7 @@ pub enum Observation {
     /// The container closed (or reset) its end of the proxy's connection `sock` (the proxy's
     /// socket) with `unread` bytes it never read.
     UpstreamPeerClosed {
-        key: String,
+        key: ContainerKey,
         sock: u64,
         unread: u32,
     },

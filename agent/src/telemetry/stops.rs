@@ -571,7 +571,7 @@ mod tests {
             t.observe(
                 at,
                 O::Signal {
-                    key: "c1".into(),
+                    key: std::sync::Arc::new("c1".into()),
                     sig,
                     sender: runc.clone(),
                 },
@@ -580,7 +580,7 @@ mod tests {
         t.observe(
             t0 + 31 * SECOND + 1_000_000,
             O::Exit {
-                key: "c1".into(),
+                key: std::sync::Arc::new("c1".into()),
                 exit: ExitInfo {
                     code: Some(137),
                     signal: Some(9),
@@ -609,7 +609,7 @@ mod tests {
         t.observe(
             t0 + SECOND,
             O::Signal {
-                key: "c2".into(),
+                key: std::sync::Arc::new("c2".into()),
                 sig: SIGTERM,
                 sender: runc.clone(),
             },
@@ -617,7 +617,7 @@ mod tests {
         t.observe(
             t0 + 3 * SECOND,
             O::Exit {
-                key: "c2".into(),
+                key: std::sync::Arc::new("c2".into()),
                 exit: ExitInfo {
                     code: Some(0),
                     signal: None,

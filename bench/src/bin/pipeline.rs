@@ -1,8 +1,12 @@
 //! The agent's userspace path (decode → enrich → correlate → export) fed a synthetic event
 //! stream of ring-buffer records, on a synthetic host of many containers. Prints one JSON line.
 //!
-//! pipeline capacity <seconds> <containers>
-//!     events/s on one core: decode only (the baseline), then the whole pipeline.
+//! pipeline capacity <seconds> <containers> [held]
+//!     events/s on one core: decode only (the baseline), then the whole pipeline, and the
+//!     heap allocations per record on that path (decode and pipeline, not its timer). The
+//!     stream: five records per connection (the kernel holding nothing), or with `held` the
+//!     one record per clean connection the agent gets at its defaults (the hold carries the
+//!     handshake and the accept on the connection's first step out of ESTABLISHED).
 //! pipeline loss <seconds> <containers> <events per second>
 //!     a producer thread offers records at that rate through the agent's bounded queue
 //!     (65,536 events, `try_send` as the reader does) to the pipeline on another thread:
@@ -14,8 +18,12 @@
 //! Needs tracefs (root) for the kernel's state names, as the agent does.
 
 use std::{
+    alloc::{GlobalAlloc, Layout, System},
     net::{IpAddr, Ipv4Addr, SocketAddr},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -43,6 +51,38 @@ const ID_BASE: u64 = 0x00c0_ffee_0000;
 const QUEUE: usize = 65_536;
 /// Records per synthetic connection: handshake done, accepted, peer FIN, close, closed.
 const PER_CONN: f64 = 5.0;
+
+/// The system allocator, counting allocations (and reallocations): the hot path's are read
+/// around each record.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call goes to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations() -> u64 {
+    ALLOCATIONS.load(Ordering::Relaxed)
+}
 
 /// A host running `n` podman containers, each one process with a listener on :8080.
 struct SynthHost {
@@ -151,8 +191,23 @@ fn tuple(local: SocketAddr, remote: SocketAddr) -> Tuple {
     t
 }
 
-/// The records of connection `k`'s life (or only its opening, for `open`).
-fn connection(k: u64, containers: u32, states: &dyn Fn(&str) -> i32, open: bool) -> Vec<Vec<u8>> {
+/// How the kernel side sends a connection's life.
+#[derive(Clone, Copy, PartialEq)]
+enum Shape {
+    /// Every step a record: handshake done, accepted, peer FIN, close, closed.
+    Steps,
+    /// Only the opening (handshake done, accepted), left open.
+    Open,
+    /// With the hold (the default): one record, the server's close, carrying the handshake
+    /// and the accept. Its `held` times are set when the record is replayed.
+    Held,
+}
+
+/// Where a held record's `held` times are, to stamp them as it is replayed.
+const HELD_AT: usize = std::mem::offset_of!(inet_sock_set_state::Event, held);
+
+/// The records of connection `k`'s life.
+fn connection(k: u64, containers: u32, states: &dyn Fn(&str) -> i32, shape: Shape) -> Vec<Vec<u8>> {
     let i = (k % u64::from(containers)) as u32;
     let local = SocketAddr::from((ip(i), PORT));
     let remote = SocketAddr::from((
@@ -180,6 +235,9 @@ fn connection(k: u64, containers: u32, states: &dyn Fn(&str) -> i32, open: bool)
             held: Default::default(),
         })
     };
+    if shape == Shape::Held {
+        return vec![change(pid(i), "TCP_ESTABLISHED", "TCP_FIN_WAIT1")];
+    }
     let mut out = vec![
         change(0, "TCP_SYN_RECV", "TCP_ESTABLISHED"),
         bytes_of(&inet_csk_accept::Event {
@@ -188,7 +246,7 @@ fn connection(k: u64, containers: u32, states: &dyn Fn(&str) -> i32, open: bool)
             tuple: tuple(local, remote),
         }),
     ];
-    if !open {
+    if shape == Shape::Steps {
         out.push(change(0, "TCP_ESTABLISHED", "TCP_CLOSE_WAIT"));
         out.push(change(pid(i), "TCP_CLOSE_WAIT", "TCP_LAST_ACK"));
         out.push(change(0, "TCP_LAST_ACK", "TCP_CLOSE"));
@@ -240,44 +298,56 @@ fn counter_sum(metrics: &Telemetry, prefix: &str) -> f64 {
 }
 
 /// A stream of complete connection lives, replayed with fresh timestamps.
+#[derive(Clone)]
 struct Stream {
     records: Vec<Vec<u8>>,
     next: usize,
     ts: u64,
+    held: bool,
 }
 
 impl Stream {
-    fn new(containers: u32, names: &KernelNames) -> Self {
+    fn new(containers: u32, names: &KernelNames, shape: Shape) -> Self {
         let states = state_numbers(names);
         let records = (0..20_000u64)
-            .flat_map(|k| connection(k, containers, &states, false))
+            .flat_map(|k| connection(k, containers, &states, shape))
             .collect();
         Self {
             records,
             next: 0,
             ts: monotonic_now(),
+            held: shape == Shape::Held,
         }
     }
 
-    /// The next record, stamped 2 µs after the previous one.
+    /// The next record, stamped 2 µs after the previous one (a held record's connection
+    /// arrived 300 µs and was accepted 200 µs before).
     fn next(&mut self) -> &[u8] {
         self.ts += 2_000;
         let i = self.next;
         self.next = (i + 1) % self.records.len();
         let r = &mut self.records[i];
         r[..8].copy_from_slice(&self.ts.to_ne_bytes());
+        if self.held {
+            let (arrived, accepted) = (self.ts - 300_000, self.ts - 200_000);
+            r[HELD_AT..HELD_AT + 8].copy_from_slice(&arrived.to_ne_bytes());
+            r[HELD_AT + 8..HELD_AT + 16].copy_from_slice(&accepted.to_ne_bytes());
+        }
         r
+    }
+
+    fn per_connection(&self) -> f64 {
+        if self.held { 1.0 } else { PER_CONN }
     }
 }
 
-fn capacity(seconds: f64, containers: u32) -> serde_json::Value {
+fn capacity(seconds: f64, containers: u32, shape: Shape) -> serde_json::Value {
     let names = names();
-    let stream = Stream::new(containers, &names);
+    let stream = Stream::new(containers, &names, shape);
     let run = |f: &mut dyn FnMut(&[u8])| -> f64 {
         let mut stream = Stream {
-            records: stream.records.clone(),
-            next: 0,
             ts: monotonic_now(),
+            ..stream.clone()
         };
         let start = Instant::now();
         let mut n = 0u64;
@@ -296,11 +366,19 @@ fn capacity(seconds: f64, containers: u32) -> serde_json::Value {
     let mut p = pipeline_with(containers, metrics.clone());
     let mut last_tick = Instant::now();
     let mut offered = 0u64;
+    let mut hot_allocations = 0u64;
+    // As the reader does: a held record stands for the arrival and accept it carries too.
+    let mut unfolded = Vec::with_capacity(4);
     let full = run(&mut |r| {
         offered += 1;
+        let before = allocations();
         if let Ok(ev) = event::decode(r, &names) {
-            p.event(&ev);
+            event::unfold(ev, &mut unfolded);
+            for ev in unfolded.drain(..) {
+                p.event(&ev);
+            }
         }
+        hot_allocations += allocations() - before;
         // The agent's periodic work, at its real cadence.
         if last_tick.elapsed() >= Duration::from_millis(100) {
             last_tick = Instant::now();
@@ -313,8 +391,9 @@ fn capacity(seconds: f64, containers: u32) -> serde_json::Value {
         "decode_only_per_second": decode_only,
         "pipeline_per_second": full,
         "ratio": full / decode_only,
-        "connections_offered": (offered as f64 / PER_CONN).floor(),
+        "connections_offered": (offered as f64 / stream.per_connection()).floor(),
         "arrivals_counted": arrivals,
+        "allocations_per_record": hot_allocations as f64 / offered as f64,
     })
 }
 
@@ -338,7 +417,7 @@ fn loss(seconds: f64, containers: u32, rate: f64) -> serde_json::Value {
         }
         n
     });
-    let mut stream = Stream::new(containers, &names);
+    let mut stream = Stream::new(containers, &names, Shape::Steps);
     let (mut sent, mut lost) = (0u64, 0u64);
     let start = Instant::now();
     while start.elapsed().as_secs_f64() < seconds {
@@ -385,7 +464,7 @@ fn footprint(containers: u32, open: u64) -> serde_json::Value {
     let mut p = pipeline(containers);
     let mut ts = monotonic_now();
     for k in 0..open {
-        for mut r in connection(k, containers, &states, true) {
+        for mut r in connection(k, containers, &states, Shape::Open) {
             ts += 1_000;
             r[..8].copy_from_slice(&ts.to_ne_bytes());
             if let Ok(ev) = event::decode(&r, &names) {
@@ -412,7 +491,13 @@ fn main() {
         a.parse().unwrap_or_else(|_| panic!("not a number: {a}"))
     };
     let out = match args.first().map(String::as_str) {
-        Some("capacity") => capacity(num(1), num(2) as u32),
+        Some("capacity") => {
+            let shape = match args.get(3).map(String::as_str) {
+                Some("held") => Shape::Held,
+                _ => Shape::Steps,
+            };
+            capacity(num(1), num(2) as u32, shape)
+        }
         Some("loss") => loss(num(1), num(2) as u32, num(3)),
         Some("footprint") => footprint(num(1) as u32, num(2) as u64),
         _ => {

@@ -285,6 +285,43 @@ pub(super) fn pipeline_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Re
         budget: "≥ 1,000,000".into(),
         verdict: Verdict::of(per_sec >= 1_000_000.0),
     });
+    // The record the agent gets per clean connection at its defaults: one, carrying the
+    // handshake and accept the kernel held (three events once unfolded).
+    let held = json_of(Command::new(bin.join("pipeline")).args([
+        "capacity",
+        &plan.phase_secs.to_string(),
+        "1000",
+        "held",
+    ]))?;
+    ensure!(
+        num(&held, "arrivals_counted")? == num(&held, "connections_offered")?,
+        "the pipeline did not attribute every synthetic held connection: {held}"
+    );
+    let (held_rate, held_decode) = (
+        num(&held, "pipeline_per_second")?,
+        num(&held, "decode_only_per_second")?,
+    );
+    rows.push(Row {
+        figure: "userspace pipeline, one core, clean connections' held records (records/s)"
+            .into(),
+        value: format!("{held_rate:.0}"),
+        baseline: format!("{held_decode:.0} (decode alone)"),
+        ratio: pct(held_rate / held_decode),
+        budget: "-".into(),
+        verdict: Verdict::Info,
+    });
+    // Amortized growth of the pipeline's maps is all that may allocate on this path.
+    for (stream, v) in [("five records per connection", &cap), ("held records", &held)] {
+        let allocs = num(v, "allocations_per_record")?;
+        rows.push(Row {
+            figure: format!("heap allocations per record, userspace pipeline ({stream})"),
+            value: format!("{allocs:.3}"),
+            baseline: "-".into(),
+            ratio: "-".into(),
+            budget: "< 0.01".into(),
+            verdict: Verdict::of(allocs < 0.01),
+        });
+    }
     for (rate, label, budget) in [
         (200_000.0, "200,000 events/s".to_string(), Some("0 lost")),
         (2.0 * per_sec, "2× capacity".to_string(), None),

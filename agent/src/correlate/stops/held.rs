@@ -50,7 +50,7 @@ struct Refusal {
     /// When it was observed, and when the kernel saw it.
     observed: Mono,
     at: Mono,
-    key: String,
+    key: crate::model::observation::ContainerKey,
     /// The connection, named now: its socket may carry another by the time it is judged.
     attempt: Attempt,
 }

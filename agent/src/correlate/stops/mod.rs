@@ -96,6 +96,8 @@ pub struct Tracker {
     processed_until: Mono,
     /// Observations waiting until they can be judged (`held.rs`).
     held: held::Held,
+    /// The key of the observation being applied, kept for its allocation (see `apply`).
+    key: String,
 }
 
 impl Default for Tracker {
@@ -115,6 +117,7 @@ impl Tracker {
             emitted: Vec::new(),
             processed_until: 0,
             held: held::Held::default(),
+            key: String::new(),
         }
     }
 
@@ -189,9 +192,19 @@ impl Tracker {
         self.emitted.push(e);
     }
 
-    /// Applies one observation made at `now` (see `observe`).
+    /// Applies one observation made at `now` (see `observe`). Its container's key is copied
+    /// out first (the observation is taken apart below) into a buffer kept for its
+    /// allocation: a copy of its own for each observation was most of the allocations on the
+    /// hot path.
     fn apply(&mut self, now: Mono, obs: Observation) {
-        let key = obs.key().to_string();
+        let mut key = std::mem::take(&mut self.key);
+        key.clear();
+        key.push_str(obs.key());
+        self.apply_to(now, obs, &key);
+        self.key = key;
+    }
+
+    fn apply_to(&mut self, now: Mono, obs: Observation, key: &str) {
         if let Observation::Container {
             identity,
             listeners,
@@ -202,10 +215,10 @@ impl Tracker {
             // stop is over (settled now); the next stop signal starts a new record.
             let gone = self
                 .containers
-                .get(&key)
+                .get(key)
                 .is_some_and(|c| c.gone_at.is_some());
             let restarted = self
-                .stop_mut(&key)
+                .stop_mut(key)
                 .filter(|s| (s.exit_at.is_some() || gone) && !s.settled);
             if let Some(s) = restarted {
                 s.complete = s.exit_at.is_some()
@@ -216,7 +229,7 @@ impl Tracker {
                 let stop = Box::new(s.clone());
                 self.emitted.push(Emitted::Settled { stop });
             }
-            let c = self.containers.entry(key).or_default();
+            let c = self.containers.entry(key.to_owned()).or_default();
             c.previous_stop = c.stop.map(|i| (i, now)).or(c.previous_stop);
             if c.gone_at.is_some() {
                 c.gone_at = None;
@@ -254,24 +267,25 @@ impl Tracker {
             self.refused_elsewhere(container, *upstream);
             return;
         }
-        if !self.containers.contains_key(&key) {
+        if !self.containers.contains_key(key) {
             // Attribution only names containers it announced; anything else is ignored.
             return;
         }
         match obs {
             Observation::Container { .. } | Observation::Started { .. } => {}
             Observation::Identity { identity } => {
-                if let Some(s) = self.stop_mut(&key).filter(|s| !s.settled) {
+                if let Some(s) = self.stop_mut(key).filter(|s| !s.settled) {
                     s.grace_configured_seconds = identity.stop_policy.grace_configured_seconds;
                     s.prestop = identity.stop_policy.prestop;
                     s.container = (*identity).clone();
                 }
-                if let Some(c) = self.containers.get_mut(&key) {
+                if let Some(c) = self.containers.get_mut(key) {
                     c.identity = *identity;
                 }
             }
             Observation::UpstreamPeerClosed { key, sock, unread } => {
-                self.retries.peer_closed(sock, key, now, unread);
+                self.retries
+                    .peer_closed(sock, String::clone(&key), now, unread);
             }
             Observation::UpstreamOpened { key, sock, proxy } => {
                 self.probes.opened(sock, &proxy, &key, now);
@@ -300,7 +314,7 @@ impl Tracker {
                     at: now,
                     proxy,
                     tid,
-                    backend: key,
+                    backend: String::clone(&key),
                     sock,
                     bytes,
                     started_at,
@@ -309,17 +323,19 @@ impl Tracker {
                     cut_sock,
                     started_at,
                     ..
-                } => self.retries.retry_started(cut_sock, tid, key, started_at),
+                } => self
+                    .retries
+                    .retry_started(cut_sock, tid, String::clone(&key), started_at),
                 UpstreamStep::RetryEnded { cut_sock, bytes } => {
                     if let Some(d) = self.retries.retry_ended(cut_sock, tid, bytes) {
                         self.decided(d);
                     }
                 }
             },
-            Observation::Signal { sig, sender, .. } => self.on_signal(now, &key, sig, sender),
-            Observation::Exit { exit, .. } => self.on_exit(now, &key, exit),
+            Observation::Signal { sig, sender, .. } => self.on_signal(now, key, sig, sender),
+            Observation::Exit { exit, .. } => self.on_exit(now, key, exit),
             Observation::ListenerOpened { addr, .. } => {
-                if let Some(c) = self.containers.get_mut(&key) {
+                if let Some(c) = self.containers.get_mut(key) {
                     if c.listeners
                         .iter()
                         .any(|l| l.address == addr && l.closed_at.is_none())
@@ -336,7 +352,7 @@ impl Tracker {
                 }
             }
             Observation::ListenerClosed { addr, .. } => {
-                if let Some(c) = self.containers.get_mut(&key) {
+                if let Some(c) = self.containers.get_mut(key) {
                     if let Some(l) = c
                         .listeners
                         .iter_mut()
@@ -351,7 +367,7 @@ impl Tracker {
                 }
             }
             Observation::InboundEstablished { sock, upstream, .. } => {
-                let Some(c) = self.containers.get_mut(&key) else {
+                let Some(c) = self.containers.get_mut(key) else {
                     return;
                 };
                 // A scan may have found it first (its handshake came between the programs'
@@ -364,7 +380,7 @@ impl Tracker {
                 let counted = c.inbound.insert(sock, Opened(now)).is_some();
                 c.last_accept_at = c.last_accept_at.max(Some(now));
                 let mut after_sigterm = false;
-                if let Some(s) = self.stop_mut(&key) {
+                if let Some(s) = self.stop_mut(key) {
                     let before = |t: Option<Mono>| t.is_some_and(|t| now < t);
                     // By time, not by what was seen: an arrival may come late (below).
                     after_sigterm =
@@ -381,12 +397,12 @@ impl Tracker {
                 }
                 // A balancer still checking is not routing: probes move neither.
                 if self.probes.peek(upstream).is_some() {
-                    if after_sigterm && let Some(c) = self.containers.get_mut(&key) {
+                    if after_sigterm && let Some(c) = self.containers.get_mut(key) {
                         c.tick_accepts.insert(sock);
                     }
                     return;
                 }
-                self.accepted(&key, after_sigterm, now);
+                self.accepted(key, after_sigterm, now);
             }
             Observation::InboundClosed {
                 sock,
@@ -398,7 +414,7 @@ impl Tracker {
                 activity,
                 ..
             } => {
-                let Some(c) = self.containers.get_mut(&key) else {
+                let Some(c) = self.containers.get_mut(key) else {
                     return;
                 };
                 let Some(opened) = c.inbound.remove(&sock) else {
@@ -410,7 +426,7 @@ impl Tracker {
                         .classify(upstream, Some(request_bytes))
                         .is_none()
                 {
-                    self.accepted(&key, true, opened.at().unwrap_or(now));
+                    self.accepted(key, true, opened.at().unwrap_or(now));
                 }
                 if !by_container {
                     return; // closed by the peer
@@ -421,15 +437,14 @@ impl Tracker {
                         port,
                         activity,
                         age: open_for,
-                        at_exit: self.exited_by(&key, now),
-                        in_stop: self.stop_mut(&key).is_some(),
+                        at_exit: self.exited_by(key, now),
+                        in_stop: self.stop_mut(key).is_some(),
                     };
-                    self.closed_unpending(&key, now, close);
-                } else if self.stop_mut(&key).is_some() {
+                    self.closed_unpending(key, now, close);
+                } else if self.stop_mut(key).is_some() {
                     let probe = self.probes.classify(upstream, Some(request_bytes));
-                    let kind =
-                        self.probe_or(&key, probe, LossKind::InflightCut, LossKind::ProbeCut);
-                    self.count(&key, kind, None, now, open_for);
+                    let kind = self.probe_or(key, probe, LossKind::InflightCut, LossKind::ProbeCut);
+                    self.count(key, kind, None, now, open_for);
                 }
             }
             Observation::Reset {
@@ -437,42 +452,42 @@ impl Tracker {
                 reason,
                 on_connection: true,
                 ..
-            } => self.count(&key, LossKind::ResetsSent, Some(reason), now, None),
+            } => self.count(key, LossKind::ResetsSent, Some(reason), now, None),
             Observation::Reset { .. } | Observation::Listener { .. } => {}
             Observation::Refused { at, upstream, .. } => {
                 let probe = self.probes.classify(upstream, None);
-                self.refusal(&key, at, probe);
+                self.refusal(key, at, probe);
             }
             Observation::RefusedAt { .. } => {}
             Observation::Unreachable { upstream, .. } => {
                 let gone = self
                     .containers
-                    .get(&key)
+                    .get(key)
                     .is_some_and(|c| c.gone_at.is_some());
                 if gone {
                     let probe = self.probes.classify(upstream, None);
                     let kind = self.probe_or(
-                        &key,
+                        key,
                         probe,
                         LossKind::Unreachable,
                         LossKind::ProbeUnreachable,
                     );
-                    self.count(&key, kind, None, now, None);
+                    self.count(key, kind, None, now, None);
                 }
             }
             Observation::CgroupRemoved { .. } => {
-                if let Some(s) = self.stop_mut(&key)
+                if let Some(s) = self.stop_mut(key)
                     && s.cgroup_removed_at.is_none()
                     && !s.settled
                 {
                     s.cgroup_removed_at = Some(now);
                 }
-                if let Some(c) = self.containers.get_mut(&key) {
+                if let Some(c) = self.containers.get_mut(key) {
                     c.gone_at.get_or_insert(now);
                 }
             }
             Observation::Vanished { .. } => {
-                if let Some(c) = self.containers.get_mut(&key) {
+                if let Some(c) = self.containers.get_mut(key) {
                     c.gone_at.get_or_insert(now);
                 }
             }

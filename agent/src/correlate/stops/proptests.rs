@@ -70,7 +70,7 @@ fn apply(t: &mut Tracker, now: &mut Mono, s: &Step) {
             inbound: vec![],
         },
         Step::Signal(i, sig) => Observation::Signal {
-            key: key(*i),
+            key: std::sync::Arc::new(key(*i)),
             sig: *sig,
             sender: Sender {
                 pid: 1,
@@ -78,20 +78,22 @@ fn apply(t: &mut Tracker, now: &mut Mono, s: &Step) {
             },
         },
         Step::Exit(i, signal) => Observation::Exit {
-            key: key(*i),
+            key: std::sync::Arc::new(key(*i)),
             exit: ExitInfo {
                 code: Some(signal.map_or(0, |s| 128 + s)),
                 signal: *signal,
             },
         },
-        Step::Removed(i) => Observation::CgroupRemoved { key: key(*i) },
+        Step::Removed(i) => Observation::CgroupRemoved {
+            key: std::sync::Arc::new(key(*i)),
+        },
         Step::Opened(i, s) => Observation::InboundEstablished {
-            key: key(*i),
+            key: std::sync::Arc::new(key(*i)),
             sock: sock(*i, *s),
             upstream: None,
         },
         Step::Closed(i, s, by_container) => Observation::InboundClosed {
-            key: key(*i),
+            key: std::sync::Arc::new(key(*i)),
             sock: sock(*i, *s),
             by_container: *by_container,
             pending: true,

@@ -141,7 +141,9 @@ impl<H: HostView> Enricher<H> {
             let since = *c.missing_since.get_or_insert(now);
             if now >= since.saturating_add(VANISH_AFTER) {
                 c.gone_at = Some(now);
-                out.push(Observation::Vanished { key: key.clone() });
+                out.push(Observation::Vanished {
+                    key: key.clone().into(),
+                });
             }
         }
     }
@@ -311,10 +313,11 @@ impl<H: HostView> Enricher<H> {
                 self.refusals.reassign(key, since, &identity);
             }
             for at in closed {
-                self.listeners.closed.remove(&at);
-                self.listeners
-                    .reserved
-                    .insert(at, (key.to_string(), run_started.unwrap_or(0)));
+                if let Some((k, _)) = self.listeners.closed.remove(&at) {
+                    self.listeners
+                        .reserved
+                        .insert(at, (k, run_started.unwrap_or(0)));
+                }
             }
         }
         tracing::debug!(
@@ -330,8 +333,9 @@ impl<H: HostView> Enricher<H> {
         }
         self.watch_generation += 1;
         let ips = main_pid.map(|p| self.host.local_ips(p)).unwrap_or_default();
+        let shared = Key::new(key.to_string());
         for ip in &ips {
-            self.by_ip.insert(*ip, key.to_string());
+            self.by_ip.insert(*ip, shared.clone());
         }
         let mut listeners = Vec::new();
         let mut inbound = Vec::new();

@@ -23,10 +23,10 @@ pub(super) struct Listeners {
     /// Open listeners: owner and address.
     pub(super) open: HashMap<(u32, u16), (Key, SocketAddr)>,
     /// Listeners that were closed: former owner, and when.
-    pub(super) closed: HashMap<(u32, u16), (String, Mono)>,
+    pub(super) closed: HashMap<(u32, u16), (Key, Mono)>,
     /// Listeners a container closed in an earlier run, and when its new run started (it
     /// restarted in place): a refusal there from then on is its start's, not its stop's.
-    pub(super) reserved: HashMap<(u32, u16), (String, Mono)>,
+    pub(super) reserved: HashMap<(u32, u16), (Key, Mono)>,
     /// Accept-queue limits of listeners opened while the agent ran.
     pub(super) backlog_limits: HashMap<(u32, u16), u32>,
 }
@@ -45,9 +45,10 @@ impl<H: HostView> Enricher<H> {
                 .insert((ns, conn.local.port()), limit);
         }
         if let Some(key) = self.container_of_task(s.meta.tgid, s.meta.cgroup_id, out) {
+            let key = Key::new(key);
             self.listeners
                 .open
-                .insert((ns, conn.local.port()), (Arc::new(key.clone()), conn.local));
+                .insert((ns, conn.local.port()), (key.clone(), conn.local));
             self.listeners.closed.remove(&(ns, conn.local.port()));
             self.listeners.reserved.remove(&(ns, conn.local.port()));
             out.push(Observation::ListenerOpened {
@@ -70,11 +71,8 @@ impl<H: HostView> Enricher<H> {
         if let Some((key, addr)) = self.listeners.open.remove(&(ns, conn.local.port())) {
             self.listeners
                 .closed
-                .insert((ns, addr.port()), (key.to_string(), at));
-            out.push(Observation::ListenerClosed {
-                key: key.to_string(),
-                addr,
-            });
+                .insert((ns, addr.port()), (key.clone(), at));
+            out.push(Observation::ListenerClosed { key, addr });
         }
     }
 
@@ -86,7 +84,7 @@ impl<H: HostView> Enricher<H> {
             return Some(key.clone());
         }
         let (key, closed_at) = self.listeners.closed.get(&(ns, port))?;
-        (at < *closed_at).then(|| Arc::new(key.clone()))
+        (at < *closed_at).then(|| key.clone())
     }
 
     /// What happened on one of a container's listeners, for the per-listener metrics and

@@ -73,10 +73,10 @@ struct Container {
     missing_since: Option<crate::model::Mono>,
 }
 
-/// A container id shared by what points at the container many times over (its connections):
-/// one allocation per listener instead of a 64-byte String per connection. `Arc<String>`
-/// rather than `Arc<str>`: a thin pointer, 8 bytes less in every connection's entry.
-type Key = Arc<String>;
+/// A container id shared by what points at the container many times over (its connections,
+/// the observations about them): one allocation per listener instead of a 64-byte String per
+/// connection.
+type Key = crate::model::observation::ContainerKey;
 
 /// Caps of the collections that shrink only at an event (a close, an exit): one lost on the
 /// way would leave its entry behind for good. Far above what a node holds.
@@ -103,7 +103,7 @@ pub struct Enricher<H> {
     containers: HashMap<String, Box<Container>>,
     by_pid: HashMap<u32, String>,
     by_cgroup: HashMap<u64, String>,
-    by_ip: HashMap<IpAddr, String>,
+    by_ip: HashMap<IpAddr, Key>,
     listeners: Listeners,
     sockets: Sockets,
     upstreams: Upstreams,
@@ -182,11 +182,11 @@ impl<H: HostView> Enricher<H> {
             .retain(|_, (k, _)| !expired.contains(k.as_str()));
         self.listeners
             .closed
-            .retain(|_, (k, _)| !expired.contains(k));
+            .retain(|_, (k, _)| !expired.contains(k.as_str()));
         self.listeners
             .reserved
-            .retain(|_, (k, _)| !expired.contains(k));
-        self.by_ip.retain(|_, k| !expired.contains(k));
+            .retain(|_, (k, _)| !expired.contains(k.as_str()));
+        self.by_ip.retain(|_, k| !expired.contains(k.as_str()));
         self.sockets
             .recent
             .retain(|_, k| !expired.contains(k.as_str()));
@@ -312,7 +312,7 @@ impl<H: HostView> Enricher<H> {
                 let sender = self.container_of_task(s.meta.tgid, s.meta.cgroup_id, out);
                 if aimed && sender.as_deref() != Some(key.as_str()) {
                     out.push(Observation::Signal {
-                        key,
+                        key: key.into(),
                         sig: s.sig,
                         sender: Sender {
                             pid: s.meta.tgid,
@@ -353,7 +353,10 @@ impl<H: HostView> Enricher<H> {
                     if let Some(c) = self.containers.get_mut(&key) {
                         c.run_ended = true;
                     }
-                    out.push(Observation::Exit { key, exit });
+                    out.push(Observation::Exit {
+                        key: key.into(),
+                        exit,
+                    });
                 }
             }
             Event::StateChange(s) => self.on_state(s, out),
@@ -372,7 +375,7 @@ impl<H: HostView> Enricher<H> {
                     && let Some(container) = self.containers.get_mut(&key)
                 {
                     container.gone_at.get_or_insert(c.meta.ts_ns);
-                    out.push(Observation::CgroupRemoved { key });
+                    out.push(Observation::CgroupRemoved { key: key.into() });
                 } else if let Some(o) = owner.filter(|o| o.runtime != Runtime::Systemd)
                     && !self.unseen.contains(&o.id)
                 {

@@ -6,6 +6,7 @@
 //! were never a listening address (`Target::Port`) wait alike: a kubelet probe among them is
 //! no refused request.
 
+use super::Key;
 use std::{collections::VecDeque, net::SocketAddr, sync::Arc};
 
 use crate::model::{ContainerIdentity, Mono, Observation};
@@ -21,7 +22,7 @@ const MAX_PENDING: usize = 4096;
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Target {
     /// At a listening address (namespace, port) the container (this key) had closed.
-    Former(String, u32, u16),
+    Former(Key, u32, u16),
     /// At (namespace, port) of this container (or pod as a whole) that was no such address.
     Port(Arc<ContainerIdentity>, u32, u16),
 }
@@ -88,7 +89,7 @@ impl Refusals {
     pub(super) fn reassign(&mut self, key: &str, since: Mono, identity: &Arc<ContainerIdentity>) {
         for p in &mut self.pending {
             if let Target::Former(k, ns, port) = &p.target
-                && k == key
+                && k.as_str() == key
                 && p.at >= since
             {
                 p.target = Target::Port(Arc::clone(identity), *ns, *port);
@@ -145,13 +146,13 @@ mod tests {
         r.refused(
             100 * MS,
             addr(40_001),
-            Target::Former("c1".into(), 1, 8080),
+            Target::Former(Key::new("c1".into()), 1, 8080),
             &mut out,
         );
         r.refused(
             101 * MS,
             addr(40_002),
-            Target::Former("c1".into(), 1, 8080),
+            Target::Former(Key::new("c1".into()), 1, 8080),
             &mut out,
         );
         assert!(out.is_empty());
@@ -160,7 +161,7 @@ mod tests {
         assert_eq!(
             out,
             [Observation::Refused {
-                key: "c1".into(),
+                key: Key::new("c1".into()),
                 at: 101 * MS,
                 upstream: Some(0xa)
             }]
@@ -174,7 +175,7 @@ mod tests {
         assert_eq!(
             out,
             [Observation::Refused {
-                key: "c1".into(),
+                key: Key::new("c1".into()),
                 at: 100 * MS,
                 upstream: None
             }]
@@ -189,7 +190,12 @@ mod tests {
     fn with_no_events_a_refusal_waits_a_second_and_past_the_cap_none_is_lost() {
         let mut r = Refusals::default();
         let mut out = Vec::new();
-        r.refused(0, addr(1), Target::Former("c1".into(), 1, 8080), &mut out);
+        r.refused(
+            0,
+            addr(1),
+            Target::Former(Key::new("c1".into()), 1, 8080),
+            &mut out,
+        );
         r.flush(999 * MS, &mut out);
         assert!(out.is_empty());
         r.flush(1000 * MS, &mut out);
@@ -199,7 +205,7 @@ mod tests {
             r.refused(
                 2000 * MS,
                 addr(p),
-                Target::Former("c1".into(), 1, 8080),
+                Target::Former(Key::new("c1".into()), 1, 8080),
                 &mut out,
             );
         }

@@ -168,7 +168,7 @@ impl<H: HostView> Enricher<H> {
                     self.sockets.passing.entry(s.skaddr).or_default().queued = queued;
                 } else {
                     out.push(Observation::InboundEstablished {
-                        key: key.to_string(),
+                        key: key.clone(),
                         sock: s.skaddr,
                         upstream: self.upstream_of(conn),
                     });
@@ -221,13 +221,13 @@ impl<H: HostView> Enricher<H> {
                     && let Some(up) = self.upstreams.by_tuple.get(&(conn.remote, conn.local))
                 {
                     out.push(Observation::UpstreamPeerClosed {
-                        key: key.to_string(),
+                        key: key.clone(),
                         sock: up.sock,
                         unread: s.counters.unread,
                     });
                 }
                 out.push(Observation::InboundClosed {
-                    key: key.to_string(),
+                    key: key.clone(),
                     sock: self.sock_id(s.skaddr),
                     by_container,
                     pending,

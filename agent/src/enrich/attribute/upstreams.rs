@@ -3,6 +3,7 @@
 //! cut on the container side names the proxy, and what its worker did about the cut
 //! (`sock_length` events on the proxy's socket) names the backends involved.
 
+use super::Key;
 use std::{collections::VecDeque, net::SocketAddr};
 
 use super::{Enricher, MAX_UPSTREAMS};
@@ -19,7 +20,7 @@ use TcpState::{Close, CloseWait, Established, SynSent};
 #[derive(Debug, Clone)]
 pub(super) struct Upstream {
     pub(super) sock: u64,
-    pub(super) key: String,
+    pub(super) key: Key,
     pub(super) proxy: Proxy,
     /// Its handshake completed: a reset that failed the proxy's first send kept a request
     /// from going out (before it, the attempt is judged refused or unreachable).
@@ -103,14 +104,14 @@ impl<H: HostView> Enricher<H> {
     /// The container an address belongs to: the one listening on its port, as a pod's
     /// containers share one address (a network holder, sidecars); after that listener closed,
     /// its former owner (so that attempts refused there name the same backend).
-    fn backend_of(&self, remote: SocketAddr) -> Option<String> {
+    fn backend_of(&self, remote: SocketAddr) -> Option<Key> {
         let key = self.by_ip.get(&remote.ip())?;
-        let Some(ns) = self.containers.get(key).and_then(|c| c.netns) else {
+        let Some(ns) = self.containers.get(key.as_str()).and_then(|c| c.netns) else {
             return Some(key.clone());
         };
         let at = (ns, remote.port());
         if let Some((k, _)) = self.listeners.open.get(&at) {
-            return Some(k.to_string());
+            return Some(k.clone());
         }
         Some(
             self.listeners

@@ -35,7 +35,7 @@ impl<H: HostView> Enricher<H> {
             return set;
         };
         for (ip, key) in &self.by_ip {
-            if self.containers.get(key).and_then(|c| c.netns) != Some(host) {
+            if self.containers.get(key.as_str()).and_then(|c| c.netns) != Some(host) {
                 set.addrs.insert(*ip);
             }
         }
