@@ -33,6 +33,7 @@ static NAMES: LazyLock<KernelNames> = LazyLock::new(|| {
             include_str!("../../agent/fixtures/tracefs/6.18/inet_sock_set_state.format"),
             "newstate",
         ),
+        states: Default::default(),
     }
 });
 

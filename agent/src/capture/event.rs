@@ -7,6 +7,7 @@ use std::{
     collections::BTreeMap,
     fmt,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    sync::OnceLock,
 };
 
 use drainwatch_common::{AF_INET, AF_INET6, EventKind, Header, Tuple};
@@ -182,7 +183,17 @@ pub struct KernelNames {
     pub rst_reasons: BTreeMap<u64, String>,
     pub drop_reasons: BTreeMap<u64, String>,
     pub tcp_states: BTreeMap<u64, String>,
+    /// `tcp_states` as states, made at the first lookup (leave it default).
+    pub states: StateTable,
 }
+
+/// TCP states indexed by number: every state change record is two or three lookups, which
+/// then compare no names.
+#[derive(Debug, Clone, Default)]
+pub struct StateTable(OnceLock<Vec<TcpState>>);
+
+/// Above any TCP state number: the table stops there (a larger one is named by search).
+const STATES_MAX: u64 = 64;
 
 impl KernelNames {
     fn lookup(table: &BTreeMap<u64, String>, v: u32) -> Named {
@@ -200,8 +211,25 @@ impl KernelNames {
     /// `None` for the -1 the programs write when no state was readable.
     pub fn tcp_state(&self, v: i32) -> Option<TcpState> {
         let v = u32::try_from(v).ok()?;
-        let name = self.tcp_states.get(&u64::from(v)).map(String::as_str);
-        Some(TcpState::from_kernel_name(name, v))
+        let states = self.states.0.get_or_init(|| {
+            let top = self
+                .tcp_states
+                .keys()
+                .copied()
+                .filter(|n| *n < STATES_MAX)
+                .max()
+                .map_or(0, |n| n + 1);
+            (0..top).map(|n| self.by_name(n)).collect()
+        });
+        Some(match states.get(v as usize) {
+            Some(s) => *s,
+            None => self.by_name(u64::from(v)),
+        })
+    }
+
+    fn by_name(&self, v: u64) -> TcpState {
+        let name = self.tcp_states.get(&v).map(String::as_str);
+        TcpState::from_kernel_name(name, v as u32)
     }
 }
 
@@ -459,5 +487,26 @@ pub(crate) mod tests {
         assert_eq!(&*Comm::new("caf\u{e9}".as_bytes()), "caf\u{e9}");
         assert_eq!(&*Comm::new(b"a\xffb\xc3"), "a?b?");
         assert_eq!(&*Comm::from("x".repeat(40).as_str()), "x".repeat(16));
+    }
+
+    #[test]
+    fn tcp_states_by_number_as_named_and_past_the_table() {
+        let names = KernelNames {
+            tcp_states: crate::capture::tracefs::tests::fixture("6.18", "inet_sock_set_state")
+                .symbols("newstate"),
+            ..Default::default()
+        };
+        for _ in 0..2 {
+            assert_eq!(names.tcp_state(1), Some(TcpState::Established));
+            assert_eq!(names.tcp_state(7), Some(TcpState::Close));
+            assert_eq!(names.tcp_state(12), Some(TcpState::NewSynRecv));
+            assert_eq!(names.tcp_state(99), Some(TcpState::Other(99)));
+            assert_eq!(names.tcp_state(-1), None);
+        }
+        // No names: every state is a number, none is taken for another.
+        assert_eq!(
+            KernelNames::default().tcp_state(1),
+            Some(TcpState::Other(1))
+        );
     }
 }

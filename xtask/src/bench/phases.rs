@@ -302,8 +302,7 @@ pub(super) fn pipeline_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Re
         num(&held, "decode_only_per_second")?,
     );
     rows.push(Row {
-        figure: "userspace pipeline, one core, clean connections' held records (records/s)"
-            .into(),
+        figure: "userspace pipeline, one core, clean connections' held records (records/s)".into(),
         value: format!("{held_rate:.0}"),
         baseline: format!("{held_decode:.0} (decode alone)"),
         ratio: pct(held_rate / held_decode),
@@ -311,7 +310,10 @@ pub(super) fn pipeline_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Re
         verdict: Verdict::Info,
     });
     // Amortized growth of the pipeline's maps is all that may allocate on this path.
-    for (stream, v) in [("five records per connection", &cap), ("held records", &held)] {
+    for (stream, v) in [
+        ("five records per connection", &cap),
+        ("held records", &held),
+    ] {
         let allocs = num(v, "allocations_per_record")?;
         rows.push(Row {
             figure: format!("heap allocations per record, userspace pipeline ({stream})"),
