@@ -59,9 +59,13 @@ impl StormRun {
     }
 
     /// Reconnects whose handshake completed with a listener that then closed, resetting them
-    /// before `connect()` returned: arrivals no client counts as a connection.
-    pub fn reset_in_handshake(&self) -> usize {
-        self.connects_failed(std::io::ErrorKind::ConnectionReset)
+    /// before the greeting (before or just after `connect()` returned): arrivals no client
+    /// counts as a connection.
+    pub fn reset_before_greeting(&self) -> usize {
+        self.reconnects()
+            .iter()
+            .filter(|a| a.reset_before_greeting())
+            .count()
     }
 
     /// The client's measure of the accept wait, per greeted reconnect, sorted (seconds):

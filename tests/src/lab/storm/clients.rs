@@ -38,6 +38,9 @@ pub struct Attempt {
     /// with connections in its queue); `ConnectionRefused`, that nothing listened.
     pub connect_failed: Option<(Instant, std::io::ErrorKind)>,
     pub greeted: Option<Instant>,
+    /// Reading the greeting failed, and how: `ConnectionReset` after a completed `connect()` is
+    /// the same closing listener as a reset `connect()`, met a moment later.
+    pub read_failed: Option<std::io::ErrorKind>,
     /// From the greeting: when the server's `accept()` returned to python, and when it sent the
     /// greeting (`CLOCK_MONOTONIC` ns).
     pub server_accepted_ns: Option<u64>,
@@ -53,6 +56,17 @@ pub struct Attempt {
 const FILL_IN_FLIGHT: usize = 100;
 
 impl Attempt {
+    /// The handshake completed and the listener reset the connection before its greeting:
+    /// `connect()` reported the reset, or returned and the read met it.
+    pub fn reset_before_greeting(&self) -> bool {
+        use std::io::ErrorKind::ConnectionReset;
+        self.greeted.is_none()
+            && (self
+                .connect_failed
+                .is_some_and(|(_, k)| k == ConnectionReset)
+                || (self.connected.is_some() && self.read_failed == Some(ConnectionReset)))
+    }
+
     /// When the handshake had completed at the latest: `connect()` returned it, or reported
     /// the reset that followed it. None when it never completed.
     pub fn handshake_by(&self) -> Option<Instant> {
@@ -246,6 +260,7 @@ async fn attempt(
         connected: None,
         connect_failed: None,
         greeted: None,
+        read_failed: None,
         server_accepted_ns: None,
         server_sent_ns: None,
         syn_retrans: 0,
@@ -287,6 +302,7 @@ async fn attempt(
             (rec, None)
         }
         Err(e) => {
+            rec.read_failed = Some(e.kind());
             rec.error = Some(format!("read: {e}"));
             rec.lost = Some(Instant::now());
             (rec, None)
@@ -339,6 +355,72 @@ pub fn raise_nofile(want: u64) {
             );
             lim.rlim_cur = want;
             assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::ErrorKind::{ConnectionRefused, ConnectionReset};
+
+    use super::*;
+
+    fn attempt() -> Attempt {
+        let now = Instant::now();
+        Attempt {
+            client: 0,
+            seq: 1,
+            target: SocketAddrV4::new([127, 0, 0, 1].into(), 8080),
+            local: None,
+            scheduled: now,
+            start: now,
+            connected: None,
+            connect_failed: None,
+            greeted: None,
+            read_failed: None,
+            server_accepted_ns: None,
+            server_sent_ns: None,
+            syn_retrans: 0,
+            lost: None,
+            error: None,
+        }
+    }
+
+    /// A closing listener resets a completed handshake before or just after `connect()`
+    /// returns: both are arrivals without a greeting. A refusal or a greeted connection is not.
+    #[test]
+    fn a_reset_before_the_greeting_is_met_in_connect_or_in_the_first_read() {
+        let now = Instant::now();
+        let in_connect = Attempt {
+            connect_failed: Some((now, ConnectionReset)),
+            ..attempt()
+        };
+        let in_read = Attempt {
+            connected: Some(now),
+            read_failed: Some(ConnectionReset),
+            ..attempt()
+        };
+        for a in [&in_connect, &in_read] {
+            assert!(
+                a.reset_before_greeting() && a.handshake_by().is_some(),
+                "{a:?}"
+            );
+        }
+        let refused = Attempt {
+            connect_failed: Some((now, ConnectionRefused)),
+            ..attempt()
+        };
+        let greeted = Attempt {
+            connected: Some(now),
+            greeted: Some(now),
+            ..attempt()
+        };
+        let no_greeting = Attempt {
+            connected: Some(now),
+            ..attempt()
+        };
+        for a in [&refused, &greeted, &no_greeting] {
+            assert!(!a.reset_before_greeting(), "{a:?}");
         }
     }
 }

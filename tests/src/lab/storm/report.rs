@@ -63,10 +63,10 @@ impl StormRun {
         );
         let (max_q, max_at) = self.max_queue();
         s += &format!(
-            "clients: {} back, {} reconnects refused, {} reset during the handshake, {} with SYN retransmissions; old exit code {:?}\n",
+            "clients: {} back, {} reconnects refused, {} reset before the greeting, {} with SYN retransmissions; old exit code {:?}\n",
             self.clients_back(),
             self.refused(),
-            self.reset_in_handshake(),
+            self.reset_before_greeting(),
             self.syn_retransmitted(),
             self.old_exit_code
         );
