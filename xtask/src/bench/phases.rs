@@ -118,19 +118,7 @@ pub(super) fn churn_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Resul
             trace.push(measure(tracer.pid(), &mut trace_costs)?);
         }
     }
-    // Each round's ratio to that round's agent-off run: the spread says how far to trust the
-    // medians on a machine whose speed drifts.
-    let spread = |v: &[f64]| {
-        let r: Vec<f64> = v.iter().zip(&off).map(|(x, o)| x / o).collect();
-        let (lo, hi) = r
-            .iter()
-            .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
-        if r.len() > 1 {
-            format!(" (rounds {:.1}–{})", lo * 100.0, pct(hi))
-        } else {
-            String::new()
-        }
-    };
+    let spread = |v: &[f64]| round_spread(v, &off);
     let (on_spread, floor_spread, trace_spread) = (spread(&on), spread(&floor), spread(&trace));
     let (off, on, all, trace) = (median(&off), median(&on), median(&all), median(&trace));
     let (floor, unbudgeted) = (median(&floor), median(&unbudgeted));
@@ -422,6 +410,22 @@ pub(super) fn footprint_phase(
         verdict: Verdict::of(estimate_mib <= 64.0),
     });
     Ok(())
+}
+
+/// Each round's ratio to the same round's baseline, lowest to highest, as ` (rounds a–b%)`
+/// (nothing for one round): the spread says how far to trust the medians on a machine whose
+/// speed drifts.
+pub(super) fn round_spread(v: &[f64], base: &[f64]) -> String {
+    let (lo, hi) = v
+        .iter()
+        .zip(base)
+        .map(|(x, b)| x / b)
+        .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
+    if v.len().min(base.len()) > 1 {
+        format!(" (rounds {:.1}–{})", lo * 100.0, pct(hi))
+    } else {
+        String::new()
+    }
 }
 
 pub(super) fn median(v: &[f64]) -> f64 {

@@ -17,7 +17,7 @@ use super::{
     Plan,
     agent::Agent,
     bpf::{BpfStats, Bpftrace, Costs, Snapshot},
-    phases::{json_of, median, num},
+    phases::{json_of, median, num, round_spread},
     report::{Row, Verdict, pct},
 };
 
@@ -347,6 +347,13 @@ pub(super) fn pod_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Result<
             trace.push(pod.churn(plan, plan.phase_secs)?.1);
         }
     }
+    // Each figure's spread over the rounds, against the same round's baseline.
+    let (on_spread, unheld_spread) = (
+        round_spread(&on.rates, &off),
+        round_spread(&unheld.rates, &off),
+    );
+    let (floor_spread, trace_spread) = (round_spread(&floor, &off), round_spread(&trace, &off));
+    let on_floor_spread = round_spread(&on.rates, &floor);
     let (off, trace, floor) = (median(&off), median(&trace), median(&floor));
     let (rate, unheld_rate) = (median(&on.rates), median(&unheld.rates));
     let ratio = rate / off;
@@ -354,7 +361,7 @@ pub(super) fn pod_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Result<
         figure: "pod churn throughput, agent at its defaults (connections/s)".into(),
         value: format!("{rate:.0}"),
         baseline: format!("{off:.0} (nothing attached)"),
-        ratio: pct(ratio),
+        ratio: format!("{}{on_spread}", pct(ratio)),
         budget: "≥ 97%".into(),
         verdict: Verdict::of(ratio >= 0.97),
     });
@@ -362,7 +369,7 @@ pub(super) fn pod_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Result<
         figure: format!("pod churn throughput, {UNHELD}"),
         value: format!("{unheld_rate:.0}"),
         baseline: format!("{off:.0} (nothing attached)"),
-        ratio: pct(unheld_rate / off),
+        ratio: format!("{}{unheld_spread}", pct(unheld_rate / off)),
         budget: "-".into(),
         verdict: Verdict::Info,
     });
@@ -372,7 +379,7 @@ pub(super) fn pod_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Result<
             .into(),
         value: format!("{floor:.0}"),
         baseline: format!("{off:.0} (nothing attached)"),
-        ratio: pct(floor / off),
+        ratio: format!("{}{floor_spread}", pct(floor / off)),
         budget: "-".into(),
         verdict: Verdict::Info,
     });
@@ -382,7 +389,7 @@ pub(super) fn pod_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Result<
             .into(),
         value: format!("{rate:.0}"),
         baseline: format!("{floor:.0} (`--attach-only`)"),
-        ratio: pct(rate / floor),
+        ratio: format!("{}{on_floor_spread}", pct(rate / floor)),
         budget: "-".into(),
         verdict: Verdict::Info,
     });
@@ -390,7 +397,7 @@ pub(super) fn pod_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Result<
         figure: "pod churn throughput, bpftrace count() on the same hooks".into(),
         value: format!("{trace:.0}"),
         baseline: format!("{off:.0} (nothing attached)"),
-        ratio: pct(trace / off),
+        ratio: format!("{}{trace_spread}", pct(trace / off)),
         budget: "-".into(),
         verdict: Verdict::Info,
     });
