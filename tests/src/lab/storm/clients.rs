@@ -56,6 +56,27 @@ pub struct Attempt {
 const FILL_IN_FLIGHT: usize = 100;
 
 impl Attempt {
+    /// An attempt about to start: nothing happened to it yet.
+    pub fn new(client: usize, seq: u32, target: SocketAddrV4, scheduled: Instant) -> Self {
+        Self {
+            client,
+            seq,
+            target,
+            local: None,
+            scheduled,
+            start: Instant::now(),
+            connected: None,
+            connect_failed: None,
+            greeted: None,
+            read_failed: None,
+            server_accepted_ns: None,
+            server_sent_ns: None,
+            syn_retrans: 0,
+            lost: None,
+            error: None,
+        }
+    }
+
     /// The handshake completed and the listener reset the connection before its greeting:
     /// `connect()` reported the reset, or returned and the read met it.
     pub fn reset_before_greeting(&self) -> bool {
@@ -250,23 +271,7 @@ async fn attempt(
     target: SocketAddrV4,
     scheduled: Instant,
 ) -> (Attempt, Option<BufReader<TcpStream>>) {
-    let mut rec = Attempt {
-        client,
-        seq,
-        target,
-        local: None,
-        scheduled,
-        start: Instant::now(),
-        connected: None,
-        connect_failed: None,
-        greeted: None,
-        read_failed: None,
-        server_accepted_ns: None,
-        server_sent_ns: None,
-        syn_retrans: 0,
-        lost: None,
-        error: None,
-    };
+    let mut rec = Attempt::new(client, seq, target, scheduled);
     let sock = match TcpSocket::new_v4() {
         Ok(s) => s,
         Err(e) => {
@@ -366,24 +371,8 @@ mod tests {
     use super::*;
 
     fn attempt() -> Attempt {
-        let now = Instant::now();
-        Attempt {
-            client: 0,
-            seq: 1,
-            target: SocketAddrV4::new([127, 0, 0, 1].into(), 8080),
-            local: None,
-            scheduled: now,
-            start: now,
-            connected: None,
-            connect_failed: None,
-            greeted: None,
-            read_failed: None,
-            server_accepted_ns: None,
-            server_sent_ns: None,
-            syn_retrans: 0,
-            lost: None,
-            error: None,
-        }
+        let target = SocketAddrV4::new([127, 0, 0, 1].into(), 8080);
+        Attempt::new(0, 1, target, Instant::now())
     }
 
     /// A closing listener resets a completed handshake before or just after `connect()`
