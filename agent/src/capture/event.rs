@@ -395,14 +395,19 @@ pub(crate) mod tests {
         assert_eq!(Endpoints::from_tuple(&Tuple::default()), None);
     }
 
+    /// Names of TCP states only, as 6.18's `inet_sock_set_state` format gives them.
+    fn state_names() -> KernelNames {
+        KernelNames {
+            tcp_states: crate::capture::tracefs::tests::fixture("6.18", "inet_sock_set_state")
+                .symbols("newstate"),
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn a_held_arrival_and_accept_come_back_as_events_before_the_record_that_carried_them() {
         use drainwatch_common::inet_sock_set_state as set_state;
-        let names = KernelNames {
-            tcp_states: super::super::tracefs::tests::fixture("6.18", "inet_sock_set_state")
-                .symbols("newstate"),
-            ..Default::default()
-        };
+        let names = state_names();
         let record = |old, new, held| set_state::Event {
             header: header(EventKind::InetSockSetState),
             skaddr: 9,
@@ -491,11 +496,7 @@ pub(crate) mod tests {
 
     #[test]
     fn tcp_states_by_number_as_named_and_past_the_table() {
-        let names = KernelNames {
-            tcp_states: crate::capture::tracefs::tests::fixture("6.18", "inet_sock_set_state")
-                .symbols("newstate"),
-            ..Default::default()
-        };
+        let names = state_names();
         for _ in 0..2 {
             assert_eq!(names.tcp_state(1), Some(TcpState::Established));
             assert_eq!(names.tcp_state(7), Some(TcpState::Close));
