@@ -23,8 +23,11 @@
 //!   (`Mode::Stream`), N clients that tell a clean rotation from a cut, the server stopped with
 //!   a grace period above or below its rotation.
 //! - [`clock`]: `CLOCK_MONOTONIC` conversions shared with the backend's logs (and eBPF).
+//! - [`net`]: lab network safety: the fallback blackhole routes of the lab subnets and the
+//!   route check before sending to a container address.
 //!
-//! Traffic goes only to 127.0.0.1 (HAProxy, nginx) and to the containers the lab created.
+//! Traffic goes only to 127.0.0.1 (HAProxy, nginx) and to the containers the lab created, and
+//! only while a container keeps their bridge up (see [`net`]).
 //! Everything is bounded in count and time, and removed on drop (set `DRAINWATCH_LAB_KEEP` to
 //! keep logs).
 
@@ -32,6 +35,7 @@ pub mod client;
 pub mod clock;
 pub mod container;
 pub mod haproxy;
+pub mod net;
 pub mod nginx;
 mod proxy;
 pub mod retry;

@@ -11,9 +11,9 @@ use std::{
 use super::{
     Backend, BackendOpts, IMAGE, LAB_DIR, Mode, StopTimes, greeting, http_get,
     names::{keep, setup_once, unique_name},
-    podman::{ULIMITS, inspect, podman},
+    podman::{NO_RESOLVER, ULIMITS, inspect, podman},
 };
-use crate::lab::clock;
+use crate::lab::{clock, net::require_bridge_route};
 
 /// The backend server script, bind-mounted into every container.
 pub fn backend_script() -> PathBuf {
@@ -88,6 +88,7 @@ impl Backend {
             let holder = format!("{container}-net");
             let mut args = vec!["run", "-d", "--name", &holder, "--label", &label];
             args.extend(ULIMITS);
+            args.extend(NO_RESOLVER);
             // Bounded: a holder outlives no run by more than a day even if never removed.
             args.extend([IMAGE, "/bin/busybox", "sleep", "86400"]);
             podman(&args).unwrap_or_else(|e| panic!("starting the network holder: {e}"));
@@ -125,8 +126,9 @@ impl Backend {
         if opts.init {
             args.push("--init");
         }
-        if let Some(n) = &network {
-            args.extend(["--network", n]);
+        match &network {
+            Some(n) => args.extend(["--network", n]),
+            None => args.extend(NO_RESOLVER),
         }
         for m in &mounts {
             args.extend(["-v", m]);
@@ -294,6 +296,20 @@ impl Backend {
     /// `ip:port` of the server.
     pub fn addr(&self) -> SocketAddrV4 {
         SocketAddrV4::new(self.ip, self.port)
+    }
+
+    /// Panics unless the server's address is routed through a local bridge: a lab calls it
+    /// before each phase that sends to the address, and fails rather than send off the host.
+    pub fn require_route(&self) {
+        if self.ip.is_loopback() {
+            return;
+        }
+        if let Err(e) = require_bridge_route(self.ip.into()) {
+            panic!(
+                "lab: refusing to send to {} ({}): {e}",
+                self.name, self.container
+            );
+        }
     }
 
     /// podman's `State.Status` (`running`, `exited`, ...).

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{IMAGE, podman, setup_once, unique_name};
+use super::{IMAGE, podman, podman::NO_RESOLVER, setup_once, unique_name};
 
 /// A podman container running busybox httpd on port 8080 as `user` (PID 1, no init: it ignores
 /// SIGTERM and is killed at the stop's deadline). Removed on drop.
@@ -23,6 +23,7 @@ impl Httpd {
             "--ulimit",
             "nproc=1000:1000",
         ]);
+        args.extend(NO_RESOLVER);
         if let Some(u) = user {
             args.extend(["--user", u]);
         }

@@ -6,10 +6,12 @@
 //! `--network container:<holder>`. That is a Kubernetes pod: the sandbox keeps the address while
 //! the app container stops, so connections that arrive after the server is gone are refused with
 //! a RST, exactly as on a node. Without the holder (`BackendOpts::netns_holder = false`) podman
-//! tears the network down as soon as the server exits, and later connects time out instead
-//! (no RST: the address no longer exists).
+//! tears the network down as soon as the server exits, and later connects fail instead (no
+//! RST: the address no longer exists). If no other container is on the network, podman deletes
+//! the bridge too: such a lab keeps a [`BridgeHolder`] while it sends (see `lab::net`).
 
 mod backend;
+mod bridge;
 mod httpd;
 mod logs;
 mod names;
@@ -23,6 +25,7 @@ use std::{
 };
 
 pub use backend::{backend_script, lab_python};
+pub use bridge::BridgeHolder;
 pub use httpd::Httpd;
 pub use names::{cleanup_leftovers, dead_run, setup_once, unique_name};
 pub use podman::{ensure_image, podman};
@@ -90,8 +93,9 @@ pub struct BackendOpts {
     pub init: bool,
     /// A holder container owns the address, so it outlives the server (pod-like; see module docs).
     /// Without it the address disappears when the server exits; if no other container is on the
-    /// bridge, podman removes the bridge too and the address would route off the host: send
-    /// nothing to it after the exit.
+    /// bridge, podman removes the bridge too and the address would route off the host (onto the
+    /// fallback blackhole, `lab::net`): send nothing to it after the exit unless a
+    /// [`BridgeHolder`] keeps the bridge up.
     pub netns_holder: bool,
     /// `--network host`: the server listens in the host's namespace, on 127.0.0.1 among
     /// others (no holder then).

@@ -11,6 +11,7 @@ use std::{
 };
 
 use super::{KEEP_ENV, LAB_DIR, NAME_PREFIX, ensure_image, podman};
+use crate::lab::net;
 
 static SETUP: Once = Once::new();
 static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -77,9 +78,14 @@ pub fn cleanup_leftovers() -> usize {
     stale.len()
 }
 
-/// Once per process: the image exists and leftovers of dead runs are gone.
+/// Once per process: the lab subnets' fallback routes are in place (routes do not survive a
+/// reboot, and `xtask setup` may not have run since), the image exists and leftovers of dead
+/// runs are gone.
 pub fn setup_once() {
     SETUP.call_once(|| {
+        if let Err(e) = net::ensure_fallbacks() {
+            panic!("lab: no fallback route for the lab subnets, refusing to run: {e}");
+        }
         fs::create_dir_all(LAB_DIR).expect("create the lab directory");
         ensure_image();
         let n = cleanup_leftovers();

@@ -17,6 +17,10 @@ pub(super) const ULIMITS: [&str; 4] = [
     "nproc=1000:1000",
 ];
 
+/// A container on podman's network gets the host's resolver and a default route through the
+/// host: lab containers resolve nothing, and a lookup must stay in the container.
+pub(super) const NO_RESOLVER: [&str; 2] = ["--dns", "127.0.0.1"];
+
 /// Runs `podman --runtime runc --cgroup-manager=cgroupfs <args>`; stdout, trimmed, or the error.
 pub fn podman(args: &[&str]) -> Result<String, String> {
     let out = Command::new("podman")

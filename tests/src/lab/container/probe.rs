@@ -2,13 +2,13 @@
 //! the check that keeps the lab from sending to an address off the host.
 
 use std::{
-    fs,
     io::{Read, Write},
     net::{Ipv4Addr, SocketAddrV4, TcpStream},
     time::Duration,
 };
 
 use super::LAB_AGENT;
+use crate::lab::net::require_bridge_route;
 
 /// A `Gate` server's greeting line on a fresh connection (closed afterwards).
 pub fn greeting(addr: SocketAddrV4, timeout: Duration) -> Result<String, String> {
@@ -64,19 +64,11 @@ pub fn http_get(
     Ok((status, body.to_string()))
 }
 
-/// Whether `ip` is on a directly connected network (a route with no gateway), such as podman's
-/// bridge. When the last container leaves it, netavark deletes the bridge and its route, and a
-/// stale container address would then go out through the default route, off the host: the lab
-/// never sends anything to such an address.
+/// Whether `ip` is routed through a local bridge, such as podman's. When the last container
+/// leaves it, netavark deletes the bridge and its route, and a stale container address would
+/// then meet the fallback blackhole (or, without it, the default route, off the host): the lab
+/// never sends anything to such an address. `ip route get`, not `/proc/net/route`: that lists
+/// the blackhole like a directly connected network.
 pub fn on_local_link(ip: Ipv4Addr) -> bool {
-    let routes = fs::read_to_string("/proc/net/route").unwrap_or_default();
-    let ip = u32::from_le_bytes(ip.octets());
-    routes.lines().skip(1).any(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        let hex = |i: usize| f.get(i).and_then(|x| u32::from_str_radix(x, 16).ok());
-        match (hex(1), hex(2), hex(7)) {
-            (Some(dest), Some(0), Some(mask)) => mask != 0 && ip & mask == dest,
-            _ => false,
-        }
-    })
+    require_bridge_route(ip.into()).is_ok()
 }
