@@ -6,6 +6,11 @@
 //! `demo` and the other lab commands.
 
 mod containers;
+// The lab subnets and their fallback routes, one list with the tests' (std only). The route
+// check is the labs' own: setup and the bench only install the fallbacks.
+#[allow(dead_code)]
+#[path = "../../tests/src/lab/net.rs"]
+pub(crate) mod lab_net;
 mod packages;
 mod toolchain;
 mod tracefs;
@@ -43,6 +48,7 @@ pub fn run_for(purpose: Purpose) -> Result<(), ()> {
         step("apt (tests and labs)", || packages::apt(packages::APT_LAB))?;
         step("busybox image", containers::busybox_image)?;
         step("podman", containers::podman_check)?;
+        step("lab routes", containers::lab_routes)?;
     }
     step("rust nightly", toolchain::nightly)?;
     step("rust-src", toolchain::rust_src)?;

@@ -31,6 +31,9 @@ pub(super) struct Pod {
 
 impl Pod {
     fn start(bin: &Path) -> Result<Self> {
+        // The pod sends only to its own loopback; the fallback catches anything else sent to
+        // podman's subnet after the bridge goes (`--no-setup` runs skip setup's).
+        crate::setup::lab_net::ensure_fallbacks().map_err(anyhow::Error::msg)?;
         ensure_image()?;
         let name = format!("dwbench-pod-{}", std::process::id());
         let _ = podman(&["rm", "-f", "-t", "0", &name]);

@@ -1,5 +1,5 @@
-//! The container steps: the busybox image the tests run, and a check that podman runs it the
-//! way the tests do.
+//! The container steps: the busybox image the tests run, a check that podman runs it the way
+//! the tests do, and the fallback routes that keep lab traffic on the machine.
 
 use std::{
     env, fs,
@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use super::say;
+use super::{lab_net, say};
 use crate::run_quiet;
 
 /// A rootfs holding only a static busybox: host binaries run inside through read-only mounts.
@@ -92,5 +92,17 @@ pub(super) fn podman_check() -> Result<String> {
     }
     Ok(format!(
         "runs {BUSYBOX_IMAGE} with runc, with and without --init"
+    ))
+}
+
+/// A blackhole under every lab subnet (`lab_net`): when podman deletes a bridge with its last
+/// container, a packet to a stale container address would otherwise leave by the default route.
+/// Routes do not survive a reboot: every lab installs them again at its start.
+pub(super) fn lab_routes() -> Result<String> {
+    lab_net::ensure_fallbacks().map_err(anyhow::Error::msg)?;
+    Ok(format!(
+        "blackhole {} metric {} in place",
+        lab_net::LAB_SUBNETS.join(", "),
+        lab_net::FALLBACK_METRIC
     ))
 }
