@@ -34,7 +34,10 @@ use std::{
 use drainwatch_tests::{
     accuracy::stop,
     agent::{Agent, instant, stop_record, wait_for},
-    lab::{Backend, BackendOpts, Lab, Mode, ScenarioRun, ScenarioSpec, Trigger},
+    lab::{
+        Backend, BackendOpts, Lab, Mode, ScenarioRun, ScenarioSpec, Trigger,
+        net::require_bridge_route,
+    },
     listen_overflows_of,
 };
 use serde_json::Value;
@@ -69,6 +72,9 @@ impl Scan {
     /// Connects to `target`'s ports in `SCAN_PORTS` in turn, at most `per_sec` a second (as
     /// fast as it can when `None`), until stopped.
     fn start(target: SocketAddrV4, per_sec: Option<u32>) -> Scan {
+        if let Err(e) = require_bridge_route((*target.ip()).into()) {
+            panic!("lab: refusing to scan {target}: {e}");
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let handle = std::thread::spawn(move || {

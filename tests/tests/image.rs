@@ -20,7 +20,7 @@ use std::{
 use drainwatch_tests::{
     agent::{Agent, free_port, get, stop_record, sync},
     kube_api::ApiDouble,
-    lab::container::{Httpd, LAB_DIR, podman, setup_once, unique_name},
+    lab::container::{BridgeHolder, Httpd, LAB_DIR, podman, setup_once, unique_name},
     ops::{effective_caps, manifest_agent, manifest_capabilities, repo},
     require_root,
 };
@@ -301,6 +301,10 @@ fn status_line(pid: u32, field: &str) -> String {
 fn the_image_runs_as_the_daemonset_attaches_records_and_stops_cleanly() {
     require_root();
     setup_once();
+    // The API double listens on the bridge's gateway address and the agent calls it until the
+    // end: the bridge must outlive the httpd this test stops (podman deletes it, and the
+    // address, with the last container on the network). Up before the agents start.
+    let _bridge = BridgeHolder::start("image");
     let tag = build_image();
     let (pod, c) = manifest_agent();
     let grace = pod["terminationGracePeriodSeconds"]

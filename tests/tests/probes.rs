@@ -36,6 +36,7 @@ fn the_kubelets_refused_probes_are_not_requests() {
     let b = Backend::start("probed", Mode::CloseListener, BackendOpts::default());
     let addr = b.addr();
     let url = format!("http://{addr}/health");
+    b.require_route();
 
     let stop = Arc::new(AtomicBool::new(false));
     let prober = {

@@ -38,7 +38,7 @@ use drainwatch_tests::{
     lab::{
         client::{Outcome, RequestRecord, request},
         clock,
-        container::{Backend, BackendOpts, Mode},
+        container::{Backend, BackendOpts, BridgeHolder, Mode},
         haproxy::{Haproxy, HaproxyOpts},
     },
     require_root,
@@ -138,6 +138,10 @@ fn started_ns(pid: u32) -> u64 {
 #[test]
 fn a_slow_start_is_charged_every_connect_refused_before_it_listened() {
     require_root();
+    // The client sends to a container with no network holder: if it exits early, this keeps
+    // podman's bridge (and the client's packets) on the machine. Up before the agent: no
+    // start of the lab's to tell apart.
+    let _bridge = BridgeHolder::start("slow");
     let agent = Agent::start(&[]);
     sync(&agent);
     // Its own network namespace: its first refusals come before any scan knows it.
@@ -148,6 +152,7 @@ fn a_slow_start_is_charged_every_connect_refused_before_it_listened() {
         ..Default::default()
     };
     let mut b = Backend::launch("slow", Mode::CloseListener, opts);
+    b.require_route();
     let stop = Arc::new(AtomicBool::new(false));
     let served = hammer(b.addr(), stop.clone());
     // A port nothing ever listens on: refused, counted, no start's loss.
@@ -258,6 +263,7 @@ fn the_kubelets_probes_refused_while_starting_are_apart_from_the_requests() {
         Duration::from_secs(5),
         || agent.metrics_text().contains(&holder),
     );
+    b.require_route();
     let stop = Arc::new(AtomicBool::new(false));
     let probes = kubelet(format!("http://{}/health", b.addr()), stop.clone());
     let served = hammer(b.addr(), stop.clone());
@@ -418,9 +424,13 @@ struct NewServer {
     refused_requests: usize,
     /// RSTs s2's namespace sent before it was ready: its refused connects, all of them.
     rsts: u64,
+    /// Keeps podman's bridge up after s1 goes: s2 has no network holder, and HAProxy still
+    /// checks both slots. Last: field order is drop order.
+    _bridge: BridgeHolder,
 }
 
 fn new_server_behind_haproxy(drained: bool) -> NewServer {
+    let bridge = BridgeHolder::start("new-server");
     let agent = Agent::start(&[]);
     let s1 = Backend::start("s1", Mode::CloseListener, BackendOpts::default());
     // The new server's slot, on s1 until the deploy sets it.
@@ -447,6 +457,7 @@ fn new_server_behind_haproxy(drained: bool) -> NewServer {
         ..Default::default()
     };
     let mut s2 = Backend::launch("s2", Mode::CloseListener, opts);
+    s2.require_route();
     let set = format!("set server be/s2 addr {} port {}", s2.ip, s2.port);
     lb.admin(&set).expect("set addr");
     s2.await_ready(Instant::now() + Duration::from_secs(20));
@@ -490,6 +501,7 @@ fn new_server_behind_haproxy(drained: bool) -> NewServer {
         records,
         refused_requests,
         rsts,
+        _bridge: bridge,
     }
 }
 

@@ -310,6 +310,8 @@ impl RetryLab {
     /// ground truth. Once per `RetryLab` (`s1` is gone afterwards). Bounded: the schedule, the
     /// grace period and 30 s waits.
     pub fn run(&self) -> RetryRun {
+        self.s1.require_route();
+        self.s2.require_route();
         let primer = self.prime();
         let plan = self.plan();
         let load = Load::start_with(

@@ -339,6 +339,8 @@ impl Lab {
     /// collects the ground truth. Once per `Lab` (s1 is gone afterwards). Bounded: the
     /// schedule, the grace period, and 30 s waits.
     pub fn run(&self) -> ScenarioRun {
+        self.s1.require_route();
+        self.s2.require_route();
         let primer = self.prime();
         let plan = self.plan();
         if self.spec.trigger == Trigger::Crash {

@@ -168,6 +168,8 @@ impl SseLab {
     /// to the new server, the old one stopped, every client streaming from the new one, then
     /// the clients stop. Once per lab.
     pub fn run(&mut self) -> SseRun {
+        self.old.require_route();
+        self.new.require_route();
         let spec = self.spec.clone();
         let sh = Arc::new(Shared {
             old: self.old.addr(),

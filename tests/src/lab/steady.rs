@@ -177,6 +177,8 @@ impl RetryLab {
     /// Runs `stream` through nginx, stops `s1` `stream.stop_after` into it, and reads the
     /// ground truth. Once per lab (`s1` is gone afterwards).
     pub fn run_steady(&self, stream: &Stream) -> SteadyRun {
+        self.s1.require_route();
+        self.s2.require_route();
         let (schedule, anchor) = stream.schedule();
         let last = schedule.dispatch_at(stream.waves - 1, 9);
         assert!(

@@ -151,6 +151,8 @@ impl HaproxySteadyLab {
     /// Runs `stream`, stops `s1` `stream.stop_after` into it (and no sooner than 6 checks
     /// after HAProxy started), and reads the ground truth. Once per lab.
     pub fn run(&self, stream: &Stream) -> HaproxySteadyRun {
+        self.s1.require_route();
+        self.s2.require_route();
         let checks = self.haproxy.opts.inter * CHECKS_BEFORE_STOP;
         clock::sleep_until(
             (self.started + checks)

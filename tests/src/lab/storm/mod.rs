@@ -142,6 +142,8 @@ impl StormLab {
     pub fn run(&mut self) -> StormRun {
         let spec = self.spec.clone();
         let target = self.new.as_ref().unwrap_or(&self.old);
+        self.old.require_route();
+        target.require_route();
         let (then, port) = (target.addr(), target.port);
         let (target_container, target_id) = (target.container.clone(), target.id.clone());
         let ns_pid = target.netns_pid();
