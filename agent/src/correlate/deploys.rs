@@ -63,6 +63,7 @@ pub fn group(stops: &[Stop], starts: &[Start], window: Mono) -> Vec<Deploy> {
                     started_at: at,
                     last_stop_at: at,
                     stops: Vec::new(),
+                    pods: Vec::new(),
                     starts: Vec::new(),
                     refused_before_listen: 0,
                     outcomes: BTreeMap::new(),
@@ -88,6 +89,10 @@ pub fn group(stops: &[Stop], starts: &[Start], window: Mono) -> Vec<Deploy> {
             Record::Stop(s) => {
                 d.last_stop_at = at;
                 d.stops.push(s.id.clone());
+                let pod = &s.container.pod;
+                if !pod.is_empty() && !d.pods.contains(pod) {
+                    d.pods.push(pod.clone());
+                }
                 let rev = &s.container.revision;
                 if !rev.is_empty() && !d.revisions.contains(rev) {
                     d.revisions.push(rev.clone());

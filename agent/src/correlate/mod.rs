@@ -195,6 +195,9 @@ impl Correlator {
     /// What start records need of an observation made at `at`.
     fn feed_starts(&mut self, at: Mono, o: &Observation) {
         match o {
+            // A pod's sandbox serves nothing: its start is no start record (as its end is no
+            // stop), so the pod's refusals before it listens go to its app's.
+            Observation::Started { identity, .. } if identity.is_sandbox() => {}
             Observation::Started {
                 identity,
                 at,

@@ -80,6 +80,7 @@ fn no_handler_sigterm_cuts_inflight_and_exits_at_once() {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     t.observe(
@@ -157,6 +158,7 @@ fn closing_the_listener_first_refuses_what_routing_still_sends() {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     t.observe(
@@ -217,6 +219,7 @@ fn readiness_flip_and_drain_is_drained_and_counts_late_accepts() {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     // Routing keeps sending for a while: accepted after SIGTERM, answered, closed by the server.
@@ -277,6 +280,7 @@ fn sigkill_after_the_grace_period_is_killed_at_deadline() {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     t.observe(
@@ -285,6 +289,7 @@ fn sigkill_after_the_grace_period_is_killed_at_deadline() {
             key: key(),
             sig: SIGKILL,
             sender: runc(),
+            ignored: None,
         },
     );
     t.observe(
@@ -354,6 +359,7 @@ fn a_handshake_seen_after_the_scan_found_its_connection_is_an_accept() {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     // The scan found socket 1 before its handshake's event came (an agent starting up).
@@ -380,6 +386,7 @@ fn duplicates_and_out_of_order_events_do_not_double_count() {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     t.observe(
@@ -391,6 +398,7 @@ fn duplicates_and_out_of_order_events_do_not_double_count() {
                 pid: 1,
                 comm: "catatonit".into(),
             },
+            ignored: None,
         },
     );
     t.observe(
@@ -484,6 +492,7 @@ fn unreachable_counts_only_after_the_container_is_gone_and_stops_settle() {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     t.observe(
@@ -565,6 +574,7 @@ fn a_container_restarted_in_place_gets_a_new_record_for_its_next_stop() {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     t.observe(
@@ -606,6 +616,7 @@ fn a_container_restarted_in_place_gets_a_new_record_for_its_next_stop() {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     // It serves on for 1.5 s after the signal, then exits 0: it drained.
@@ -714,6 +725,7 @@ fn stops_of_one_workload_within_ten_minutes_are_one_deploy() {
                 key: std::sync::Arc::new(id.to_string()),
                 sig: SIGTERM,
                 sender: runc(),
+                ignored: None,
             },
         );
         t.observe(
@@ -742,6 +754,7 @@ fn stops_of_one_workload_within_ten_minutes_are_one_deploy() {
             key: std::sync::Arc::new("x".into()),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     t.observe(
@@ -758,6 +771,7 @@ fn stops_of_one_workload_within_ten_minutes_are_one_deploy() {
             key: std::sync::Arc::new("d".into()),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     let d = deploys::group(t.stops(), &[], 600 * SECOND);
@@ -778,6 +792,7 @@ fn loss_events_keep_their_times_and_routing_lag_counts_refused_attempts() {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     // Accepted after SIGTERM at 0.4 s and cut by the exit at 1.0 s: open 0.6 s.
@@ -871,6 +886,7 @@ fn a_cut_of_a_connection_found_by_a_scan_has_no_age_and_events_are_capped() {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     t.observe(
@@ -924,6 +940,7 @@ fn a_retry_is_drawn_at_the_cut_it_repeated() {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     let request = |sock, key: &str, step| O::UpstreamRequest {
@@ -986,6 +1003,7 @@ fn once_events_stop_coming_the_clock_decides_a_cut_after_the_pipelines_lag() {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     t.observe(
@@ -1025,6 +1043,7 @@ fn a_retried_request_the_backend_never_read_counts_apart_and_a_cut_without_retry
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     let request = |sock, key: &str, step| O::UpstreamRequest {
@@ -1131,6 +1150,7 @@ fn stopped_with_listener_closed() -> Tracker {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     t.observe(
@@ -1290,6 +1310,7 @@ fn checked_then_signalled() -> (Tracker, Mono) {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     (t, next)
@@ -1402,6 +1423,7 @@ fn a_request_refused_just_before_the_check_on_its_tick_is_the_request() {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     t.observe(
@@ -1505,6 +1527,7 @@ fn streams_sigkill_cuts_are_streams_cut_and_the_rotation_is_learned_before_the_s
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     // In the grace period one stream reaches its rotation: not a cut.
@@ -1515,6 +1538,7 @@ fn streams_sigkill_cuts_are_streams_cut_and_the_rotation_is_learned_before_the_s
             key: key(),
             sig: SIGKILL,
             sender: runc(),
+            ignored: None,
         },
     );
     t.observe(
@@ -1578,6 +1602,7 @@ fn request_response_traffic_never_reads_as_streams() {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     t.observe(ms(5_001), closed(5, slow));
@@ -1605,6 +1630,7 @@ fn a_stop_whose_exit_was_lost_settles_incomplete_once_the_cgroup_is_gone() {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     t.observe(ms(2_000), O::CgroupRemoved { key: key() });
@@ -1626,6 +1652,7 @@ fn a_stop_without_an_exit_settles_incomplete_and_the_next_stop_starts_afresh() {
                 key: key(),
                 sig,
                 sender: runc(),
+                ignored: None,
             },
         )
     };
@@ -1662,6 +1689,7 @@ fn a_stop_signal_with_no_exit_and_no_kill_settles_after_the_grace_period_and_a_m
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     let limit = super::stops::UNKNOWN_GRACE + super::stops::NO_EXIT_AFTER_KILL;
@@ -1693,6 +1721,7 @@ fn the_record_cap_evicts_settled_stops_past_an_open_one() {
                 key: std::sync::Arc::new(id.into()),
                 sig: SIGTERM,
                 sender: runc(),
+                ignored: None,
             },
         );
         // a stays open (draining); b and c exit and go.
@@ -1740,6 +1769,7 @@ fn stop_losing(during: Lost) -> Stop {
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     t.lost(during);
@@ -1806,6 +1836,7 @@ fn an_arrival_that_comes_after_the_signal_and_exit_it_preceded_is_counted_as_ope
             key: key(),
             sig: SIGTERM,
             sender: runc(),
+            ignored: None,
         },
     );
     // Accepted after SIGTERM, held too: counted as routed after it.
@@ -1841,4 +1872,128 @@ fn an_arrival_that_comes_after_the_signal_and_exit_it_preceded_is_counted_as_ope
         (2, 2),
         "10, 11; 20, 1"
     );
+}
+
+/// A pod as the CRI makes it: its sandbox (pause, named `POD`) and its app share the address;
+/// the kubelet stops the app, then the sandbox (SIGKILL).
+fn pod_member(id: &str, name: &str) -> ContainerIdentity {
+    ContainerIdentity {
+        id: id.into(),
+        runtime: "containerd".into(),
+        name: name.into(),
+        namespace: "shop".into(),
+        pod: "web-7d9f8b6c5d-x2x7q".into(),
+        workload: "web".into(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_pods_sandbox_is_a_line_on_its_apps_stop_never_a_stop() {
+    let mut t = Tracker::new(Config::default());
+    let sandbox = crate::model::observation::ContainerKey::new("sb".into());
+    let app = crate::model::observation::ContainerKey::new("app".into());
+    for (k, name, listeners) in [(&sandbox, "POD", vec![]), (&app, "app", vec![addr()])] {
+        t.observe(
+            ms(0),
+            O::Container {
+                identity: Box::new(pod_member(k, name)),
+                listeners,
+                inbound: vec![1],
+            },
+        );
+    }
+    let signal = |key: &crate::model::observation::ContainerKey, sig| O::Signal {
+        key: key.clone(),
+        sig,
+        sender: Sender {
+            pid: 77,
+            comm: "containerd-shim".into(),
+        },
+        ignored: None,
+    };
+    t.observe(ms(100), signal(&app, SIGTERM));
+    t.observe(
+        ms(101),
+        O::Exit {
+            key: app.clone(),
+            exit: killed_by(SIGTERM),
+        },
+    );
+    t.observe(ms(300), signal(&sandbox, SIGKILL));
+    t.observe(
+        ms(301),
+        O::Exit {
+            key: sandbox.clone(),
+            exit: killed_by(SIGKILL),
+        },
+    );
+    t.observe(
+        ms(302),
+        O::CgroupRemoved {
+            key: sandbox.clone(),
+        },
+    );
+    // Attempts to the vanished address are counted on the app (attribution names it).
+    t.observe(
+        ms(400),
+        O::Unreachable {
+            key: app.clone(),
+            upstream: None,
+        },
+    );
+    let s = only_stop(&t);
+    assert_eq!(s.container.name, "app");
+    assert_eq!(s.outcome(), Some(Outcome::ExitAtOnce));
+    assert_eq!(s.sandbox_stopped_at, Some(ms(301)));
+    assert_eq!(s.loss.unreachable, 1);
+    let began: Vec<String> = t
+        .take_emitted()
+        .into_iter()
+        .filter_map(|e| match e {
+            Emitted::StopBegan { container, .. } => Some(container.name),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(began, ["app"]);
+    // One deleted pod is one judged stop in its deploy.
+    let d = deploys::group(t.stops(), &[], 600 * SECOND);
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].outcomes.values().sum::<u64>(), 1);
+}
+
+#[test]
+fn an_ignored_stop_signal_is_on_the_record() {
+    let mut t = running(1);
+    t.observe(
+        ms(100),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+            ignored: Some(stops::IgnoredSignal::Pid1WithoutHandler),
+        },
+    );
+    t.observe(
+        ms(5_100),
+        O::Signal {
+            key: key(),
+            sig: SIGKILL,
+            sender: runc(),
+            ignored: None,
+        },
+    );
+    t.observe(
+        ms(5_101),
+        O::Exit {
+            key: key(),
+            exit: killed_by(SIGKILL),
+        },
+    );
+    let s = only_stop(&t);
+    assert_eq!(
+        s.stop_signal_ignored,
+        Some(stops::IgnoredSignal::Pid1WithoutHandler)
+    );
+    assert_eq!(s.outcome(), Some(Outcome::KilledAtDeadline));
 }

@@ -14,7 +14,11 @@ use crate::{
         CgroupRemoved, Endpoints, Event, Exit, ExitStatus, IoStep, Meta, Named, ResetSent, Signal,
         StateChange, TcpCounters, UpstreamIo,
     },
-    model::{ExitInfo, Fact, HashSet, Observation as O, ResetDirection, TcpState, UpstreamStep},
+    capture::hooks::signal_generate::Delivery,
+    model::{
+        ExitInfo, Fact, HashSet, Observation as O, ResetDirection, TcpState, UpstreamStep,
+        stop::IgnoredSignal,
+    },
 };
 
 const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -222,21 +226,33 @@ fn a_scan_finds_the_container_its_main_process_listeners_and_connections() {
 fn signals_from_outside_count_and_forwarding_inside_does_not() {
     let mut e = enricher();
     e.scan();
-    let sig = |sender: u32, target: i32| {
+    let sig_as = |sender: u32, target: i32, result| {
         Event::Signal(Signal {
             meta: meta(sender, HOST_NS, 0),
             sig: 15,
             target_pid: target,
             target_comm: String::new(),
             group: true,
-            result: 0,
+            result,
         })
     };
+    let sig = |sender: u32, target: i32| sig_as(sender, target, Delivery::Delivered);
     let obs = e.on_event(&sig(50, 100));
     assert!(
-        matches!(obs.as_slice(), [O::Signal { sig: 15, sender, .. }] if sender.comm == "x" && sender.pid == 50),
+        matches!(obs.as_slice(), [O::Signal { sig: 15, sender, ignored: None, .. }] if sender.comm == "x" && sender.pid == 50),
         "{obs:#?}"
     );
+    // Dropped by the kernel: at its PID 1 (a namespace's init without a handler), or at a
+    // process that ignores it.
+    let mut ignored = |target| match e
+        .on_event(&sig_as(50, target, Delivery::Ignored))
+        .as_slice()
+    {
+        [O::Signal { ignored, .. }] => *ignored,
+        other => panic!("{other:#?}"),
+    };
+    assert_eq!(ignored(100), Some(IgnoredSignal::Pid1WithoutHandler));
+    assert_eq!(ignored(101), Some(IgnoredSignal::IgnoredByProcess));
     // catatonit forwarding SIGTERM to python: inside the container.
     assert!(e.on_event(&sig(100, 101)).is_empty());
     // A signal between host processes.
@@ -293,7 +309,7 @@ fn the_main_process_exit_counts_and_a_reused_pid_is_not_the_container() {
         target_pid: 101,
         target_comm: String::new(),
         group: true,
-        result: 0,
+        result: Delivery::Delivered,
     });
     assert!(e.on_event(&sig).is_empty());
 }
@@ -1619,7 +1635,7 @@ fn a_container_whose_processes_vanished_without_a_cgroup_removal_goes_after_30_s
             target_pid: 1,
             target_comm: String::new(),
             group: false,
-            result: 0,
+            result: Delivery::Delivered,
         }))
     };
     at(&mut e, 100);
@@ -1652,7 +1668,7 @@ fn a_new_process_of_a_known_container_is_mapped_without_walking_proc() {
             target_pid: pid as i32,
             target_comm: String::new(),
             group: true,
-            result: 0,
+            result: Delivery::Delivered,
         });
         assert!(e.on_event(&sig).is_empty(), "not its main process: no stop");
     }
@@ -1741,4 +1757,50 @@ fn a_held_arrival_is_no_second_connection_and_keeps_the_listener_it_arrived_at()
         matches!(obs.as_slice(), [O::InboundClosed { sock: 0xa1, .. }]),
         "{obs:#?}"
     );
+}
+
+#[test]
+fn a_pods_address_and_namespace_are_its_apps_never_its_sandboxs() {
+    let attempt = |port: u16| {
+        state(
+            0xc1,
+            HOST_NS,
+            "TCP_SYN_SENT",
+            "TCP_CLOSE",
+            conn("10.88.0.1:0", &format!("10.88.0.5:{port}")),
+            TcpCounters::default(),
+        )
+    };
+    let unreachable_on = |obs: Vec<O>| match obs.as_slice() {
+        [O::Unreachable { key, .. }] => key.to_string(),
+        other => panic!("{other:#?}"),
+    };
+    let ip: IpAddr = "10.88.0.5".parse().unwrap();
+    // The sandbox adopted first (as the kubelet starts it), then the app; and the other way.
+    for sandbox_first in [true, false] {
+        let mut e = enricher();
+        if sandbox_first {
+            e.add_test_sandbox("pause", NS, ip);
+            e.scan();
+        } else {
+            e.scan();
+            e.add_test_sandbox("pause", NS, ip);
+        }
+        // To the port the app listened on, and to one nobody did: the app's.
+        assert_eq!(unreachable_on(e.on_event(&attempt(8080))), ID);
+        assert_eq!(unreachable_on(e.on_event(&attempt(7070))), ID);
+        // The pod's own RST at a port no listener claims: the app's, not the pod's whole.
+        let rst = Event::ResetSent(ResetSent {
+            meta: meta(0, NS, 0),
+            skaddr: 0,
+            conn: conn("10.88.0.5:5555", "10.88.0.1:50000"),
+            state: None,
+            reason: named("NO_SOCKET"),
+            answers_syn: Some(false),
+        });
+        assert!(
+            matches!(e.on_event(&rst).as_slice(), [O::Reset { container, .. }] if container.id == ID),
+            "sandbox first: {sandbox_first}"
+        );
+    }
 }

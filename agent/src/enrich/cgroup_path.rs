@@ -177,7 +177,9 @@ fn classify<'a>(seg: &'a str, above: &[&str]) -> Segment<'a> {
         }
     }
     let parent = above.last().copied();
-    if stem == "conmon" && parent == Some("libpod_parent") {
+    // podman with the cgroupfs manager: `/libpod_parent/conmon`, and a pod's conmons in the
+    // pod's own cgroup, `/libpod_parent/<pod id>/conmon` (the pod id is no container's).
+    if stem == "conmon" && above.first() == Some(&"libpod_parent") {
         return Segment::Monitor;
     }
     if let Some((prefix, id)) = stem.rsplit_once('-')
@@ -587,6 +589,19 @@ mod tests {
         let path = container_path_from_proc_cgroup(&text);
         assert_eq!(path.as_deref(), Some("/"));
         assert_eq!(parse_cgroup_path("/libpod_parent/conmon"), None);
+        // A pod's (podman 4.3 here, `podman pod create` with cgroupfs): its conmons in the
+        // pod's cgroup, its containers (the infra one too) below it.
+        let pod = "9b047e38e0f824b3870d1a2cc4b276bdf0db60892d695ea4ca2e5c5b11da4f12";
+        let infra = "e8e1434f50d469a709774ba92e28ab999f21c32054be24fda91698a30fa0b1cd";
+        assert_eq!(
+            parse_cgroup_path(&format!("/libpod_parent/{pod}/conmon")),
+            None
+        );
+        let owner = parse_cgroup_path(&format!("/libpod_parent/{pod}/libpod-{infra}"));
+        assert_eq!(
+            owner.map(|o| (o.runtime, o.id)),
+            Some((Runtime::Podman, infra.to_string()))
+        );
     }
 
     #[test]

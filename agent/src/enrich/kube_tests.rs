@@ -562,6 +562,7 @@ fn containers_found_before_their_pod_get_its_names_and_a_stop_gets_its_policy() 
                 pid: 900,
                 comm: "containerd-shim".into(),
             },
+            ignored: None,
         },
     );
     let stop = &tracker.stops()[0];

@@ -167,6 +167,7 @@ pub fn merge(answers: &[NodeAnswer], window: Duration) -> ClusterReport {
                 }
                 md.refused_before_listen += d.refused_before_listen;
                 union(&mut md.revisions, &d.revisions);
+                union(&mut md.pods, &d.pods);
                 md.last_stop_at = md.last_stop_at.clone().max(d.last_stop_at.clone());
                 md.starts.extend(d.starts.iter().cloned());
                 md.stops.extend(d.stops.iter().cloned());

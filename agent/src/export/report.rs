@@ -160,10 +160,13 @@ fn timeline(stop: &StopView) -> Vec<(String, String)> {
         .sigterm_sender
         .as_ref()
         .map_or(("", 0), |s| (s.comm.as_str(), s.pid));
+    let ignored = stop.stop_signal_ignored.map_or(String::new(), |why| {
+        format!(" (ignored by the kernel: {})", why.words())
+    });
     at(
         &stop.sigterm_at,
         format!(
-            "stop signal from {comm} (pid {pid}); {} connections open",
+            "stop signal from {comm} (pid {pid}){ignored}; {} connections open",
             stop.connections_at_sigterm.unwrap_or(0)
         ),
     );
@@ -182,6 +185,7 @@ fn timeline(stop: &StopView) -> Vec<(String, String)> {
         ),
     );
     at(&stop.cgroup_removed_at, "cgroup removed".into());
+    at(&stop.sandbox_stopped_at, "pod sandbox stopped".into());
     for l in &stop.listeners {
         if let Some(t) = &l.closed_at {
             rows.push((t.clone(), format!("listener {} closed", l.address)));
@@ -303,7 +307,7 @@ pub fn render(deploys: &[DeployView], stops: &[StopView]) -> String {
             .map(|(k, v)| format!("{v} {}", k.as_str()))
             .collect();
         out.push_str(&format!(
-            "DEPLOY {}{}{} started {}: {} stop(s){}{}\n  loss: {}\n",
+            "DEPLOY {}{}{} started {}: {} stop(s){}{}{}\n  loss: {}\n",
             d.workload,
             if d.namespace.is_empty() {
                 String::new()
@@ -313,6 +317,11 @@ pub fn render(deploys: &[DeployView], stops: &[StopView]) -> String {
             rollout(d),
             d.started_at,
             d.stops.len(),
+            match d.pods.len() {
+                0 => String::new(),
+                1 => " of 1 pod".into(),
+                n => format!(" of {n} pods"),
+            },
             if outcomes.is_empty() {
                 String::new()
             } else {

@@ -15,7 +15,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{LossKind, stop::Outcome};
+use crate::model::{
+    LossKind,
+    stop::{IgnoredSignal, Outcome},
+};
 
 /// One container stop (`/api/v1/stops` element).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -59,11 +62,18 @@ pub struct StopView {
     pub prestop: Option<bool>,
     /// Stop signal → the last connection routed to it.
     pub routing_lag_seconds: Option<f64>,
+    /// When its pod's sandbox (pause) container ended: a line on the pod's records, never a
+    /// stop of its own.
+    #[serde(default)]
+    pub sandbox_stopped_at: Option<String>,
     /// It will not change any more (10 s after its cgroup is gone, or at the no-exit limit).
     pub settled: bool,
     pub sigkill_at: Option<String>,
     pub sigterm_at: Option<String>,
     pub sigterm_sender: Option<SenderView>,
+    /// The kernel dropped the stop signal, and why: the process served on until SIGKILL.
+    #[serde(default)]
+    pub stop_signal_ignored: Option<IgnoredSignal>,
     /// Clients of the reconnect storms this stop caused (on the workload's listeners); None
     /// when it caused none.
     pub storm_clients: Option<u64>,
@@ -153,6 +163,8 @@ pub struct DeployView {
     pub namespace: String,
     /// Finished stops by outcome (in the outcomes' alphabetical order).
     pub outcomes: BTreeMap<Outcome, u64>,
+    /// The pods whose containers stopped in it (Kubernetes), each once: one pod deletion each.
+    pub pods: Vec<String>,
     /// Connects refused before its starts listened (health checks apart).
     pub refused_before_listen: u64,
     /// The revisions the rollout replaced, in order of their stops.

@@ -19,6 +19,9 @@ pub struct Deploy {
     /// Start of the last stop in the deploy (of its last start when it has no stop).
     pub last_stop_at: Mono,
     pub stops: Vec<String>,
+    /// The pods whose containers stopped in it, each once: a pod's containers that stop
+    /// together (an app and its sidecars, in any order) are one pod deletion.
+    pub pods: Vec<String>,
     pub starts: Vec<String>,
     /// Connects refused before its starts listened.
     pub refused_before_listen: u64,

@@ -31,7 +31,24 @@ pub struct ContainerIdentity {
     pub pod_ready_at: Option<i64>,
 }
 
+/// The name the kubelet gives a pod's sandbox (pause) container, and the name every runtime's
+/// metadata and the Kubernetes API path give it here (`enrich::runtime_meta`, `enrich::kube`).
+/// Kubernetes container names are lower-case DNS labels, so no app container of a pod has it.
+pub const SANDBOX_NAME: &str = "POD";
+
 impl ContainerIdentity {
+    /// A pod's sandbox (pause) container: it holds the pod's network namespace and serves
+    /// nothing, and the runtime SIGKILLs it once the pod's containers are down. Its end is a
+    /// line on its pod's records, never a stop of its own, and no loss is ever its.
+    pub fn is_sandbox(&self) -> bool {
+        self.name == SANDBOX_NAME && !self.pod.is_empty()
+    }
+
+    /// Whether `other` is a container of the same Kubernetes pod.
+    pub fn same_pod(&self, other: &ContainerIdentity) -> bool {
+        !self.pod.is_empty() && self.pod == other.pod && self.namespace == other.namespace
+    }
+
     /// The workload it belongs to, the unit deploys and storms are kept by.
     pub fn workload_key(&self) -> Workload {
         (self.namespace.clone(), self.workload.clone())

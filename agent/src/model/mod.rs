@@ -15,7 +15,9 @@ pub mod storm;
 pub mod tcp;
 
 pub use emitted::{Emitted, RetryOutcome};
-pub use identity::{ContainerIdentity, ExitInfo, PROBERS, Proxy, Sender, StopPolicy, Workload};
+pub use identity::{
+    ContainerIdentity, ExitInfo, PROBERS, Proxy, SANDBOX_NAME, Sender, StopPolicy, Workload,
+};
 pub use loss::{Loss, LossKind, ProbeLoss, ResetDirection};
 pub use observation::{Fact, ListenCounters, ListenSample, Observation, UpstreamStep};
 pub use tcp::TcpState;

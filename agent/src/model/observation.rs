@@ -2,7 +2,10 @@
 
 use std::{net::SocketAddr, sync::Arc};
 
-use super::{ContainerIdentity, ExitInfo, Mono, Proxy, ResetDirection, Sender, activity::Activity};
+use super::{
+    ContainerIdentity, ExitInfo, Mono, Proxy, ResetDirection, Sender, activity::Activity,
+    stop::IgnoredSignal,
+};
 
 /// A container's id as observations carry it: shared, so that an observation made per
 /// connection event costs no allocation of its own. `Arc<String>` rather than `Arc<str>`: a
@@ -81,6 +84,8 @@ pub enum Observation {
         key: ContainerKey,
         sig: i32,
         sender: Sender,
+        /// The kernel dropped it (`signal_generate`'s result), and why.
+        ignored: Option<IgnoredSignal>,
     },
     /// The container's main process exited.
     Exit {

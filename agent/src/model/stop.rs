@@ -48,6 +48,28 @@ impl Outcome {
     }
 }
 
+/// Why the kernel dropped a stop signal instead of delivering it (`signal_generate`'s result
+/// said ignored): the process served on as if none had come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IgnoredSignal {
+    /// Sent to its container's PID 1, which has no handler for it: the kernel protects a
+    /// namespace's init from signals it does not handle.
+    Pid1WithoutHandler,
+    /// The process set the signal to be ignored (`SIG_IGN`, `trap '' TERM`).
+    IgnoredByProcess,
+}
+
+impl IgnoredSignal {
+    /// Why, in the words the page, the report and the verdict use.
+    pub fn words(self) -> &'static str {
+        match self {
+            IgnoredSignal::Pid1WithoutHandler => "PID 1 of its container without a handler",
+            IgnoredSignal::IgnoredByProcess => "the process ignores it",
+        }
+    }
+}
+
 /// Most loss events a stop keeps for its timeline; the counts in [`Loss`] stay exact beyond it.
 pub const MAX_LOSS_EVENTS: usize = 500;
 
@@ -94,10 +116,17 @@ pub struct Stop {
     pub sigterm_at: Option<Mono>,
     pub stop_signal: Option<i32>,
     pub sigterm_sender: Option<Sender>,
+    /// The kernel dropped the stop signal (see [`IgnoredSignal`]).
+    #[serde(default)]
+    pub stop_signal_ignored: Option<IgnoredSignal>,
     pub sigkill_at: Option<Mono>,
     pub exit_at: Option<Mono>,
     pub exit: Option<ExitInfo>,
     pub cgroup_removed_at: Option<Mono>,
+    /// When its pod's sandbox (pause) container ended: a line on the pod's records, not a
+    /// stop of its own (see `ContainerIdentity::is_sandbox`).
+    #[serde(default)]
+    pub sandbox_stopped_at: Option<Mono>,
     pub listeners: Vec<ListenerTimeline>,
     pub last_accept_at: Option<Mono>,
     pub connections_at_sigterm: Option<u64>,
@@ -142,10 +171,12 @@ impl Stop {
             sigterm_at: None,
             stop_signal: None,
             sigterm_sender: None,
+            stop_signal_ignored: None,
             sigkill_at: None,
             exit_at: None,
             exit: None,
             cgroup_removed_at: None,
+            sandbox_stopped_at: None,
             listeners: Vec::new(),
             last_accept_at: None,
             connections_at_sigterm: None,

@@ -574,6 +574,7 @@ mod tests {
                     key: std::sync::Arc::new("c1".into()),
                     sig,
                     sender: runc.clone(),
+                    ignored: None,
                 },
             );
         }
@@ -612,6 +613,7 @@ mod tests {
                 key: std::sync::Arc::new("c2".into()),
                 sig: SIGTERM,
                 sender: runc.clone(),
+                ignored: None,
             },
         );
         t.observe(

@@ -16,8 +16,31 @@ pub struct Signal {
     pub target_pid: i32,
     pub target_comm: String,
     pub group: bool,
-    /// `TRACE_SIGNAL_*`: 0 delivered, 1 ignored, 2 already pending, ...
-    pub result: i32,
+    pub result: Delivery,
+}
+
+/// What the kernel did with the signal: `signal_generate`'s `result`, the kernel's
+/// `enum trace_signal_result` (include/trace/events/signal.h; the format prints it as a bare
+/// number, so the numbering is the header's, unchanged since 3.x).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// `TRACE_SIGNAL_DELIVERED`, and `ALREADY_PENDING` (an earlier one will be).
+    Delivered,
+    /// `TRACE_SIGNAL_IGNORED`: dropped, the target ignores it (`SIG_IGN`, or a namespace's
+    /// init without a handler).
+    Ignored,
+    /// Queue overflow or lost info, or a kernel without the field: not known to be ignored.
+    Unknown,
+}
+
+impl Delivery {
+    fn from_result(result: i32) -> Self {
+        match result {
+            0 | 2 => Delivery::Delivered,
+            1 => Delivery::Ignored,
+            _ => Delivery::Unknown,
+        }
+    }
 }
 
 pub fn fields(r: &mut Resolver) -> Fields {
@@ -39,7 +62,7 @@ pub fn decode(bytes: &[u8], _names: &KernelNames) -> Result<Signal, DecodeError>
         target_pid: e.target_pid,
         target_comm: c_string(&e.target_comm),
         group: e.group == 1,
-        result: e.result,
+        result: Delivery::from_result(e.result),
     })
 }
 
@@ -85,5 +108,20 @@ mod tests {
             (15, 4242, "server", true)
         );
         assert_eq!(d.meta.tgid, 1000);
+        assert_eq!(d.result, Delivery::Delivered);
+    }
+
+    #[test]
+    fn the_kernels_result_numbering() {
+        // The eBPF side writes -1 where the kernel lacks the field.
+        let got: Vec<Delivery> = [0, 1, 2, 3, 4, -1]
+            .into_iter()
+            .map(Delivery::from_result)
+            .collect();
+        use Delivery::*;
+        assert_eq!(
+            got,
+            [Delivered, Ignored, Delivered, Unknown, Unknown, Unknown]
+        );
     }
 }

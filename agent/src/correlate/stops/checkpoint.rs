@@ -114,6 +114,7 @@ mod tests {
                 pid: 1,
                 comm: "runc".into(),
             },
+            None,
         );
         let cp = t.checkpoint();
         let json = serde_json::to_string(&cp).unwrap();

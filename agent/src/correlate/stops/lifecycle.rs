@@ -6,7 +6,7 @@ use crate::{
     correlate::retries::Decision,
     model::{
         Emitted, ExitInfo, Mono, SECOND, Sender,
-        stop::{Lost, SIGINT, SIGKILL, SIGQUIT, SIGTERM, Stop},
+        stop::{IgnoredSignal, Lost, SIGINT, SIGKILL, SIGQUIT, SIGTERM, Stop},
     },
 };
 
@@ -39,10 +39,14 @@ const PIPELINE_LAG: Mono = 5 * SECOND;
 
 impl Tracker {
     /// The stop in progress of `key`, begun now if none is (its sequence number).
+    /// Never for a pod's sandbox: see [`Self::sandbox_ended`].
     pub(super) fn begin_stop(&mut self, key: &str, now: Mono) -> Option<usize> {
         let c = self.containers.get_mut(key)?;
         if let Some(i) = c.stop {
             return Some(i);
+        }
+        if c.identity.is_sandbox() {
+            return None;
         }
         c.stops_seen += 1;
         let short: String = c.identity.id.chars().take(12).collect();
@@ -66,7 +70,14 @@ impl Tracker {
         Some(seq)
     }
 
-    pub(super) fn on_signal(&mut self, now: Mono, key: &str, sig: i32, sender: Sender) {
+    pub(super) fn on_signal(
+        &mut self,
+        now: Mono,
+        key: &str,
+        sig: i32,
+        sender: Sender,
+        ignored: Option<IgnoredSignal>,
+    ) {
         let stop_signal = matches!(sig, SIGTERM | SIGINT | SIGQUIT);
         if !stop_signal && sig != SIGKILL {
             return;
@@ -84,10 +95,36 @@ impl Tracker {
             s.sigterm_at = Some(now);
             s.stop_signal = Some(sig);
             s.sigterm_sender = Some(sender);
+            s.stop_signal_ignored = ignored;
             s.connections_at_sigterm = Some(inbound);
         } else if sig == SIGKILL && s.sigkill_at.is_none() {
             s.sigkill_at = Some(now);
         }
+    }
+
+    /// A pod's sandbox ended (`key` is one): a line on the records of its pod's stops in
+    /// progress, none of its own. False when `key` is no sandbox.
+    fn sandbox_ended(&mut self, key: &str, now: Mono) -> bool {
+        let Some(sandbox) = self.containers.get_mut(key) else {
+            return false;
+        };
+        if !sandbox.identity.is_sandbox() {
+            return false;
+        }
+        sandbox.gone_at.get_or_insert(now);
+        let pod = sandbox.identity.clone();
+        let stops: Vec<usize> = self
+            .containers
+            .values()
+            .filter(|c| !c.identity.is_sandbox() && c.identity.same_pod(&pod))
+            .filter_map(|c| c.stop)
+            .collect();
+        for seq in stops {
+            if let Some(s) = self.records.get_mut(seq).filter(|s| !s.settled) {
+                s.sandbox_stopped_at.get_or_insert(now);
+            }
+        }
+        true
     }
 
     /// What became of a cut request, counted against the cut backend.
@@ -119,6 +156,9 @@ impl Tracker {
     pub(super) fn on_exit(&mut self, now: Mono, key: &str, exit: ExitInfo) {
         if self.stop_mut(key).is_some_and(|s| s.exit_at.is_some()) {
             return; // duplicate
+        }
+        if self.sandbox_ended(key, now) {
+            return;
         }
         if self.begin_stop(key, now).is_none() {
             return;

@@ -332,7 +332,12 @@ impl Tracker {
                     }
                 }
             },
-            Observation::Signal { sig, sender, .. } => self.on_signal(now, key, sig, sender),
+            Observation::Signal {
+                sig,
+                sender,
+                ignored,
+                ..
+            } => self.on_signal(now, key, sig, sender, ignored),
             Observation::Exit { exit, .. } => self.on_exit(now, key, exit),
             Observation::ListenerOpened { addr, .. } => {
                 if let Some(c) = self.containers.get_mut(key) {

@@ -76,6 +76,7 @@ fn apply(t: &mut Tracker, now: &mut Mono, s: &Step) {
                 pid: 1,
                 comm: "runc".into(),
             },
+            ignored: None,
         },
         Step::Exit(i, signal) => Observation::Exit {
             key: std::sync::Arc::new(key(*i)),

@@ -2,9 +2,16 @@
 //! event names a pid not seen yet), adopted with their main process, namespace, addresses,
 //! listeners and open connections, and named from the runtime's state or the Kubernetes API.
 
-use std::{net::SocketAddr, ops::Not, sync::Arc};
+use std::{
+    net::{IpAddr, SocketAddr},
+    ops::Not,
+    sync::Arc,
+};
 
-use super::{Container, Enricher, Key, MAX_NOT_CONTAINERS};
+use super::{
+    Container, Enricher, Key, MAX_NOT_CONTAINERS,
+    processes::{bootstrapping, is_shim, main_process},
+};
 use crate::model::state::make_room_in_set;
 use crate::{
     enrich::{
@@ -21,28 +28,6 @@ const VANISH_AFTER: Mono = 30 * crate::model::SECOND;
 
 /// How often a refusal may make the enricher look whether an ended container restarted.
 const RECHECK: Mono = 10_000_000;
-
-/// Init shims that forward signals to the real main process (`--init`, tini, dumb-init).
-const INIT_SHIMS: &[&str] = &[
-    "catatonit",
-    "podman-init",
-    "tini",
-    "docker-init",
-    "dumb-init",
-];
-
-/// The runtime's own processes while it creates a container: `runc init` and its first two
-/// stages (`runc:[0:PARENT]`, `runc:[1:CHILD]`) join the container's cgroup and exit within
-/// milliseconds, before the container's PID 1 (`runc:[2:INIT]`) execs the entrypoint. Until
-/// its first stage names itself, `runc init` is `exe` (runc runs `/proc/self/exe init`), still
-/// in the host's PID namespace (its pid there is its own): taken for the main process, its exit
-/// made a stop and the real PID 1 a restart (the soak, 1 container in 2,722).
-fn bootstrapping(p: &ProcInfo) -> bool {
-    matches!(p.comm.as_str(), "runc" | "crun")
-        || p.comm.starts_with("runc:[0")
-        || p.comm.starts_with("runc:[1")
-        || (p.comm == "exe" && p.ns_pid == Some(p.pid))
-}
 
 impl<H: HostView> Enricher<H> {
     /// Names containers from the Kubernetes API's pods where the store knows them.
@@ -334,8 +319,8 @@ impl<H: HostView> Enricher<H> {
         self.watch_generation += 1;
         let ips = main_pid.map(|p| self.host.local_ips(p)).unwrap_or_default();
         let shared = Key::new(key.to_string());
-        for ip in &ips {
-            self.by_ip.insert(*ip, shared.clone());
+        for ip in ips {
+            self.claim_address(ip, &shared, &identity);
         }
         let mut listeners = Vec::new();
         let mut inbound = Vec::new();
@@ -409,6 +394,19 @@ impl<H: HostView> Enricher<H> {
         out
     }
 
+    /// A pod's containers share its address: it is its app's, never its sandbox's, whatever
+    /// order they were adopted in (attempts to a vanished pod address are the app's).
+    pub(super) fn claim_address(&mut self, ip: IpAddr, key: &Key, identity: &ContainerIdentity) {
+        let app_holds = self
+            .by_ip
+            .get(&ip)
+            .and_then(|k| self.containers.get(k.as_str()))
+            .is_some_and(|c| c.gone_at.is_none() && !c.identity.is_sandbox());
+        if !identity.is_sandbox() || !app_holds {
+            self.by_ip.insert(ip, key.clone());
+        }
+    }
+
     /// The container a process belongs to, looking it up (and adopting its container) when
     /// the pid is new.
     pub(super) fn container_of_pid(
@@ -461,25 +459,5 @@ impl<H: HostView> Enricher<H> {
             return Some(k.clone());
         }
         self.container_of_pid(pid, out)
-    }
-}
-
-fn is_shim(p: &ProcInfo) -> bool {
-    INIT_SHIMS.contains(&p.comm.as_str())
-}
-
-/// The process a container is about: its init, or the init's first child when the init is a
-/// shim that only forwards signals. Never one of the runtime's bootstrap stages, which exit
-/// within milliseconds (with code 0: taken for the main process, a "crashed" stop).
-fn main_process(procs: &[ProcInfo]) -> Option<&ProcInfo> {
-    let candidates = || procs.iter().filter(|p| !bootstrapping(p));
-    let init = candidates().find(|p| p.ns_pid == Some(1));
-    match init {
-        Some(i) if is_shim(i) => candidates()
-            .filter(|p| p.ppid == i.pid)
-            .min_by_key(|p| p.pid)
-            .or(Some(i)),
-        Some(i) => Some(i),
-        None => candidates().min_by_key(|p| p.pid),
     }
 }

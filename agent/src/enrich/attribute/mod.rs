@@ -4,12 +4,14 @@
 //! handshake completing) by network namespace, address and port, never by the current task.
 //!
 //! One [`Enricher`], its jobs in files of their own: `containers` (finding and naming them),
-//! `sockets` (their inbound connections), `resets` (every RST and refused connect of their
-//! namespaces), `upstreams` (proxies' connections to them),
-//! `listeners` (the accept path) and `watch` (what the kernel filter must keep).
+//! `processes` (which of a container's processes is its main one), `sockets` (their inbound
+//! connections), `resets` (every RST and refused connect of their namespaces), `upstreams`
+//! (proxies' connections to them), `listeners` (the accept path) and `watch` (what the kernel
+//! filter must keep).
 
 mod containers;
 mod listeners;
+mod processes;
 mod refusals;
 mod resets;
 mod sockets;
@@ -32,11 +34,13 @@ use super::{
 use crate::{
     capture::{
         event::{Event, ExitStatus},
+        hooks::signal_generate::Delivery,
         jiffies::JiffyClock,
     },
     model::{
         ContainerIdentity, ExitInfo, HashMap, HashSet, Observation, Sender,
         state::{StateMap, StateStat, make_room_in_set},
+        stop::IgnoredSignal,
     },
 };
 
@@ -248,6 +252,26 @@ impl<H: HostView> Enricher<H> {
         &mut self.host
     }
 
+    /// A pod's sandbox (`POD`) in namespace `ns`, holding `ip`, adopted as a scan would.
+    #[cfg(test)]
+    pub fn add_test_sandbox(&mut self, id: &str, ns: u32, ip: IpAddr) {
+        let identity = ContainerIdentity {
+            id: id.into(),
+            name: crate::model::SANDBOX_NAME.into(),
+            pod: "web-7d9f8b6c5d-x2x7q".into(),
+            ..Default::default()
+        };
+        self.claim_address(ip, &Key::new(id.into()), &identity);
+        self.containers.insert(
+            id.into(),
+            Box::new(Container {
+                identity: Arc::new(identity),
+                netns: Some(ns),
+                ..Default::default()
+            }),
+        );
+    }
+
     /// A container in namespace `ns` with nothing else known (a pod's sidecar).
     #[cfg(test)]
     pub fn add_test_container(&mut self, id: &str, ns: u32) {
@@ -311,9 +335,16 @@ impl<H: HostView> Enricher<H> {
                 });
                 let sender = self.container_of_task(s.meta.tgid, s.meta.cgroup_id, out);
                 if aimed && sender.as_deref() != Some(key.as_str()) {
+                    let to_init = self.containers.get(&key).and_then(|c| c.init_pid) == target;
+                    let ignored = (s.result == Delivery::Ignored).then_some(if to_init {
+                        IgnoredSignal::Pid1WithoutHandler
+                    } else {
+                        IgnoredSignal::IgnoredByProcess
+                    });
                     out.push(Observation::Signal {
                         key: key.into(),
                         sig: s.sig,
+                        ignored,
                         sender: Sender {
                             pid: s.meta.tgid,
                             comm: s.meta.comm.to_string(),

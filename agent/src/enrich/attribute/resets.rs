@@ -229,24 +229,24 @@ impl<H: HostView> Enricher<H> {
         if self.host_netns == Some(ns) {
             return None;
         }
-        // Running members first: a gone container's namespace may be reused.
-        let mut members: Vec<&super::Container> = self
-            .containers
-            .values()
-            .filter(|c| c.netns == Some(ns) && c.gone_at.is_none())
-            .map(|c| &**c)
-            .collect();
-        if members.is_empty() {
-            members = self
-                .containers
+        // Running members first: a gone container's namespace may be reused. A pod's sandbox
+        // answers for nothing while an app of its pod is known: alone, it is the pod's whole.
+        let members = |running: bool, sandbox: bool| -> Vec<&super::Container> {
+            self.containers
                 .values()
-                .filter(|c| c.netns == Some(ns))
+                .filter(|c| c.netns == Some(ns) && (!running || c.gone_at.is_none()))
+                .filter(|c| sandbox || !c.identity.is_sandbox())
                 .map(|c| &**c)
-                .collect();
-        }
+                .collect()
+        };
+        let members = [(true, false), (false, false), (true, true), (false, true)]
+            .into_iter()
+            .map(|(running, sandbox)| members(running, sandbox))
+            .find(|m| !m.is_empty())
+            .unwrap_or_default();
         match members.as_slice() {
             [] => None,
-            [only] => Some(Arc::clone(&only.identity)),
+            [only] if !only.identity.is_sandbox() => Some(Arc::clone(&only.identity)),
             many => many
                 .iter()
                 .min_by(|a, b| a.identity.id.cmp(&b.identity.id))

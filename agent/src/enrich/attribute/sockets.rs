@@ -197,11 +197,10 @@ impl<H: HostView> Enricher<H> {
                     self.refusals.attempt_refused(conn.local, upstream, out);
                     return;
                 }
-                if let Some(key) = self.by_ip.get(&conn.remote.ip()) {
-                    out.push(Observation::Unreachable {
-                        key: key.clone(),
-                        upstream,
-                    });
+                // The container that listened on the port it was sent to (a pod's containers
+                // share the address).
+                if let Some(key) = self.backend_of(conn.remote) {
+                    out.push(Observation::Unreachable { key, upstream });
                 }
             }
             (Some(Established), Some(CloseWait)) => self.peer_done(s.skaddr, ns, conn),

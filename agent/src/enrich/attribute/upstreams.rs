@@ -104,7 +104,7 @@ impl<H: HostView> Enricher<H> {
     /// The container an address belongs to: the one listening on its port, as a pod's
     /// containers share one address (a network holder, sidecars); after that listener closed,
     /// its former owner (so that attempts refused there name the same backend).
-    fn backend_of(&self, remote: SocketAddr) -> Option<Key> {
+    pub(super) fn backend_of(&self, remote: SocketAddr) -> Option<Key> {
         let key = self.by_ip.get(&remote.ip())?;
         let Some(ns) = self.containers.get(key.as_str()).and_then(|c| c.netns) else {
             return Some(key.clone());

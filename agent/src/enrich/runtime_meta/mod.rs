@@ -40,6 +40,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::cgroup_path::{CgroupOwner, Runtime};
+use crate::model::SANDBOX_NAME;
 
 pub use docker::from_docker_config_v2;
 pub use naming::{workload_from_container_name, workload_from_pod_name};
@@ -79,14 +80,21 @@ fn non_empty<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
         .filter(|v| !v.is_empty())
 }
 
-/// The name the kubelet gives a pod's sandbox (pause) container.
-const SANDBOX_NAME: &str = "POD";
-
 // The kubelet's own labels: CRI-O copies them into annotations, dockershim and cri-dockerd set
 // them on Docker containers.
 const KUBE_POD_NAME: &str = "io.kubernetes.pod.name";
 const KUBE_POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
 const KUBE_CONTAINER_NAME: &str = "io.kubernetes.container.name";
+
+/// Where containerd keeps its task state (`state` in its config), relative to the host root:
+/// its default; k3s and RKE2 (`/run/k3s/containerd`, k3s' `applyContainerdStateAndAddress`,
+/// which RKE2's agent shares); MicroK8s (`--state ${SNAP_COMMON}/run/containerd` in the snap's
+/// `args/containerd`).
+const CONTAINERD_STATES: [&str; 3] = [
+    "run/containerd",
+    "run/k3s/containerd",
+    "var/snap/microk8s/common/run/containerd",
+];
 
 /// Upper bounds on what [`lookup`] reads: state files are small, a bigger one is not one.
 const MAX_CONFIG_BYTES: u64 = 4 << 20;
@@ -100,8 +108,9 @@ const MAX_DB_BYTES: u64 = 64 << 20;
 /// The owner's runtime is tried first, then the others: a bare id under `kubepods` (cgroupfs
 /// driver) is containerd's by default but may be cri-dockerd's, and a containerd task in the
 /// `moby` namespace is a Docker container whose name only Docker's file has. Locations:
-/// - containerd: `/run/containerd/io.containerd.runtime.v2.task/{k8s.io,moby,default}/<id>/config.json`
-///   (and the v1 shim's `/run/containerd/io.containerd.runtime.v1.linux/k8s.io/<id>/config.json`);
+/// - containerd: `<state>/io.containerd.runtime.v2.task/{k8s.io,moby,default}/<id>/config.json`
+///   (and the v1 shim's `<state>/io.containerd.runtime.v1.linux/k8s.io/<id>/config.json`), for
+///   each of [`CONTAINERD_STATES`];
 /// - CRI-O: `/run/containers/storage/overlay-containers/<id>/userdata/config.json`, then its
 ///   persistent copy under `/var/lib/containers/storage/…`;
 /// - Docker: `/var/lib/docker/containers/<id>/config.v2.json`;
@@ -142,17 +151,17 @@ pub fn lookup(root: &Path, owner: &CgroupOwner) -> ContainerMeta {
 
 fn lookup_in(root: &Path, runtime: Runtime, id: &str) -> Option<ContainerMeta> {
     match runtime {
-        Runtime::Containerd => {
-            let v2 = ["k8s.io", "moby", "default"].into_iter().map(|ns| {
-                format!("run/containerd/io.containerd.runtime.v2.task/{ns}/{id}/config.json")
-            });
+        Runtime::Containerd => CONTAINERD_STATES.iter().find_map(|state| {
+            let v2 = ["k8s.io", "moby", "default"]
+                .into_iter()
+                .map(|ns| format!("{state}/io.containerd.runtime.v2.task/{ns}/{id}/config.json"));
             let v1 = std::iter::once(format!(
-                "run/containerd/io.containerd.runtime.v1.linux/k8s.io/{id}/config.json"
+                "{state}/io.containerd.runtime.v1.linux/k8s.io/{id}/config.json"
             ));
             v2.chain(v1).find_map(|rel| {
                 read_text(&root.join(rel)).and_then(|t| from_oci_config(&t).ok().flatten())
             })
-        }
+        }),
         Runtime::CriO => ["run", "var/lib"].into_iter().find_map(|base| {
             let rel =
                 format!("{base}/containers/storage/overlay-containers/{id}/userdata/config.json");
@@ -202,6 +211,8 @@ mod tests {
             std::fs::write(&path, body).ok();
         };
         let containerd_id = "2d538b1bdc00a5f6251c9f47babca6163794a065133bcd2a0a0264a37a533644";
+        let k3s_id = "c0ffee1bdc00a5f6251c9f47babca6163794a065133bcd2a0a0264a37a533644";
+        let microk8s_id = "beef001bdc00a5f6251c9f47babca6163794a065133bcd2a0a0264a37a533644";
         let crio_id = "49ecc282021562c567a8159ef424a06cdd8637efdca5953de9794eafe29adcad";
         let docker_id = "7b0daafdf04e524422669e29358ec860f9516488532feb0e2e0e26c8bb259738";
         write(
@@ -210,6 +221,15 @@ mod tests {
             ),
             fixture("containerd-container-nginx.json").as_bytes(),
         );
+        for (state, id) in [
+            ("run/k3s/containerd", k3s_id),
+            ("var/snap/microk8s/common/run/containerd", microk8s_id),
+        ] {
+            write(
+                &format!("{state}/io.containerd.runtime.v2.task/k8s.io/{id}/config.json"),
+                fixture("containerd-container-nginx.json").as_bytes(),
+            );
+        }
         write(
             &format!("run/containers/storage/overlay-containers/{crio_id}/userdata/config.json"),
             fixture("crio-container.json").as_bytes(),
@@ -236,6 +256,13 @@ mod tests {
             lookup(&root, &owner(Runtime::Containerd, containerd_id)).pod,
             "nginx-7848d4b86f-xztfp"
         );
+        // k3s (and RKE2), MicroK8s: containerd's state elsewhere.
+        for id in [k3s_id, microk8s_id] {
+            assert_eq!(
+                lookup(&root, &owner(Runtime::Containerd, id)).pod,
+                "nginx-7848d4b86f-xztfp"
+            );
+        }
         assert_eq!(
             lookup(&root, &owner(Runtime::CriO, crio_id)).name,
             "podsandbox1-redis"

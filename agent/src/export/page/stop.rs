@@ -105,6 +105,9 @@ fn facts(stop: &StopView) -> Markup {
             html! {
                 (hms(t)) " UTC from " (Text(comm)) " (pid " (pid) ") · "
                 (count(open, "connection", "connections")) " open"
+                @if let Some(why) = stop.stop_signal_ignored {
+                    " · ignored by the kernel: " (why.words())
+                }
             },
         ));
     }
@@ -172,6 +175,9 @@ fn facts(stop: &StopView) -> Markup {
     }
     if let Some(c) = at(&stop.cgroup_removed_at) {
         rows.push(("cgroup removed", html! { (c) }));
+    }
+    if let Some(c) = at(&stop.sandbox_stopped_at) {
+        rows.push(("pod sandbox", html! { "stopped " (c) }));
     }
     let resets = &stop.loss.resets_sent;
     if stop.loss.get(LossKind::ResetsSent) > 0 {

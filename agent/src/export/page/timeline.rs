@@ -73,6 +73,8 @@ struct Moments {
     exit: Option<f64>,
     kill: Option<f64>,
     cgroup: Option<f64>,
+    /// Its pod's sandbox ended.
+    sandbox: Option<f64>,
     lag: Option<f64>,
     grace: Option<f64>,
     closes: Vec<f64>,
@@ -141,6 +143,7 @@ pub(super) fn svg(stop: &StopView) -> Markup {
         exit: rel_of(&stop.exit_at),
         kill: rel_of(&stop.sigkill_at),
         cgroup: rel_of(&stop.cgroup_removed_at),
+        sandbox: rel_of(&stop.sandbox_stopped_at),
         lag: stop.routing_lag_seconds,
         grace: stop.grace(),
         closes: stop
@@ -161,6 +164,7 @@ pub(super) fn svg(stop: &StopView) -> Markup {
     times.extend(m.exit);
     times.extend(m.kill);
     times.extend(m.cgroup);
+    times.extend(m.sandbox);
     times.extend(m.lag);
     times.extend(m.closes.iter().copied());
     times.extend(m.events.iter().map(|e| e.0));
@@ -359,7 +363,11 @@ fn markers(axis: &Axis, m: &Moments, stop: &StopView) -> Markup {
     let mut markers: Vec<Marker> = Vec::new();
     let mut mark = |at: f64, label: String, class| markers.push(Marker { at, label, class });
     if m.has_term {
-        mark(0.0, "SIGTERM".into(), "m-term");
+        let label = match stop.stop_signal_ignored {
+            Some(_) => "SIGTERM (ignored)",
+            None => "SIGTERM",
+        };
+        mark(0.0, label.into(), "m-term");
     }
     for c in &m.closes {
         mark(*c, "listener closed".into(), "m-listener");
@@ -377,6 +385,9 @@ fn markers(axis: &Axis, m: &Moments, stop: &StopView) -> Markup {
     }
     if let Some(c) = m.cgroup {
         mark(c, "cgroup removed".into(), "m-cgroup");
+    }
+    if let Some(c) = m.sandbox {
+        mark(c, "pod sandbox stopped".into(), "m-cgroup");
     }
     markers.sort_by(|a, b| a.at.total_cmp(&b.at));
     // Markers a few pixels apart share one label ("SIGTERM · exit · listener closed"), each

@@ -3,11 +3,21 @@
 //! deploy page, over the report API's views (what the report fetches and the page renders), so
 //! both always say the same thing.
 
+mod start;
+mod storm;
+
+pub use start::start;
+pub use storm::storm;
+
 use super::{
-    format::{ceil_tenth, count, or_null, rate, secs},
-    view::{StartView, StopView, StormView},
+    format::{count, or_null, secs},
+    view::StopView,
 };
-use crate::model::{LossKind, activity::ROTATION_MARGIN, stop::Outcome};
+use crate::model::{
+    LossKind,
+    activity::ROTATION_MARGIN,
+    stop::{IgnoredSignal, Outcome},
+};
 
 /// How bad it is, for colour on the page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +132,30 @@ fn common_findings(stop: &StopView, out: &mut Vec<String>) {
     }
 }
 
+/// A stop signal the kernel dropped: what it cost and the fix, which is never the grace period.
+fn ignored_signal(why: IgnoredSignal, grace: &str, cut: u64) -> String {
+    let cost = if cut > 0 {
+        format!(
+            ", cutting {}",
+            count(cut, "in-flight request", "in-flight requests")
+        )
+    } else {
+        String::new()
+    };
+    let fix = match why {
+        IgnoredSignal::Pid1WithoutHandler => {
+            "handle SIGTERM in the server (stop accepting, finish in-flight work, exit), or run it under an init that forwards signals (tini, dumb-init; `--init`); a longer grace period changes nothing"
+        }
+        IgnoredSignal::IgnoredByProcess => {
+            "stop ignoring SIGTERM (SIG_IGN, `trap '' TERM`), or set the image's stop signal to one the server handles; a longer grace period changes nothing"
+        }
+    };
+    format!(
+        "SIGTERM was ignored ({}): the kernel dropped it, the process served on through the {grace} period and was SIGKILLed{cost}: {fix}",
+        why.words()
+    )
+}
+
 /// Live streams cut, why, and what to change: the grace period against the learned stream
 /// rotation when it was the deadline that cut them.
 fn streams_cut(stop: &StopView) -> Option<String> {
@@ -134,6 +168,9 @@ fn streams_cut(stop: &StopView) -> Option<String> {
     what += if killed { " cut at SIGKILL" } else { " cut" };
     if let Some(c) = stop.storm_clients {
         what += &format!(" ({} back at once)", count(c, "client", "clients"));
+    }
+    if killed && stop.stop_signal_ignored.is_some() {
+        return Some(what); // the server never saw SIGTERM: the ignored signal is the finding
     }
     let margin = ROTATION_MARGIN as f64 / 1e9;
     // To the tenth, as shown: the margin covers the rest.
@@ -237,7 +274,14 @@ pub fn stop(stop: &StopView) -> Verdict {
             let g = stop
                 .grace()
                 .map_or_else(|| "grace".into(), |g| format!("{} s grace", secs(g)));
-            if cut > 0 {
+            if let Some(why) = stop.stop_signal_ignored {
+                // Not slow work: the process never saw the signal. A longer grace period would
+                // only serve on longer before the same SIGKILL.
+                if cut + streams == 0 {
+                    level = Level::Warning;
+                }
+                parts.push(ignored_signal(why, &g, cut));
+            } else if cut > 0 {
                 let seen = slowest_cut(stop).map_or_else(
                     || "still running when killed".into(),
                     |s| format!("{} s seen", secs(s)),
@@ -389,110 +433,12 @@ pub fn stop(stop: &StopView) -> Verdict {
     }
 }
 
-/// The verdict on one container start (`/api/v1/starts` element).
-pub fn start(start: &StartView) -> Verdict {
-    let mut v = start_verdict(start);
-    for note in lost_notes(start.events_lost, start.ebpf_faults) {
-        v.text += &format!("; {note}");
-    }
-    v
-}
-
-fn start_verdict(start: &StartView) -> Verdict {
-    let refused = start.loss.refused_before_listen;
-    let probes = start.loss.probes.refused;
-    let checks = if probes > 0 {
-        format!(
-            " ({} refused while it started: normal)",
-            count(probes, "health check", "health checks")
-        )
-    } else {
-        String::new()
-    };
-    let lost = if start.refusals_lost > 0 {
-        format!(
-            " (may be short by {}: dropped before its listen)",
-            count(start.refusals_lost, "refusal", "refusals")
-        )
-    } else {
-        String::new()
-    };
-    match start.listen_after_seconds {
-        None if !start.settled => Verdict {
-            level: Level::Pending,
-            text: "starting: not listening yet".into(),
-        },
-        None => Verdict {
-            level: Level::Good,
-            text: format!("never listened: nothing routed to it was refused{checks}"),
-        },
-        Some(after) if refused > 0 => Verdict {
-            level: Level::Bad,
-            text: format!(
-                "{} refused in the {} s before the server listened{lost}: it was routed to before it was ready: make readiness check the listener{checks}",
-                count(refused, "connection", "connections"),
-                secs(after)
-            ),
-        },
-        Some(after) => Verdict {
-            level: Level::Good,
-            text: format!(
-                "listened {} s after it started, nothing refused{lost}: no change needed{checks}",
-                secs(after)
-            ),
-        },
-    }
-}
-
-/// The verdict on one reconnect storm (`/api/v1/storms` element).
-pub fn storm(storm: &StormView) -> Verdict {
-    let clients = storm.clients;
-    let within = storm.seconds_to_95_percent;
-    let overflows = storm.overflows;
-    let rate_v = storm.sustained_accept_rate;
-    let window = storm.recommended_window_seconds;
-    let came = format!(
-        "{} reconnected within {} s",
-        count(clients, "client", "clients"),
-        secs(within)
-    );
-    let mut v = match (window, rate_v) {
-        (Some(w), Some(r)) if w > within => Verdict {
-            level: Level::Warning,
-            text: format!(
-                "{came} against {} accepts/s: spread reconnects over ≥ {} s",
-                rate(r),
-                secs(ceil_tenth(w))
-            ),
-        },
-        (Some(w), Some(r)) => Verdict {
-            level: Level::Good,
-            text: format!(
-                "{came}, wider than the {} s its {} accepts/s need: no change needed",
-                secs(ceil_tenth(w)),
-                rate(r)
-            ),
-        },
-        _ => Verdict {
-            level: Level::Good,
-            text: format!("{came} and the accept queue never backed up: no change needed"),
-        },
-    };
-    if overflows > 0 {
-        v.level = Level::Bad;
-        v.text += &format!(
-            "; {} dropped by a full accept queue (clients retry after a second or more)",
-            count(overflows, "handshake was", "handshakes were")
-        );
-    }
-    v
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::{Value, json};
 
     use super::*;
+    use crate::export::view::{StartView, StormView};
 
     /// A stop record read from the API's field names; `extra` overrides.
     fn stop_with(outcome: &str, loss: Value, extra: Value) -> StopView {
@@ -662,6 +608,39 @@ mod tests {
             "{}",
             v.text
         );
+    }
+
+    #[test]
+    fn an_ignored_sigterm_is_named_and_the_fix_is_not_the_grace_period() {
+        // The CRI lab's PID-1 server: the kernel dropped SIGTERM, 7 requests cut at SIGKILL,
+        // the slowest 2.5 s old: the grace period is not what to change.
+        let s = stop_with(
+            "killed_at_deadline",
+            json!({"inflight_cut": 7}),
+            json!({
+                "exit_code": 137, "exit_signal": 9, "grace_seconds": 5.0,
+                "stop_signal_ignored": "pid1_without_handler",
+                "loss_events": [
+                    {"at": "2026-01-01T00:00:05Z", "kind": "inflight_cut", "open_seconds": 2.5},
+                ],
+            }),
+        );
+        let v = stop(&s);
+        assert_eq!(v.level, Level::Bad);
+        assert_eq!(
+            v.text,
+            "SIGTERM was ignored (PID 1 of its container without a handler): the kernel dropped it, the process served on through the 5 s grace period and was SIGKILLed, cutting 7 in-flight requests: handle SIGTERM in the server (stop accepting, finish in-flight work, exit), or run it under an init that forwards signals (tini, dumb-init; `--init`); a longer grace period changes nothing"
+        );
+        assert!(!v.text.contains("raise"), "{}", v.text);
+        // Nothing cut: it only held the rollout up for the whole grace period.
+        let idle = stop_with(
+            "killed_at_deadline",
+            json!({}),
+            json!({"grace_seconds": 5.0, "stop_signal_ignored": "ignored_by_process"}),
+        );
+        let v = stop(&idle);
+        assert_eq!(v.level, Level::Warning);
+        assert!(v.text.contains("stop ignoring SIGTERM"), "{}", v.text);
     }
 
     #[test]
