@@ -145,7 +145,8 @@ fn has_fallback(shown: &str, subnet: &str) -> bool {
     })
 }
 
-fn ip(args: &[&str]) -> Result<String, String> {
+/// `ip <args>`: stdout, or why it failed.
+pub fn ip(args: &[&str]) -> Result<String, String> {
     let out = Command::new("ip")
         .args(args)
         .output()
