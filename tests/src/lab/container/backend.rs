@@ -179,6 +179,8 @@ impl Backend {
             ip.parse()
                 .unwrap_or_else(|_| panic!("container address {ip:?} is not IPv4"))
         };
+        // Every test sends to it next: its address must be on a bridge (see `lab::net`).
+        b.require_route();
         b
     }
 
