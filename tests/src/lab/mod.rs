@@ -22,6 +22,8 @@
 //! - [`sse`]: long-lived streams: a server-sent-events backend whose streams rotate
 //!   (`Mode::Stream`), N clients that tell a clean rotation from a cut, the server stopped with
 //!   a grace period above or below its rotation.
+//! - [`cri`]: a pod as Kubernetes makes it: containerd's CRI driven in the kubelet's order by
+//!   a Rust client, a CNI bridge, containerd's own task exits as ground truth.
 //! - [`clock`]: `CLOCK_MONOTONIC` conversions shared with the backend's logs (and eBPF).
 //! - [`net`]: lab network safety: the fallback blackhole routes of the lab subnets and the
 //!   route check before sending to a container address.
@@ -34,6 +36,7 @@
 pub mod client;
 pub mod clock;
 pub mod container;
+pub mod cri;
 pub mod haproxy;
 pub mod net;
 pub mod nginx;
