@@ -49,6 +49,7 @@ pub fn run_for(purpose: Purpose) -> Result<(), ()> {
         step("busybox image", containers::busybox_image)?;
         step("podman", containers::podman_check)?;
         step("lab routes", containers::lab_routes)?;
+        step("containerd service", containers::containerd_service)?;
     }
     step("rust nightly", toolchain::nightly)?;
     step("rust-src", toolchain::rust_src)?;

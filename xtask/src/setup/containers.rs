@@ -1,5 +1,6 @@
 //! The container steps: the busybox image the tests run, a check that podman runs it the way
-//! the tests do, and the fallback routes that keep lab traffic on the machine.
+//! the tests do, the fallback routes that keep lab traffic on the machine, and Debian's
+//! containerd service kept off (the CRI lab starts its own containerd).
 
 use std::{
     env, fs,
@@ -105,4 +106,34 @@ pub(super) fn lab_routes() -> Result<String> {
         lab_net::LAB_SUBNETS.join(", "),
         lab_net::FALLBACK_METRIC
     ))
+}
+
+/// Debian's containerd package enables its service; the CRI lab starts a containerd of its own
+/// with its own config at `/run/containerd`, so a node's containerd must not be running there.
+/// Disabled (and stopped, where systemd runs) once; a second run finds it so.
+pub(super) fn containerd_service() -> Result<String> {
+    let wants = Path::new("/etc/systemd/system/multi-user.target.wants/containerd.service");
+    let systemd = Path::new("/run/systemd/system").exists();
+    let mut done = Vec::new();
+    if wants.exists() {
+        // `disable` edits the links only: it works without a running systemd too.
+        run_quiet(Command::new("systemctl").args(["disable", "containerd"]))
+            .context("systemctl disable containerd")?;
+        done.push("disabled");
+    }
+    let active = systemd
+        && Command::new("systemctl")
+            .args(["is-active", "--quiet", "containerd"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if active {
+        run_quiet(Command::new("systemctl").args(["stop", "containerd"]))
+            .context("systemctl stop containerd")?;
+        done.push("stopped");
+    }
+    Ok(if done.is_empty() {
+        "Debian's containerd service is off (the CRI lab starts its own)".into()
+    } else {
+        format!("Debian's containerd service {}", done.join(" and "))
+    })
 }

@@ -35,6 +35,14 @@ pub(super) const APT_LAB: &[&str] = &[
     "haproxy",
     "prometheus",
     "chromium",
+    // The CRI lab: containerd (its CRI plugin, ctr) and the CNI plugins in /usr/lib/cni
+    // (bridge, host-local, loopback). The lab starts its own containerd: Debian's service is
+    // disabled after the install (`containerd_service` in the containers step).
+    "containerd",
+    "containernetworking-plugins",
+    // protoc: the lab's CRI client (k8s-cri) compiles the CRI protos in its build script, so
+    // building the test crate needs it (before clippy, which `cargo xtask test` runs after setup).
+    "protobuf-compiler",
     // Independent cross-checks and network namespaces.
     "bpftool",
     "bpftrace",
