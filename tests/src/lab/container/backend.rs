@@ -384,7 +384,7 @@ impl Drop for Backend {
 }
 
 /// The single child of catatonit: the server. Bounded by `deadline`.
-fn server_child(init_pid: u32, deadline: Instant) -> u32 {
+pub(crate) fn server_child(init_pid: u32, deadline: Instant) -> u32 {
     loop {
         let children = fs::read_to_string(format!("/proc/{init_pid}/task/{init_pid}/children"))
             .unwrap_or_default();

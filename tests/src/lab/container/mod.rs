@@ -24,6 +24,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub(crate) use backend::server_child;
 pub use backend::{backend_script, lab_python};
 pub use bridge::BridgeHolder;
 pub use httpd::Httpd;

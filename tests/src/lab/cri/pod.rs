@@ -16,7 +16,7 @@ use super::{
     network::require_bridge_route,
     spec::{Init, PodSpec, container_config, sandbox_config},
 };
-use crate::lab::container::http_get;
+use crate::lab::container::{http_get, server_child};
 
 /// A running pod.
 #[derive(Debug)]
@@ -164,7 +164,7 @@ impl Pod {
         assert!(self.init_pid > 0, "no task pid in the container's info");
         self.server_pid = match self.spec.app.init {
             Init::None => self.init_pid,
-            Init::Catatonit => only_child(self.init_pid, deadline),
+            Init::Catatonit => server_child(self.init_pid, deadline),
         };
         require_bridge_route(self.ip.into()).unwrap_or_else(|e| panic!("{e}"));
         loop {
@@ -235,24 +235,4 @@ fn netns_path(info: &Value) -> Option<PathBuf> {
         .find(|n| n["type"] == "network")?["path"]
         .as_str()
         .map(PathBuf::from)
-}
-
-/// The single child of `pid` (catatonit's: the server), waited for until `deadline`.
-fn only_child(pid: u32, deadline: Instant) -> u32 {
-    loop {
-        let children =
-            fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-        let kids: Vec<u32> = children
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect();
-        if let [one] = kids[..] {
-            return one;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "init {pid} has children {kids:?}, expected exactly the server"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }

@@ -67,6 +67,17 @@ impl PodSpec {
         }
     }
 
+    /// `labels` and the three the kubelet puts on a sandbox and each of its containers.
+    fn labels_with(&self, labels: &[(&str, &str)]) -> HashMap<String, String> {
+        let mut all = kv(labels);
+        all.extend(kv(&[
+            ("io.kubernetes.pod.name", &self.name),
+            ("io.kubernetes.pod.namespace", &self.namespace),
+            ("io.kubernetes.pod.uid", &self.uid),
+        ]));
+        all
+    }
+
     /// The kubelet's cgroup parent for a BestEffort pod with the cgroupfs driver.
     pub fn cgroup_parent(&self) -> String {
         format!("/kubepods/besteffort/pod{}", self.uid)
@@ -116,12 +127,9 @@ pub(super) fn sandbox_config(spec: &PodSpec, pod_logs: &Path) -> PodSandboxConfi
             options: vec![],
         }),
         port_mappings: vec![],
-        labels: kv(&[
+        labels: spec.labels_with(&[
             ("app", &spec.workload),
             ("pod-template-hash", &spec.template_hash),
-            ("io.kubernetes.pod.name", &spec.name),
-            ("io.kubernetes.pod.namespace", &spec.namespace),
-            ("io.kubernetes.pod.uid", &spec.uid),
         ]),
         annotations: kv(&[
             ("kubernetes.io/config.source", "api"),
@@ -200,12 +208,7 @@ pub(super) fn container_config(spec: &PodSpec, log_dir: &Path) -> ContainerConfi
             value: "1".into(),
         }],
         mounts,
-        labels: kv(&[
-            ("io.kubernetes.container.name", &spec.container),
-            ("io.kubernetes.pod.name", &spec.name),
-            ("io.kubernetes.pod.namespace", &spec.namespace),
-            ("io.kubernetes.pod.uid", &spec.uid),
-        ]),
+        labels: spec.labels_with(&[("io.kubernetes.container.name", &spec.container)]),
         annotations: kv(&[
             ("io.kubernetes.container.hash", "5d2f1a3b"),
             ("io.kubernetes.container.restartCount", "0"),
