@@ -1997,3 +1997,69 @@ fn an_ignored_stop_signal_is_on_the_record() {
     );
     assert_eq!(s.outcome(), Some(Outcome::KilledAtDeadline));
 }
+
+#[test]
+fn a_sandbox_that_ends_a_moment_before_its_app_is_still_a_line_on_the_apps_stop() {
+    let mut t = Tracker::new(Config::default());
+    let sandbox = crate::model::observation::ContainerKey::new("sb".into());
+    let app = crate::model::observation::ContainerKey::new("app".into());
+    for (k, name) in [(&sandbox, "POD"), (&app, "app")] {
+        t.observe(
+            ms(0),
+            O::Container {
+                identity: Box::new(pod_member(k, name)),
+                listeners: vec![],
+                inbound: vec![],
+            },
+        );
+    }
+    // podman stops a pod's members together: here the infra's exit comes first.
+    t.observe(
+        ms(100),
+        O::Exit {
+            key: sandbox.clone(),
+            exit: ExitInfo {
+                code: Some(0),
+                signal: None,
+            },
+        },
+    );
+    t.observe(
+        ms(101),
+        O::Signal {
+            key: app.clone(),
+            sig: SIGTERM,
+            sender: runc(),
+            ignored: None,
+        },
+    );
+    assert_eq!(only_stop(&t).sandbox_stopped_at, Some(ms(100)));
+    // A sandbox of the same pod name gone long before (a pod recreated under its name) is not.
+    let mut t = Tracker::new(Config::default());
+    for (k, name) in [(&sandbox, "POD"), (&app, "app")] {
+        t.observe(
+            ms(0),
+            O::Container {
+                identity: Box::new(pod_member(k, name)),
+                listeners: vec![],
+                inbound: vec![],
+            },
+        );
+    }
+    t.observe(
+        ms(100),
+        O::CgroupRemoved {
+            key: sandbox.clone(),
+        },
+    );
+    t.observe(
+        ms(60_000),
+        O::Signal {
+            key: app.clone(),
+            sig: SIGTERM,
+            sender: runc(),
+            ignored: None,
+        },
+    );
+    assert_eq!(only_stop(&t).sandbox_stopped_at, None);
+}

@@ -32,6 +32,10 @@ fn no_exit_limit(s: &Stop) -> Mono {
 /// record of a process's death can trail the closes it made).
 const CUT_BEFORE_STOP: Mono = 100_000_000;
 
+/// How long before a stop begins its pod's sandbox may have ended and still be its pod's
+/// (the stops of one deletion, in either order).
+const SANDBOX_BEFORE_STOP: Mono = SECOND;
+
 /// How far behind the clock the events may be while they still come: the clock decides a
 /// cut only this long after the event time would have (the queue drains before each tick,
 /// at most a second late; the reader batches the ring).
@@ -58,13 +62,28 @@ impl Tracker {
             stream_rotation: c.streams.rotation(),
             ..Stop::new(format!("{short}-{}", c.stops_seen), c.identity.clone())
         };
+        // Its pod's sandbox may have gone a moment before: podman stops a pod's containers
+        // together, and the sandbox's exit can come first.
+        let sandbox_stopped_at = self
+            .containers
+            .values()
+            .filter(|o| o.identity.is_sandbox() && o.identity.same_pod(&stop.container))
+            .filter_map(|o| o.gone_at)
+            .filter(|at| now.saturating_sub(*at) <= SANDBOX_BEFORE_STOP)
+            .max();
+        let stop = Stop {
+            sandbox_stopped_at,
+            ..stop
+        };
         self.emitted.push(Emitted::StopBegan {
             container: stop.container.clone(),
             stop_id: stop.id.clone(),
             at: now,
         });
         let seq = self.records.push(stop);
-        c.stop = Some(seq);
+        if let Some(c) = self.containers.get_mut(key) {
+            c.stop = Some(seq);
+        }
         // Within the cap at once, not only at the next tick (settled records go first).
         self.records.bound(self.config.max_stops);
         Some(seq)
