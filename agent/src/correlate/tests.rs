@@ -1888,8 +1888,13 @@ fn pod_member(id: &str, name: &str) -> ContainerIdentity {
     }
 }
 
-#[test]
-fn a_pods_sandbox_is_a_line_on_its_apps_stop_never_a_stop() {
+/// A running pod, its sandbox and its app (listening, one connection open): the tracker and
+/// their keys.
+fn running_pod() -> (
+    Tracker,
+    crate::model::observation::ContainerKey,
+    crate::model::observation::ContainerKey,
+) {
     let mut t = Tracker::new(Config::default());
     let sandbox = crate::model::observation::ContainerKey::new("sb".into());
     let app = crate::model::observation::ContainerKey::new("app".into());
@@ -1903,6 +1908,12 @@ fn a_pods_sandbox_is_a_line_on_its_apps_stop_never_a_stop() {
             },
         );
     }
+    (t, sandbox, app)
+}
+
+#[test]
+fn a_pods_sandbox_is_a_line_on_its_apps_stop_never_a_stop() {
+    let (mut t, sandbox, app) = running_pod();
     let signal = |key: &crate::model::observation::ContainerKey, sig| O::Signal {
         key: key.clone(),
         sig,
@@ -2000,19 +2011,7 @@ fn an_ignored_stop_signal_is_on_the_record() {
 
 #[test]
 fn a_sandbox_that_ends_a_moment_before_its_app_is_still_a_line_on_the_apps_stop() {
-    let mut t = Tracker::new(Config::default());
-    let sandbox = crate::model::observation::ContainerKey::new("sb".into());
-    let app = crate::model::observation::ContainerKey::new("app".into());
-    for (k, name) in [(&sandbox, "POD"), (&app, "app")] {
-        t.observe(
-            ms(0),
-            O::Container {
-                identity: Box::new(pod_member(k, name)),
-                listeners: vec![],
-                inbound: vec![],
-            },
-        );
-    }
+    let (mut t, sandbox, app) = running_pod();
     // podman stops a pod's members together: here the infra's exit comes first.
     t.observe(
         ms(100),
@@ -2035,17 +2034,7 @@ fn a_sandbox_that_ends_a_moment_before_its_app_is_still_a_line_on_the_apps_stop(
     );
     assert_eq!(only_stop(&t).sandbox_stopped_at, Some(ms(100)));
     // A sandbox of the same pod name gone long before (a pod recreated under its name) is not.
-    let mut t = Tracker::new(Config::default());
-    for (k, name) in [(&sandbox, "POD"), (&app, "app")] {
-        t.observe(
-            ms(0),
-            O::Container {
-                identity: Box::new(pod_member(k, name)),
-                listeners: vec![],
-                inbound: vec![],
-            },
-        );
-    }
+    let (mut t, sandbox, app) = running_pod();
     t.observe(
         ms(100),
         O::CgroupRemoved {

@@ -262,14 +262,7 @@ impl<H: HostView> Enricher<H> {
             ..Default::default()
         };
         self.claim_address(ip, &Key::new(id.into()), &identity);
-        self.containers.insert(
-            id.into(),
-            Box::new(Container {
-                identity: Arc::new(identity),
-                netns: Some(ns),
-                ..Default::default()
-            }),
-        );
+        self.add_test_member(identity, ns);
     }
 
     /// A container in namespace `ns` with nothing else known (a pod's sidecar).
@@ -280,8 +273,13 @@ impl<H: HostView> Enricher<H> {
             name: id.into(),
             ..Default::default()
         };
+        self.add_test_member(identity, ns);
+    }
+
+    #[cfg(test)]
+    fn add_test_member(&mut self, identity: ContainerIdentity, ns: u32) {
         self.containers.insert(
-            id.into(),
+            identity.id.clone(),
             Box::new(Container {
                 identity: Arc::new(identity),
                 netns: Some(ns),
