@@ -87,6 +87,8 @@ impl Telemetry {
     /// What the correlator reported: the one way the pipeline reaches the metrics.
     pub fn record(&self, e: &Emitted) {
         match e {
+            // A pod's sandbox is never a stop nor a start: no series of its own.
+            Emitted::ContainerSeen { container } if container.is_sandbox() => {}
             Emitted::ContainerSeen { container } => {
                 self.stops.container_seen(container);
                 self.starts.container_seen(container);
@@ -199,5 +201,27 @@ mod tests {
             plain.contains("drainwatch_events_lost_total{stage=\"queue\"} 0"),
             "{plain}"
         );
+    }
+
+    #[test]
+    fn a_pods_sandbox_gets_no_stop_or_start_series() {
+        let m = Telemetry::new("6.18.44");
+        for name in ["app", crate::model::SANDBOX_NAME] {
+            let container = crate::model::ContainerIdentity {
+                id: format!("{name}-id"),
+                name: name.into(),
+                namespace: "shop".into(),
+                pod: "web-7d9f8b6c5d-x2x7q".into(),
+                workload: "web".into(),
+                ..Default::default()
+            };
+            m.record(&Emitted::ContainerSeen { container });
+        }
+        let text = m.encode_prometheus().unwrap();
+        assert!(
+            text.contains("container=\"app\",outcome=\"drained\"} 0"),
+            "{text}"
+        );
+        assert!(!text.contains("container=\"POD\""), "{text}");
     }
 }
