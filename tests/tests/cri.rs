@@ -20,7 +20,7 @@ use drainwatch_tests::{
         Mode,
         client::RequestRecord,
         cri::{
-            AppSpec, CriLab, Deletion, Init, Pod, PodSpec, STATE_CONTAINERD, STATE_K3S, Step,
+            self, AppSpec, CriLab, Deletion, Init, Pod, PodSpec, STATE_CONTAINERD, STATE_K3S, Step,
             TaskExit,
             traffic::{Attempt, InFlight, ProbeCounts, Prober, was_cut},
         },
@@ -47,6 +47,9 @@ fn web_pod(init: Init) -> PodSpec {
 
 /// A pod running, the agent watching it: the agent is started first, as on a node.
 fn start(state: &str, init: Init) -> (Agent, CriLab, Pod, f64) {
+    // A killed run's pod first: the agent would adopt it, and its address is the one the new
+    // pod gets.
+    cri::cleanup_leftovers();
     let agent = Agent::start(&[]);
     let mut lab = CriLab::start(state);
     println!(

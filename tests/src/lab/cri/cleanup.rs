@@ -146,6 +146,12 @@ impl Owned {
                 roots.push(p.clone());
             }
         }
+        // mountinfo has resolved paths: the runtime names netns files under /var/run, a link
+        // to /run on Debian.
+        let roots: Vec<PathBuf> = roots
+            .into_iter()
+            .map(|r| fs::canonicalize(&r).unwrap_or(r))
+            .collect();
         unmount_below(&roots);
         for item in &self.items {
             if let Item::Netns(p) = item {
