@@ -166,6 +166,7 @@ impl Pod {
             Init::None => self.init_pid,
             Init::Catatonit => server_child(self.init_pid, deadline),
         };
+        self.assert_contained();
         require_bridge_route(self.ip.into()).unwrap_or_else(|e| panic!("{e}"));
         loop {
             match http_get(self.addr(), "/health", Duration::from_secs(2)) {
@@ -178,6 +179,26 @@ impl Pod {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The pod can reach nothing off the machine: no default route in its network namespace
+    /// (read through the server's `/proc`), and the loopback resolver only.
+    fn assert_contained(&self) {
+        let routes = fs::read_to_string(format!("/proc/{}/net/route", self.server_pid))
+            .expect("the pod's routes");
+        let default = routes
+            .lines()
+            .skip(1)
+            .any(|l| l.split_whitespace().nth(1) == Some("00000000"));
+        assert!(!default, "the pod has a default route:\n{routes}");
+        let resolv = fs::read_to_string(format!("/proc/{}/root/etc/resolv.conf", self.server_pid))
+            .expect("the pod's resolv.conf");
+        let servers: Vec<&str> = resolv
+            .lines()
+            .filter_map(|l| l.strip_prefix("nameserver"))
+            .map(str::trim)
+            .collect();
+        assert_eq!(servers, ["127.0.0.1"], "the pod's resolvers:\n{resolv}");
     }
 
     /// The server's address.
