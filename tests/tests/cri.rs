@@ -20,8 +20,8 @@ use drainwatch_tests::{
         Mode,
         client::RequestRecord,
         cri::{
-            self, AppSpec, CriLab, Deletion, Init, Pod, PodSpec, STATE_CONTAINERD, STATE_K3S, Step,
-            TaskExit,
+            self, AppSpec, CriLab, Deletion, Init, Pod, PodSpec, STATE_CONTAINERD, STATE_K3S,
+            STATE_MICROK8S, Step, TaskExit,
             traffic::{Attempt, InFlight, ProbeCounts, Prober, was_cut},
         },
     },
@@ -368,11 +368,10 @@ fn a_server_as_pid_1_without_a_handler_ignores_sigterm_and_is_killed_at_the_dead
 
 #[test]
 fn a_k3s_node_keeps_containerd_state_under_run_k3s() {
-    assert!(
-        !std::path::Path::new(STATE_CONTAINERD)
-            .join("io.containerd.runtime.v2.task")
-            .exists(),
-        "a containerd's task state at {STATE_CONTAINERD}: the k3s layout must have none there"
-    );
     deletion_with_requests_in_flight(STATE_K3S);
+}
+
+#[test]
+fn a_microk8s_node_keeps_containerd_state_in_its_snap() {
+    deletion_with_requests_in_flight(STATE_MICROK8S);
 }

@@ -2,7 +2,7 @@
 //!
 //! The lab starts containerd (Debian's 1.6) by its own PID with a config it writes: its own
 //! `root`, the task state at a path the caller picks (`/run/containerd` as on a node, or
-//! `/run/k3s/containerd` as k3s and RKE2 keep it), runc with the cgroupfs driver, a CNI bridge
+//! `/run/k3s/containerd` as k3s and RKE2 keep it, or MicroK8s' snap directory), runc with the cgroupfs driver, a CNI bridge
 //! on a subnet of the lab's own ([`SUBNET`]), and two images built from the host's busybox and
 //! imported with `ctr`: a pause image and an app image. A Rust CRI client ([`Kubelet`]) then
 //! plays the kubelet over containerd's socket in the kubelet's order: `RunPodSandbox`,
@@ -59,6 +59,8 @@ pub const APP_IMAGE: &str = "localhost/dwcri-app:1";
 pub const STATE_CONTAINERD: &str = "/run/containerd";
 /// containerd's task state on k3s and RKE2 nodes.
 pub const STATE_K3S: &str = "/run/k3s/containerd";
+/// containerd's task state on MicroK8s nodes (`--state ${SNAP_COMMON}/run/containerd`).
+pub const STATE_MICROK8S: &str = "/var/snap/microk8s/common/run/containerd";
 
 /// The lab's containerd, its network, a kubelet connected to it and containerd's task events.
 /// Dropping it removes every pod it made and everything containerd left.
