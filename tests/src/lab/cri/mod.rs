@@ -1,10 +1,10 @@
 //! The CRI lab: a pod as Kubernetes makes it, without a kubelet or an API server.
 //!
 //! The lab starts containerd (Debian's 1.6) by its own PID with a config it writes: its own
-//! `root`, the task state at a path the caller picks (`/run/containerd` as on a node, or
-//! `/run/k3s/containerd` as k3s and RKE2 keep it, or MicroK8s' snap directory), runc with the cgroupfs driver, a CNI bridge
-//! on a subnet of the lab's own ([`SUBNET`]), and two images built from the host's busybox and
-//! imported with `ctr`: a pause image and an app image. A Rust CRI client ([`Kubelet`]) then
+//! `root`, the task state at a path the caller picks (`/run/containerd` as on a node,
+//! `/run/k3s/containerd` as k3s and RKE2 keep it, or MicroK8s' snap directory), runc with the
+//! cgroupfs driver, a CNI bridge on a subnet of the lab's own ([`SUBNET`]), and two images
+//! built from the host's busybox and imported with `ctr`: a pause image and an app image. A Rust CRI client ([`Kubelet`]) then
 //! plays the kubelet over containerd's socket in the kubelet's order: `RunPodSandbox`,
 //! `CreateContainer`, `StartContainer`, and at a pod's deletion `StopContainer(grace)`,
 //! `StopPodSandbox`, `RemoveContainer`, `RemovePodSandbox` ([`Pod::delete`]).
