@@ -214,6 +214,65 @@ fn an_agent_restarted_between_sigterm_and_sigkill_sees_the_kill() {
     assert!(stop["sigkill_at"].is_string(), "{stop:#}");
 }
 
+/// The agent down (SIGKILLed, as a DaemonSet update does) at the very moment a container gets
+/// SIGTERM, started again on its state directory while the container drains: the exit it
+/// sees has no stop signal before it. The record is incomplete with the gap on it, and an
+/// exit 0 is a normal exit, never a crash (it read "a crash, not a deploy", complete).
+/// Ground truth: the backend's own log of the SIGTERM, podman's exit code.
+#[test]
+fn a_stop_signal_sent_while_the_agent_was_down_makes_an_incomplete_record_never_a_crash() {
+    let dir = std::env::temp_dir().join(format!("dw-gap-state-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let args = ["--state-dir", dir_arg.as_str()];
+    let mut first = Agent::start(&args);
+    let opts = BackendOpts {
+        drain_delay: Some(Duration::from_secs(3)),
+        ..BackendOpts::default()
+    };
+    let s1 = Backend::start("s1", Mode::Drain, opts);
+    wait_for("the agent knows s1", Duration::from_secs(10), || {
+        find_item(&first, "/api/v1/starts", |s| {
+            s["container"]["id"] == s1.id.as_str()
+        })
+        .is_some()
+    });
+    // A checkpoint written with s1 running and no stop open, then the agent gone.
+    std::thread::sleep(Duration::from_millis(1500));
+    first.child.kill().expect("SIGKILL the agent");
+    let _ = first.child.wait();
+    let stop = std::thread::scope(|scope| {
+        let stopping = scope.spawn(|| s1.stop(20));
+        wait_for("s1 logs its SIGTERM", Duration::from_secs(10), || {
+            s1.events().iter().any(|e| e.kind == "sigterm")
+        });
+        let agent = Agent::start(&args);
+        stopping.join().expect("podman stop");
+        stop_record(&agent, &s1.id)
+    });
+    println!("drainwatch after the restart: {stop:#}");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(s1.exit_code(), 0, "podman: s1 drained and exited 0");
+    assert!(
+        stop["sigterm_at"].is_null(),
+        "the SIGTERM came in the gap: {stop:#}"
+    );
+    assert_eq!(stop["outcome"], "exited", "{stop:#}");
+    assert_eq!(stop["complete"], false, "{stop:#}");
+    assert!(
+        stop["agent_gap"]["seconds"]
+            .as_f64()
+            .is_some_and(|s| s > 0.0),
+        "{stop:#}"
+    );
+    let verdict = stop["verdict"].as_str().unwrap_or_default();
+    assert!(
+        verdict.contains("its stop signal may have come then, unseen")
+            && !verdict.contains("crash,"),
+        "{verdict}"
+    );
+}
+
 #[test]
 fn a_stop_whose_exit_event_was_lost_settles_incomplete() {
     // The test hook drops every exit event in the reader, counted as lost in the ring buffer.

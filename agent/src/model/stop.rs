@@ -25,17 +25,19 @@ pub enum Outcome {
     Crashed,
     Drained,
     ExitAtOnce,
+    Exited,
     KilledAtDeadline,
     ListenerClosedEarly,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 5] = [
+    pub const ALL: [Outcome; 6] = [
         Outcome::Crashed,
         Outcome::KilledAtDeadline,
         Outcome::ExitAtOnce,
         Outcome::ListenerClosedEarly,
         Outcome::Drained,
+        Outcome::Exited,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -44,6 +46,7 @@ impl Outcome {
             Outcome::ExitAtOnce => "exit_at_once",
             Outcome::ListenerClosedEarly => "listener_closed_early",
             Outcome::Drained => "drained",
+            Outcome::Exited => "exited",
         }
     }
 }
@@ -219,7 +222,9 @@ impl Stop {
     }
 
     /// `None` until the main process has exited. The first that matches:
-    /// - `crashed`: it exited with no stop signal and no SIGKILL before;
+    /// - `exited`: it exited with code 0 with no stop signal and no SIGKILL before (its work
+    ///   done, a Job's end: a normal exit, never a crash);
+    /// - `crashed`: it exited otherwise with no stop signal and no SIGKILL before;
     /// - `killed_at_deadline`: SIGKILL came after the stop signal, before the exit;
     /// - `exit_at_once`: SIGKILL with no stop signal first, or it died of the stop signal, or
     ///   it exited within [`AT_ONCE`] of the signal having closed no listener (it did not serve
@@ -240,7 +245,11 @@ impl Stop {
             .sigkill_at
             .is_some_and(|t| exit_at.is_none_or(|e| t <= e));
         Some(if !stop_first && !kill_first {
-            Outcome::Crashed
+            if exit.code == Some(0) && exit.signal.is_none() {
+                Outcome::Exited
+            } else {
+                Outcome::Crashed
+            }
         } else if stop_first && kill_first {
             Outcome::KilledAtDeadline
         } else if kill_first
@@ -399,6 +408,12 @@ mod tests {
         s.sigterm_at = None;
         assert_eq!(s.outcome(), Some(Outcome::ExitAtOnce));
         s.sigkill_at = None;
+        // No signal at all: code 0 is a normal exit, any other a crash.
+        assert_eq!(s.outcome(), Some(Outcome::Exited));
+        s.exit = Some(ExitInfo {
+            code: Some(1),
+            signal: None,
+        });
         assert_eq!(s.outcome(), Some(Outcome::Crashed));
     }
 }

@@ -51,6 +51,7 @@ impl Tracker {
     /// Takes up what a previous run checkpointed, before any observation of this run: open
     /// stops go on (their containers point at them again), marked with `gap`.
     pub fn resume(&mut self, cp: StopsCheckpoint<'_>, gap: AgentGap) {
+        self.gap = Some(gap);
         self.probes.restore(cp.schedules);
         for stop in cp.stops {
             let mut stop = stop.into_owned();
@@ -153,6 +154,65 @@ mod tests {
         assert_eq!(s.id, "abcdef012345-1");
         assert_eq!(s.exit_at, Some(7 * SECOND));
         assert_eq!(s.sigterm_at, Some(2 * SECOND));
+    }
+
+    #[test]
+    fn an_exit_with_no_signal_seen_soon_after_the_gap_may_have_had_it_in_the_gap() {
+        let gap = AgentGap {
+            from: 3 * SECOND,
+            to: 5 * SECOND,
+        };
+        let exit_0 = ExitInfo {
+            code: Some(0),
+            signal: None,
+        };
+        let resumed = || {
+            let mut t = Tracker::default();
+            t.resume(
+                StopsCheckpoint {
+                    stops: vec![],
+                    schedules: vec![],
+                },
+                gap,
+            );
+            t.observe(
+                6 * SECOND,
+                Observation::Container {
+                    identity: Box::new(container()),
+                    listeners: vec![],
+                    inbound: vec![],
+                },
+            );
+            t
+        };
+        // Drained and exited 0 within the grace period of the gap: its SIGTERM may have come
+        // unseen. Incomplete, never crashed.
+        let mut t = resumed();
+        t.on_exit(9 * SECOND, "abcdef0123456789", exit_0);
+        t.tick(60 * SECOND);
+        let s = &t.stops()[0];
+        assert_eq!(s.agent_gap, Some(gap));
+        assert!(s.settled && !s.complete);
+        assert_eq!(s.outcome(), Some(crate::model::stop::Outcome::Exited));
+        // Long after the gap (past 300 s): its own exit, complete.
+        let mut t = resumed();
+        t.on_exit(400 * SECOND, "abcdef0123456789", exit_0);
+        t.tick(500 * SECOND);
+        assert_eq!(t.stops()[0].agent_gap, None);
+        assert!(t.stops()[0].complete);
+        // Started after the gap: no signal of the gap was for it.
+        let mut t = resumed();
+        t.observe(
+            6 * SECOND,
+            Observation::Started {
+                identity: std::sync::Arc::new(container()),
+                at: 6 * SECOND,
+                netns: None,
+                restart: false,
+            },
+        );
+        t.on_exit(9 * SECOND, "abcdef0123456789", exit_0);
+        assert_eq!(t.stops()[0].agent_gap, None);
     }
 
     #[test]

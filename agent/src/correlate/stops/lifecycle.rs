@@ -6,7 +6,7 @@ use crate::{
     correlate::retries::Decision,
     model::{
         Emitted, ExitInfo, Mono, SECOND, Sender,
-        stop::{IgnoredSignal, Lost, SIGINT, SIGKILL, SIGQUIT, SIGTERM, Stop},
+        stop::{AgentGap, IgnoredSignal, Lost, SIGINT, SIGKILL, SIGQUIT, SIGTERM, Stop},
     },
 };
 
@@ -186,11 +186,34 @@ impl Tracker {
         if let Some(c) = self.containers.get_mut(key) {
             c.gone_at.get_or_insert(now);
         }
+        let in_gap = self.stop_began_in_gap(key, now);
         if let Some(s) = self.stop_mut(key) {
             s.exit_at = Some(now);
             s.exit = Some(exit);
             s.connections_at_exit = Some(inbound);
+            if in_gap.is_some() && s.sigterm_at.is_none() && s.sigkill_at.is_none() {
+                s.agent_gap = in_gap;
+                s.complete = false;
+            }
         }
+    }
+
+    /// The agent's restart gap, when a stop signal to `key` may have come in it unseen: the
+    /// container ran then (it did not start after the gap) and exits within its grace period
+    /// (300 s when unknown) of the gap's end.
+    fn stop_began_in_gap(&self, key: &str, now: Mono) -> Option<AgentGap> {
+        let gap = self.gap?;
+        let c = self.containers.get(key)?;
+        if c.started_at.is_some_and(|at| at >= gap.to) {
+            return None;
+        }
+        let grace = c
+            .identity
+            .stop_policy
+            .grace_configured_seconds
+            .and_then(|g| Mono::try_from(g).ok())
+            .map_or(UNKNOWN_GRACE, |g| g * SECOND);
+        (now <= gap.to.saturating_add(grace)).then_some(gap)
     }
 
     /// `new`: what was lost since the last call, charged to every open record.
@@ -233,7 +256,10 @@ impl Tracker {
                 (None, None) => no_exit_limit(s),
             };
             if now >= due {
-                s.complete = s.exit_at.is_some() && s.events_lost == 0 && s.ebpf_faults == 0;
+                s.complete = s.exit_at.is_some()
+                    && s.events_lost == 0
+                    && s.ebpf_faults == 0
+                    && s.agent_gap.is_none();
                 s.settled = true;
                 settled.push(s.clone());
             }

@@ -77,6 +77,8 @@ struct ContainerState {
     /// The stop of its run before a restart in place, and when the restart was seen.
     previous_stop: Option<(usize, Mono)>,
     gone_at: Option<Mono>,
+    /// When its run started, when that was while the agent ran (`Observation::Started`).
+    started_at: Option<Mono>,
     stops_seen: u32,
     /// Its listeners' streams and their rotation.
     streams: streams::Streams,
@@ -96,6 +98,8 @@ pub struct Tracker {
     processed_until: Mono,
     /// Observations waiting until they can be judged (`held.rs`).
     held: held::Held,
+    /// The agent's last restart gap (`resume`): a stop signal may have come in it unseen.
+    gap: Option<crate::model::stop::AgentGap>,
     /// The key of the observation being applied, kept for its allocation (see `apply`).
     key: String,
 }
@@ -117,6 +121,7 @@ impl Tracker {
             emitted: Vec::new(),
             processed_until: 0,
             held: held::Held::default(),
+            gap: None,
             key: String::new(),
         }
     }
@@ -272,7 +277,12 @@ impl Tracker {
             return;
         }
         match obs {
-            Observation::Container { .. } | Observation::Started { .. } => {}
+            Observation::Container { .. } => {}
+            Observation::Started { at, .. } => {
+                if let Some(c) = self.containers.get_mut(key) {
+                    c.started_at = Some(at);
+                }
+            }
             Observation::Identity { identity } => {
                 if let Some(s) = self.stop_mut(key).filter(|s| !s.settled) {
                     s.grace_configured_seconds = identity.stop_policy.grace_configured_seconds;

@@ -17,7 +17,7 @@ use crate::{
 pub(super) fn outcome_level(outcome: Option<Outcome>) -> Level {
     match outcome {
         None => Level::Pending,
-        Some(Outcome::Drained) => Level::Good,
+        Some(Outcome::Drained | Outcome::Exited) => Level::Good,
         Some(_) => Level::Bad,
     }
 }

@@ -270,6 +270,22 @@ pub fn stop(stop: &StopView) -> Verdict {
             }
             parts.push(text);
         }
+        Some(Outcome::Exited) => {
+            // Its work done (a Job, a one-shot task): nothing to fix unless it cut something.
+            let mut text =
+                "exited with code 0 with no stop signal seen: a normal exit, not a crash"
+                    .to_string();
+            if cut > 0 {
+                level = Level::Warning;
+                text += &format!(
+                    "; it cut {}: close connections only after their requests are answered",
+                    count(cut, "in-flight request", "in-flight requests")
+                );
+            } else if refused == 0 && streams == 0 {
+                level = Level::Good;
+            }
+            parts.push(text);
+        }
         Some(Outcome::KilledAtDeadline) => {
             let g = stop
                 .grace()
@@ -418,8 +434,13 @@ pub fn stop(stop: &StopView) -> Verdict {
     common_findings(stop, &mut parts);
     parts.extend(lost_notes(stop.events_lost, stop.ebpf_faults));
     if let Some(gap) = &stop.agent_gap {
+        let when = if stop.sigterm_at.is_none() && stop.sigkill_at.is_none() {
+            "just before it exited: its stop signal may have come then, unseen"
+        } else {
+            "while it was open"
+        };
         parts.push(format!(
-            "may be incomplete: the agent was not watching for {} s while it was open (it restarted; agent_gap)",
+            "may be incomplete: the agent was not watching for {} s {when} (it restarted; agent_gap)",
             secs(gap.seconds)
         ));
     }
@@ -608,6 +629,40 @@ mod tests {
             "{}",
             v.text
         );
+    }
+
+    #[test]
+    fn an_exit_zero_with_no_stop_signal_is_a_normal_exit_never_a_crash() {
+        let done = stop_with("exited", json!({}), json!({"exit_code": 0}));
+        let v = stop(&done);
+        assert_eq!(v.level, Level::Good);
+        assert_eq!(
+            v.text,
+            "exited with code 0 with no stop signal seen: a normal exit, not a crash"
+        );
+        // Right after the agent's restart: its SIGTERM may have come unseen.
+        let gap = stop_with(
+            "exited",
+            json!({}),
+            json!({"exit_code": 0, "complete": false,
+                   "agent_gap": {"from": "t0", "to": "t1", "seconds": 1.7}}),
+        );
+        let v = stop(&gap);
+        assert_eq!(v.level, Level::Warning);
+        assert!(
+            v.text.ends_with("may be incomplete: the agent was not watching for 1.7 s just before it exited: its stop signal may have come then, unseen (it restarted; agent_gap)"),
+            "{}",
+            v.text
+        );
+        let cut = stop_with(
+            "exited",
+            json!({"inflight_cut": 2}),
+            json!({"exit_code": 0}),
+        );
+        let v = stop(&cut);
+        assert_eq!(v.level, Level::Warning);
+        assert!(v.text.contains("it cut 2 in-flight requests"), "{}", v.text);
+        assert!(!v.text.contains("crash,"), "{}", v.text);
     }
 
     #[test]
