@@ -26,8 +26,7 @@ use super::{
     http::State,
 };
 use crate::model::{
-    ContainerIdentity, Loss, LossKind, Mono, SECOND, monotonic_now, start::Start, stop::Stop,
-    storm::Storm,
+    ContainerIdentity, Mono, SECOND, monotonic_now, start::Start, stop::Stop, storm::Storm,
 };
 
 /// The events' reasons (`kubectl get events` REASON).
@@ -131,19 +130,6 @@ pub struct Candidate {
     pub verdict: String,
 }
 
-/// Users' connections lost: cut requests and streams, connects refused or unanswered (idle
-/// closes, resets by themselves and failed health checks are not).
-fn lost(loss: &Loss) -> bool {
-    [
-        LossKind::InflightCut,
-        LossKind::StreamsCut,
-        LossKind::Refused,
-        LossKind::Unreachable,
-    ]
-    .into_iter()
-    .any(|k| loss.get(k) > 0)
-}
-
 /// Events' note: at most 1 kB (the API's limit), cut at a character boundary.
 fn note(text: &str) -> String {
     let mut end = text.len().min(1024);
@@ -219,7 +205,7 @@ impl Emitter {
         for v in api::stop_views(&stops, storms, clock) {
             self.seen.insert(v.id.clone());
             if let Some(s) = stops.iter().find(|s| s.id == v.id)
-                && lost(&s.loss)
+                && s.loss.lost_any()
             {
                 out.push(Candidate {
                     id: v.id,

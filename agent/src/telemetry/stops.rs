@@ -32,12 +32,8 @@ pub(super) fn seconds_buckets() -> Histogram {
 pub struct StopMetrics {
     cap: Arc<Cap>,
     stops: Family<OutcomeLabels, Counter>,
-    inflight_cut: Family<ContainerLabels, Counter>,
-    streams_cut: Family<ContainerLabels, Counter>,
-    idle_closed: Family<ContainerLabels, Counter>,
-    refused: Family<ContainerLabels, Counter>,
-    unreachable: Family<ContainerLabels, Counter>,
-    accepted_after_sigterm: Family<ContainerLabels, Counter>,
+    /// `drainwatch_stop_<field>` of every kind with a plain per-container counter.
+    loss: Vec<(LossKind, Family<ContainerLabels, Counter>)>,
     probe_failures: Family<ProbeFailureLabels, Counter>,
     resets_sent: Family<ReasonLabels, Counter>,
     drain_duration: Family<ContainerLabels, Histogram>,
@@ -103,12 +99,11 @@ impl StopMetrics {
         let m = Self {
             cap,
             stops: Family::default(),
-            inflight_cut: Family::default(),
-            streams_cut: Family::default(),
-            idle_closed: Family::default(),
-            refused: Family::default(),
-            unreachable: Family::default(),
-            accepted_after_sigterm: Family::default(),
+            loss: LossKind::ALL
+                .iter()
+                .filter(|k| k.info().help.is_some())
+                .map(|k| (*k, Family::default()))
+                .collect(),
             probe_failures: Family::default(),
             resets_sent: Family::default(),
             drain_duration: Family::new_with_constructor(seconds_buckets),
@@ -128,40 +123,14 @@ impl StopMetrics {
             "Container stops, by outcome, counted when a stop settles",
             m.stops.clone(),
         );
-        registry.register(
-            "drainwatch_stop_inflight_cut",
-            "Inbound connections a stopping container closed or reset with a request pending",
-            m.inflight_cut.clone(),
-        );
-        registry.register(
-            "drainwatch_stop_streams_cut",
-            "Live streams (data moving within 1 s, no request pending) a stopping container closed or its exit closed, not at the server's own stream rotation",
-            m.streams_cut.clone(),
-        );
-        registry.register(
-            "drainwatch_stop_idle_closed",
-            "Inbound connections a stopping container closed with nothing pending and nothing moving, or streams at their own rotation: harmless",
-            m.idle_closed.clone(),
-        );
+        for (kind, family) in &m.loss {
+            let help = kind.info().help.unwrap_or_default();
+            registry.register(kind.metric(), help, family.clone());
+        }
         registry.register(
             "drainwatch_stop_probe_failures",
             "Health checks (the kubelet's probes, a balancer's learned checks) a stopping container cut, refused or was unreachable for: apart from the request counts",
             m.probe_failures.clone(),
-        );
-        registry.register(
-            "drainwatch_stop_refused",
-            "Connection attempts refused by a stopping container's closed listener",
-            m.refused.clone(),
-        );
-        registry.register(
-            "drainwatch_stop_unreachable",
-            "Connection attempts from this node to a stopped container's address after it was gone",
-            m.unreachable.clone(),
-        );
-        registry.register(
-            "drainwatch_stop_accepted_after_sigterm",
-            "Connections a container accepted after its stop signal",
-            m.accepted_after_sigterm.clone(),
         );
         registry.register(
             "drainwatch_stop_resets_sent",
@@ -239,15 +208,12 @@ impl StopMetrics {
                 },
             );
         }
-        for family in [
-            &self.inflight_cut,
-            &self.streams_cut,
-            &self.idle_closed,
-            &self.refused,
-            &self.unreachable,
-            &self.accepted_after_sigterm,
-            &self.refused_connections,
-        ] {
+        for family in self
+            .loss
+            .iter()
+            .map(|(_, f)| f)
+            .chain([&self.refused_connections])
+        {
             let _ = self.cap.series(family, &l);
         }
         // The same for the per-stop histograms: a histogram that appears with its first
@@ -258,16 +224,14 @@ impl StopMetrics {
 
     /// Loss counted against a stop, as it happens.
     pub fn stop_loss(&self, c: &ContainerIdentity, kind: LossKind, reason: Option<&str>) {
-        let (metric, family) = match kind {
-            LossKind::InflightCut => ("drainwatch_stop_inflight_cut", &self.inflight_cut),
-            LossKind::StreamsCut => ("drainwatch_stop_streams_cut", &self.streams_cut),
-            LossKind::IdleClosed => ("drainwatch_stop_idle_closed", &self.idle_closed),
-            LossKind::Refused => ("drainwatch_stop_refused", &self.refused),
-            LossKind::Unreachable => ("drainwatch_stop_unreachable", &self.unreachable),
-            LossKind::AcceptedAfterSigterm => (
-                "drainwatch_stop_accepted_after_sigterm",
-                &self.accepted_after_sigterm,
-            ),
+        if let Some((_, family)) = self.loss.iter().find(|(k, _)| *k == kind) {
+            let l = ContainerLabels::from(c);
+            if self.cap.admit(&l, kind.metric()) {
+                self.cap.series(family, &l).inc();
+            }
+            return;
+        }
+        match kind {
             LossKind::ResetsSent => {
                 let container = ContainerLabels::from(c);
                 if self.cap.admit(&container, "drainwatch_stop_resets_sent") {
@@ -281,7 +245,6 @@ impl StopMetrics {
                         )
                         .inc();
                 }
-                return;
             }
             LossKind::ProbeCut | LossKind::ProbeRefused | LossKind::ProbeUnreachable => {
                 let container = ContainerLabels::from(c);
@@ -298,16 +261,9 @@ impl StopMetrics {
                         )
                         .inc();
                 }
-                return;
             }
-            // Counted by their own families (retries).
-            LossKind::RetryDuplicates | LossKind::RetriedUnexecuted | LossKind::UpstreamAborts => {
-                return;
-            }
-        };
-        let l = ContainerLabels::from(c);
-        if self.cap.admit(&l, metric) {
-            self.cap.series(family, &l).inc();
+            // Counted by their own families (retries), by proxy.
+            _ => {}
         }
     }
 

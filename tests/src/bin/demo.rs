@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use drainwatch::export::verdict;
+use drainwatch::{export::verdict, model::LossKind};
 use drainwatch_tests::{
     agent::{Agent, api, binary, free_port, get, stop_record, sync},
     browser,
@@ -97,17 +97,11 @@ fn storm_verdict(storm: &Value) -> String {
 fn seen(stop: &Value) -> String {
     let loss = &stop["loss"];
     let mut parts = Vec::new();
-    for (k, label) in [
-        ("inflight_cut", "in-flight cut"),
-        ("retry_duplicates", "retried by a proxy (done twice)"),
-        ("upstream_aborts", "seen as 502"),
-        ("refused", "refused"),
-        ("unreachable", "unreachable"),
-        ("accepted_after_sigterm", "accepted after SIGTERM"),
-    ] {
-        let v = loss[k].as_u64().unwrap_or(0);
-        if v > 0 {
-            parts.push(format!("{v} {label}"));
+    // The kinds a user lost, in the agent's display order and words.
+    for k in LossKind::ALL.iter().filter(|k| k.info().chip.is_some()) {
+        let v = loss[k.as_str()].as_u64().unwrap_or(0);
+        if v > 0 && *k != LossKind::IdleClosed {
+            parts.push(format!("{v} {}", k.info().words));
         }
     }
     if parts.is_empty() {

@@ -19,32 +19,11 @@ use crate::{
     model::{LossKind, stop::Outcome},
 };
 
-/// The loss kinds the page shows, in order: kind, chip label, CSS class.
-const LOSS_KINDS: [(LossKind, &str, &str); 9] = [
-    (LossKind::InflightCut, "in-flight cut", "cut"),
-    (LossKind::StreamsCut, "live streams cut", "streams"),
-    (LossKind::RetryDuplicates, "retried (done twice)", "retried"),
-    (
-        LossKind::RetriedUnexecuted,
-        "retried (never ran on it)",
-        "retried",
-    ),
-    (LossKind::UpstreamAborts, "seen as 502", "abort"),
-    (LossKind::Refused, "refused", "refused"),
-    (LossKind::Unreachable, "unreachable", "unreachable"),
-    (
-        LossKind::AcceptedAfterSigterm,
-        "accepted after SIGTERM",
-        "late",
-    ),
-    (LossKind::IdleClosed, "idle closed", "idle"),
-];
-
 /// Loss chips: one per non-zero kind, each with its field name for machines.
 pub(super) fn chips(loss: &LossView) -> Markup {
-    let shown: Vec<_> = LOSS_KINDS
+    let shown: Vec<_> = LossKind::ALL
         .iter()
-        .map(|(kind, label, class)| (loss.get(*kind), kind.as_str(), label, class))
+        .filter_map(|k| Some((loss.get(*k), k.as_str(), k.info().words, k.info().chip?)))
         .filter(|(n, ..)| *n > 0)
         .collect();
     html! {

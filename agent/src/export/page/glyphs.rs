@@ -4,7 +4,7 @@
 use maud::{Markup, html};
 
 use super::px;
-use crate::model::LossKind;
+use crate::model::{LossKind, loss::Mark};
 
 /// What a glyph stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,19 +31,16 @@ pub(super) enum Glyph {
 impl Glyph {
     /// The glyph of a loss kind on the timeline; none for kinds it does not draw.
     pub(super) fn of(kind: LossKind) -> Option<Glyph> {
-        match kind {
-            LossKind::InflightCut => Some(Glyph::Cut),
-            LossKind::StreamsCut => Some(Glyph::Stream),
-            LossKind::RetryDuplicates | LossKind::RetriedUnexecuted => Some(Glyph::Retried),
-            LossKind::UpstreamAborts => Some(Glyph::Abort),
-            LossKind::Refused => Some(Glyph::Refused),
-            LossKind::Unreachable => Some(Glyph::Unreachable),
-            LossKind::AcceptedAfterSigterm => Some(Glyph::Late),
-            LossKind::ProbeCut | LossKind::ProbeRefused | LossKind::ProbeUnreachable => {
-                Some(Glyph::Probe)
-            }
-            LossKind::IdleClosed | LossKind::ResetsSent => None,
-        }
+        Some(match kind.info().mark? {
+            Mark::Cut => Glyph::Cut,
+            Mark::Stream => Glyph::Stream,
+            Mark::Retried => Glyph::Retried,
+            Mark::Abort => Glyph::Abort,
+            Mark::Refused => Glyph::Refused,
+            Mark::Unreachable => Glyph::Unreachable,
+            Mark::Probe => Glyph::Probe,
+            Mark::Late => Glyph::Late,
+        })
     }
 }
 

@@ -94,42 +94,24 @@ const LOSS_Y: f64 = PROCESS_Y + LANE_H + GAP;
 const BOTTOM: f64 = LOSS_Y + LANE_H;
 const GLYPH_Y: f64 = TRAFFIC_Y + 13.0;
 
-fn count_kinds(events: &[(f64, LossKind)], kinds: &[(LossKind, &str)]) -> String {
+/// "3 cut, 1 streams cut": the counts of the timeline's kinds `row` takes, in display order.
+fn count_kinds(events: &[(f64, LossKind)], row: impl Fn(LossKind) -> bool) -> String {
     let mut parts = Vec::new();
-    for (k, label) in kinds {
+    for k in LossKind::ALL.iter().filter(|k| k.on_timeline() && row(**k)) {
         let c = events.iter().filter(|e| e.1 == *k).count();
         if c > 0 {
-            parts.push(format!("{c} {label}"));
+            parts.push(format!("{c} {}", k.info().short));
         }
     }
     parts.join(", ")
 }
 
 fn count_routed(events: &[(f64, LossKind)]) -> String {
-    count_kinds(
-        events,
-        &[
-            (LossKind::AcceptedAfterSigterm, "late"),
-            (LossKind::Refused, "refused"),
-            (LossKind::Unreachable, "unreach."),
-            (LossKind::ProbeRefused, "checks refused"),
-            (LossKind::ProbeUnreachable, "checks unreach."),
-            (LossKind::ProbeCut, "checks cut"),
-        ],
-    )
+    count_kinds(events, |k| k.is_routed() || k.is_probe())
 }
 
 fn count_lost(events: &[(f64, LossKind)]) -> String {
-    count_kinds(
-        events,
-        &[
-            (LossKind::InflightCut, "cut"),
-            (LossKind::StreamsCut, "streams cut"),
-            (LossKind::RetryDuplicates, "retried"),
-            (LossKind::RetriedUnexecuted, "retried unrun"),
-            (LossKind::UpstreamAborts, "as 502"),
-        ],
-    )
+    count_kinds(events, |k| !k.is_routed() && !k.is_probe())
 }
 
 /// The timeline of a stop; empty when it has neither a stop signal nor an exit.
