@@ -11,10 +11,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use drainwatch::export::{
-    page::esc,
-    verdict,
-    view::{StopView, StormView},
+use drainwatch::{
+    export::{
+        page::esc,
+        verdict,
+        view::{StopView, StormView},
+    },
+    model::LossKind,
 };
 use drainwatch_tests::{
     agent::{Agent, api, get, instant, stop_record},
@@ -115,31 +118,23 @@ fn chips(el: &str) -> Vec<(String, u64)> {
 
 /// The non-zero loss counts of an API loss object, in the page's chip order.
 fn nonzero(loss: &Value) -> Vec<(String, u64)> {
-    [
-        "inflight_cut",
-        "retry_duplicates",
-        "retried_unexecuted",
-        "upstream_aborts",
-        "refused",
-        "unreachable",
-        "accepted_after_sigterm",
-        "idle_closed",
-    ]
-    .into_iter()
-    .filter_map(|k| {
-        let v = loss[k].as_u64().unwrap_or(0);
-        (v > 0).then(|| (k.to_string(), v))
-    })
-    .chain({
-        // Failed health checks: one chip apart from the loss.
-        let p = &loss["probes"];
-        let failed: u64 = ["cut", "refused", "unreachable"]
-            .iter()
-            .map(|k| p[k].as_u64().unwrap_or(0))
-            .sum();
-        (failed > 0).then(|| ("probes".to_string(), failed))
-    })
-    .collect()
+    LossKind::ALL
+        .iter()
+        .filter(|k| k.info().chip.is_some())
+        .filter_map(|k| {
+            let v = loss[k.as_str()].as_u64().unwrap_or(0);
+            (v > 0).then(|| (k.as_str().to_string(), v))
+        })
+        .chain({
+            // Failed health checks: one chip apart from the loss.
+            let p = &loss["probes"];
+            let failed: u64 = ["cut", "refused", "unreachable"]
+                .iter()
+                .map(|k| p[k].as_u64().unwrap_or(0))
+                .sum();
+            (failed > 0).then(|| ("probes".to_string(), failed))
+        })
+        .collect()
 }
 
 fn text_or_empty(v: &Value) -> String {

@@ -175,6 +175,15 @@ impl Correlator {
                 starts::MAX_WAITING,
                 self.starts.waiting_dropped,
             ),
+            {
+                let (entries, dropped) = self.tracker.sessions_waiting();
+                stat(
+                    StateMap::SessionsWaiting,
+                    entries,
+                    stops::MAX_SESSIONS_WAITING,
+                    dropped,
+                )
+            },
         ]
     }
 

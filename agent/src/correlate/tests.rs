@@ -95,6 +95,7 @@ fn no_handler_sigterm_cuts_inflight_and_exits_at_once() {
         t.observe(
             ms(103),
             O::InboundClosed {
+                peer: [10, 88, 0, 1].into(),
                 key: key(),
                 sock,
                 by_container: true,
@@ -129,6 +130,8 @@ fn no_handler_sigterm_cuts_inflight_and_exits_at_once() {
         },
     );
     t.observe(ms(600), O::CgroupRemoved { key: key() });
+    // Closes at exit wait for their client's return (sessions) until the settle window passes.
+    t.tick(ms(600) + 10 * SECOND);
     let s = only_stop(&t);
     assert_eq!(s.sigterm_at, Some(ms(100)));
     assert_eq!(s.sigterm_sender, Some(runc()));
@@ -181,6 +184,7 @@ fn closing_the_listener_first_refuses_what_routing_still_sends() {
     t.observe(
         ms(800),
         O::InboundClosed {
+            peer: [10, 88, 0, 1].into(),
             key: key(),
             sock: 1,
             by_container: true,
@@ -227,6 +231,7 @@ fn readiness_flip_and_drain_is_drained_and_counts_late_accepts() {
         t.observe(
             ms(sock * 100),
             O::InboundEstablished {
+                peer: [10, 88, 0, 1].into(),
                 key: key(),
                 sock,
                 upstream: None,
@@ -235,6 +240,7 @@ fn readiness_flip_and_drain_is_drained_and_counts_late_accepts() {
         t.observe(
             ms(sock * 100 + 50),
             O::InboundClosed {
+                peer: [10, 88, 0, 1].into(),
                 key: key(),
                 sock,
                 by_container: true,
@@ -302,6 +308,7 @@ fn sigkill_after_the_grace_period_is_killed_at_deadline() {
     t.observe(
         ms(10_002),
         O::InboundClosed {
+            peer: [10, 88, 0, 1].into(),
             key: key(),
             sock: 1,
             by_container: true,
@@ -334,6 +341,7 @@ fn an_exit_without_a_stop_signal_is_a_crash() {
     t.observe(
         ms(51),
         O::InboundClosed {
+            peer: [10, 88, 0, 1].into(),
             key: key(),
             sock: 1,
             by_container: true,
@@ -367,6 +375,7 @@ fn a_handshake_seen_after_the_scan_found_its_connection_is_an_accept() {
         t.observe(
             ms(10),
             O::InboundEstablished {
+                peer: [10, 88, 0, 1].into(),
                 key: key(),
                 sock: 1,
                 upstream: None,
@@ -404,6 +413,7 @@ fn duplicates_and_out_of_order_events_do_not_double_count() {
     t.observe(
         ms(5),
         O::InboundClosed {
+            peer: [10, 88, 0, 1].into(),
             key: key(),
             sock: 1,
             by_container: true,
@@ -417,6 +427,7 @@ fn duplicates_and_out_of_order_events_do_not_double_count() {
     t.observe(
         ms(5),
         O::InboundClosed {
+            peer: [10, 88, 0, 1].into(),
             key: key(),
             sock: 1,
             by_container: true,
@@ -444,6 +455,7 @@ fn duplicates_and_out_of_order_events_do_not_double_count() {
     t.observe(
         ms(7),
         O::InboundEstablished {
+            peer: [10, 88, 0, 1].into(),
             key: key(),
             sock: 2,
             upstream: None,
@@ -453,6 +465,7 @@ fn duplicates_and_out_of_order_events_do_not_double_count() {
     t.observe(
         ms(8),
         O::InboundClosed {
+            peer: [10, 88, 0, 1].into(),
             key: key(),
             sock: 2,
             by_container: false,
@@ -661,6 +674,7 @@ fn an_agent_restarted_mid_stop_keeps_the_connections_it_found() {
     t.observe(
         ms(11),
         O::InboundClosed {
+            peer: [10, 88, 0, 1].into(),
             key: key(),
             sock: 1,
             by_container: true,
@@ -674,6 +688,7 @@ fn an_agent_restarted_mid_stop_keeps_the_connections_it_found() {
     t.observe(
         ms(11),
         O::InboundClosed {
+            peer: [10, 88, 0, 1].into(),
             key: key(),
             sock: 2,
             by_container: true,
@@ -687,6 +702,7 @@ fn an_agent_restarted_mid_stop_keeps_the_connections_it_found() {
     t.observe(
         ms(11),
         O::InboundClosed {
+            peer: [10, 88, 0, 1].into(),
             key: key(),
             sock: 3,
             by_container: true,
@@ -697,6 +713,8 @@ fn an_agent_restarted_mid_stop_keeps_the_connections_it_found() {
             activity: Default::default(),
         },
     );
+    // Closes at exit wait for their client's return (sessions) until the settle window passes.
+    t.tick(ms(11) + 10 * SECOND);
     let s = only_stop(&t);
     assert_eq!(s.connections_at_exit, Some(2));
     assert_eq!(
@@ -799,6 +817,7 @@ fn loss_events_keep_their_times_and_routing_lag_counts_refused_attempts() {
     t.observe(
         ms(400),
         O::InboundEstablished {
+            peer: [10, 88, 0, 1].into(),
             key: key(),
             sock: 7,
             upstream: None,
@@ -814,6 +833,7 @@ fn loss_events_keep_their_times_and_routing_lag_counts_refused_attempts() {
     t.observe(
         ms(1000),
         O::InboundClosed {
+            peer: [10, 88, 0, 1].into(),
             key: key(),
             sock: 7,
             by_container: true,
@@ -892,6 +912,7 @@ fn a_cut_of_a_connection_found_by_a_scan_has_no_age_and_events_are_capped() {
     t.observe(
         ms(10),
         O::InboundClosed {
+            peer: [10, 88, 0, 1].into(),
             key: key(),
             sock: 1,
             by_container: true,
@@ -1192,6 +1213,7 @@ fn the_kubelets_failed_probes_are_apart_from_requests_and_decide_nothing() {
     t.observe(
         ms(0),
         O::InboundEstablished {
+            peer: [10, 88, 0, 1].into(),
             key: key(),
             sock: 11,
             upstream: Some(0xa1),
@@ -1201,6 +1223,7 @@ fn the_kubelets_failed_probes_are_apart_from_requests_and_decide_nothing() {
     t.observe(
         ms(1),
         O::InboundClosed {
+            peer: [10, 88, 0, 1].into(),
             key: key(),
             sock: 11,
             by_container: true,
@@ -1375,6 +1398,7 @@ fn a_request_accepted_on_a_check_tick_after_sigterm_is_counted_at_its_close() {
         t.observe(
             at,
             O::InboundEstablished {
+                peer: [10, 88, 0, 1].into(),
                 key: key(),
                 sock: sock + 0x100,
                 upstream: Some(sock),
@@ -1385,6 +1409,7 @@ fn a_request_accepted_on_a_check_tick_after_sigterm_is_counted_at_its_close() {
         t.observe(
             next + 300_000_000,
             O::InboundClosed {
+                peer: [10, 88, 0, 1].into(),
                 key: key(),
                 sock: sock + 0x100,
                 by_container: false,
@@ -1481,6 +1506,7 @@ fn streaming(sending_ms: u64) -> crate::model::activity::Activity {
 
 fn closed(sock: u64, activity: crate::model::activity::Activity) -> O {
     O::InboundClosed {
+        peer: [10, 88, 0, 1].into(),
         key: key(),
         sock,
         by_container: true,
@@ -1494,6 +1520,7 @@ fn closed(sock: u64, activity: crate::model::activity::Activity) -> O {
 
 fn opened(sock: u64) -> O {
     O::InboundEstablished {
+        peer: [10, 88, 0, 1].into(),
         key: key(),
         sock,
         upstream: None,
@@ -1558,6 +1585,8 @@ fn streams_sigkill_cuts_are_streams_cut_and_the_rotation_is_learned_before_the_s
     };
     t.observe(ms(11_002), closed(13, idle));
     t.observe(ms(11_100), O::CgroupRemoved { key: key() });
+    // Closes at exit wait for their client's return (sessions) until the settle window passes.
+    t.tick(ms(11_100) + 10 * SECOND);
     let s = only_stop(&t);
     assert_eq!(s.outcome(), Some(Outcome::KilledAtDeadline));
     assert_eq!((s.loss.streams_cut, s.loss.idle_closed), (2, 2));
@@ -1616,6 +1645,8 @@ fn request_response_traffic_never_reads_as_streams() {
     for sock in 6..=8 {
         t.observe(ms(5_003), closed(sock, answered));
     }
+    // Closes at exit wait for their client's return (sessions) until the settle window passes.
+    t.tick(ms(5_003) + 10 * SECOND);
     let s = only_stop(&t);
     assert_eq!((s.loss.streams_cut, s.loss.idle_closed), (0, 4));
     assert_eq!(s.stream_rotation, None);
@@ -1816,11 +1847,13 @@ fn losses_while_a_stop_is_open_are_on_its_record_and_make_it_incomplete() {
 fn an_arrival_that_comes_after_the_signal_and_exit_it_preceded_is_counted_as_open_at_both() {
     let mut t = running(1);
     let established = |sock| O::InboundEstablished {
+        peer: [10, 88, 0, 1].into(),
         key: key(),
         sock,
         upstream: None,
     };
     let closed = |sock, pending| O::InboundClosed {
+        peer: [10, 88, 0, 1].into(),
         key: key(),
         sock,
         by_container: true,
@@ -1859,6 +1892,8 @@ fn an_arrival_that_comes_after_the_signal_and_exit_it_preceded_is_counted_as_ope
     t.observe(ms(60), established(1));
     t.observe(ms(201), closed(1, false));
     t.observe(ms(600), O::CgroupRemoved { key: key() });
+    // Closes at exit wait for their client's return (sessions) until the settle window passes.
+    t.tick(ms(600) + 10 * SECOND);
     let s = only_stop(&t);
     assert_eq!(
         (s.connections_at_sigterm, s.connections_at_exit),
@@ -2051,4 +2086,118 @@ fn a_sandbox_that_ends_a_moment_before_its_app_is_still_a_line_on_the_apps_stop(
         },
     );
     assert_eq!(only_stop(&t).sandbox_stopped_at, None);
+}
+
+/// A quiet connection closed by the exit, from `peer`.
+fn closed_from(sock: u64, peer: [u8; 4]) -> O {
+    O::InboundClosed {
+        peer: peer.into(),
+        key: key(),
+        sock,
+        by_container: true,
+        pending: false,
+        upstream: None,
+        request_bytes: 40,
+        port: 8080,
+        activity: Default::default(),
+    }
+}
+
+#[test]
+fn sessions_the_exit_cut_are_the_closes_whose_clients_came_back() {
+    // A socket server without a SIGTERM handler: SIGKILLed with 4 quiet sessions open (two
+    // clients at .7, two at .8, one at .9 closed earlier by the server itself).
+    let mut t = running(5);
+    let kill = |t: &mut Tracker| {
+        t.observe(
+            ms(100),
+            O::Signal {
+                key: key(),
+                sig: SIGTERM,
+                sender: runc(),
+                ignored: None,
+            },
+        );
+        t.observe(ms(150), closed_from(5, [10, 88, 0, 9]));
+        t.observe(
+            ms(5_100),
+            O::Exit {
+                key: key(),
+                exit: killed_by(SIGKILL),
+            },
+        );
+        for (sock, peer) in [(1, 7), (2, 7), (3, 8), (4, 8)] {
+            t.observe(ms(5_101), closed_from(sock, [10, 88, 0, peer]));
+        }
+        t.observe(ms(5_200), O::CgroupRemoved { key: key() });
+    };
+    kill(&mut t);
+    // The replacement (same workload) comes up; .7's two clients and one of .8's come back
+    // within the window, another connection from .8 much later; a check from .8 is no
+    // return.
+    t.observe(
+        ms(5_300),
+        O::Container {
+            identity: Box::new(identity("c2", "web")),
+            listeners: vec![addr()],
+            inbound: vec![],
+        },
+    );
+    let c2 = crate::model::observation::ContainerKey::new("c2".into());
+    let arrive = |t: &mut Tracker, at: u64, sock: u64, peer: u8| {
+        t.observe(
+            ms(at),
+            O::InboundEstablished {
+                key: c2.clone(),
+                sock,
+                upstream: None,
+                peer: [10, 88, 0, peer].into(),
+            },
+        );
+    };
+    for (at, sock, peer) in [(6_000, 101, 7), (6_100, 102, 7), (6_200, 103, 8)] {
+        arrive(&mut t, at, sock, peer);
+    }
+    // A return counts at once; a close nobody came back for only when the window passes.
+    assert_eq!(
+        (
+            t.stops()[0].loss.sessions_cut,
+            t.stops()[0].loss.idle_closed
+        ),
+        (3, 1)
+    );
+    arrive(&mut t, 16_000, 104, 8);
+    t.tick(ms(16_000));
+    t.tick(ms(5_200) + 10 * SECOND);
+    let s = &t.stops()[0];
+    assert!(s.settled);
+    assert_eq!(
+        (s.loss.sessions_cut, s.loss.idle_closed),
+        (3, 2),
+        "3 came back in time; .8's second and the server's own close at .9 were idle"
+    );
+    assert!(s.loss.lost_any());
+    // The sessions are drawn at their cut, and counted for telemetry.
+    assert_eq!(
+        s.events
+            .iter()
+            .filter(|e| e.kind == LossKind::SessionsCut && e.at == ms(5_101))
+            .count(),
+        3
+    );
+    let emitted = t.take_emitted();
+    let counted = emitted
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Emitted::Loss {
+                    kind: LossKind::SessionsCut,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(counted, 3);
+    assert_eq!(t.sessions_waiting(), (0, 0));
 }

@@ -153,6 +153,15 @@ loss_kinds! {
             help: Some("Live streams (data moving within 1 s, no request pending) a stopping container closed or its exit closed, not at the server's own stream rotation"),
             ..INFO
         };
+        /// A connection its exit closed (nothing pending) whose client connected to the
+        /// workload again within the settle window: a socket client that lost its session
+        /// and came back at once (`correlate::stops::sessions`).
+        SessionsCut sessions_cut KindInfo {
+            words: "sessions cut (clients came back)", short: "sessions cut",
+            chip: Some("streams"), mark: Some(Mark::Stream), lost: true,
+            help: Some("Connections a stopping container's exit closed with nothing pending whose client connected to the workload again within 10 s: sessions lost"),
+            ..INFO
+        };
         /// A cut request the backend had read, re-sent by a proxy to another backend (done
         /// twice, or maybe twice, invisible to the client).
         RetryDuplicates retry_duplicates KindInfo {
@@ -170,13 +179,6 @@ loss_kinds! {
             words: "seen as 502", short: "as 502", chip: Some("abort"), mark: Some(Mark::Abort),
             ..INFO
         };
-        /// A connection accepted after the stop signal.
-        AcceptedAfterSigterm accepted_after_sigterm KindInfo {
-            words: "accepted after SIGTERM", short: "late", chip: Some("late"),
-            mark: Some(Mark::Late), routed: true,
-            help: Some("Connections a container accepted after its stop signal"),
-            ..INFO
-        };
         /// A SYN to a listening address it had closed, answered with RST.
         Refused refused KindInfo {
             words: "refused", short: "refused", chip: Some("refused"), mark: Some(Mark::Refused),
@@ -189,6 +191,13 @@ loss_kinds! {
             words: "unreachable", short: "unreach.", chip: Some("unreachable"),
             mark: Some(Mark::Unreachable), lost: true, routed: true,
             help: Some("Connection attempts from this node to a stopped container's address after it was gone"),
+            ..INFO
+        };
+        /// A connection accepted after the stop signal.
+        AcceptedAfterSigterm accepted_after_sigterm KindInfo {
+            words: "accepted after SIGTERM", short: "late", chip: Some("late"),
+            mark: Some(Mark::Late), routed: true,
+            help: Some("Connections a container accepted after its stop signal"),
             ..INFO
         };
         /// An inbound connection it closed with nothing pending and nothing moving (or a

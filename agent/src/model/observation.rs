@@ -1,6 +1,9 @@
 //! What the enricher established about containers, the only input the correlator has.
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+};
 
 use super::{
     ContainerIdentity, ExitInfo, Mono, Proxy, ResetDirection, Sender, activity::Activity,
@@ -106,6 +109,8 @@ pub enum Observation {
         key: ContainerKey,
         sock: u64,
         upstream: Option<u64>,
+        /// The client's address.
+        peer: IpAddr,
     },
     /// An inbound connection ended. `by_container`: the container closed or reset it (not the
     /// peer); `pending`: a request was waiting for an answer; `request_bytes`: what it had
@@ -120,6 +125,8 @@ pub enum Observation {
         request_bytes: u64,
         port: u16,
         activity: Activity,
+        /// The client's address.
+        peer: IpAddr,
     },
     /// A RST its network namespace sent (with the kernel's reason) or one of its sockets
     /// received (reason "none": the kernel gives none). `on_connection`: on a connection the

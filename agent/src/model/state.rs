@@ -20,10 +20,12 @@ pub enum StateMap {
     RefusedAttempts,
     /// Processes known to be in no container, until they exit.
     NotContainers,
+    /// Connections the exit closed, waiting for their client's return (a lost session).
+    SessionsWaiting,
 }
 
 impl StateMap {
-    pub const ALL: [StateMap; 8] = [
+    pub const ALL: [StateMap; 9] = [
         StateMap::Stops,
         StateMap::Starts,
         StateMap::Storms,
@@ -32,6 +34,7 @@ impl StateMap {
         StateMap::InboundSockets,
         StateMap::RefusedAttempts,
         StateMap::NotContainers,
+        StateMap::SessionsWaiting,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -44,6 +47,7 @@ impl StateMap {
             StateMap::InboundSockets => "inbound_sockets",
             StateMap::RefusedAttempts => "refused_attempts",
             StateMap::NotContainers => "not_containers",
+            StateMap::SessionsWaiting => "sessions_waiting",
         }
     }
 }

@@ -240,6 +240,7 @@ impl Tracker {
         for d in self.retries.tick(now.saturating_sub(PIPELINE_LAG)) {
             self.decided(d);
         }
+        self.expire_sessions(now);
         let settle = self.config.settle;
         let mut settled = Vec::new();
         for (_, s) in self.records.iter_mut() {

@@ -9,10 +9,12 @@ mod lifecycle;
 #[cfg(test)]
 mod proptests;
 mod records;
+mod sessions;
 mod streams;
 
 pub use checkpoint::{RECENT_SETTLED, StopsCheckpoint};
 pub use lifecycle::{NO_EXIT_AFTER_KILL, UNKNOWN_GRACE};
+pub use sessions::MAX_HELD as MAX_SESSIONS_WAITING;
 
 use super::{
     probes::{ProbeSource, Probes},
@@ -102,6 +104,8 @@ pub struct Tracker {
     gap: Option<crate::model::stop::AgentGap>,
     /// The key of the observation being applied, kept for its allocation (see `apply`).
     key: String,
+    /// Closes at exit waiting for their client's return.
+    sessions: sessions::Sessions,
 }
 
 impl Default for Tracker {
@@ -123,6 +127,7 @@ impl Tracker {
             held: held::Held::default(),
             gap: None,
             key: String::new(),
+            sessions: sessions::Sessions::default(),
         }
     }
 
@@ -381,7 +386,12 @@ impl Tracker {
                     }
                 }
             }
-            Observation::InboundEstablished { sock, upstream, .. } => {
+            Observation::InboundEstablished {
+                sock,
+                upstream,
+                peer,
+                ..
+            } => {
                 let Some(c) = self.containers.get_mut(key) else {
                     return;
                 };
@@ -410,7 +420,13 @@ impl Tracker {
                         s.connections_at_exit = s.connections_at_exit.map(|n| n + 1);
                     }
                 }
-                // A balancer still checking is not routing: probes move neither.
+                // A balancer still checking is not routing: probes move neither, nor are
+                // they a client's return.
+                if self.probes.peek(upstream).is_none()
+                    && let Some(w) = self.containers.get(key).map(|c| c.identity.workload_key())
+                {
+                    self.session_returned(&w, peer, now);
+                }
                 if self.probes.peek(upstream).is_some() {
                     if after_sigterm && let Some(c) = self.containers.get_mut(key) {
                         c.tick_accepts.insert(sock);
@@ -427,6 +443,7 @@ impl Tracker {
                 request_bytes,
                 port,
                 activity,
+                peer,
                 ..
             } => {
                 let Some(c) = self.containers.get_mut(key) else {
@@ -455,7 +472,7 @@ impl Tracker {
                         at_exit: self.exited_by(key, now),
                         in_stop: self.stop_mut(key).is_some(),
                     };
-                    self.closed_unpending(key, now, close);
+                    self.closed_unpending(key, now, close, peer);
                 } else if self.stop_mut(key).is_some() {
                     let probe = self.probes.classify(upstream, Some(request_bytes));
                     let kind = self.probe_or(key, probe, LossKind::InflightCut, LossKind::ProbeCut);

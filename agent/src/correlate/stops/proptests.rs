@@ -89,11 +89,13 @@ fn apply(t: &mut Tracker, now: &mut Mono, s: &Step) {
             key: std::sync::Arc::new(key(*i)),
         },
         Step::Opened(i, s) => Observation::InboundEstablished {
+            peer: [10, 88, 0, 1].into(),
             key: std::sync::Arc::new(key(*i)),
             sock: sock(*i, *s),
             upstream: None,
         },
         Step::Closed(i, s, by_container) => Observation::InboundClosed {
+            peer: [10, 88, 0, 1].into(),
             key: std::sync::Arc::new(key(*i)),
             sock: sock(*i, *s),
             by_container: *by_container,

@@ -7,7 +7,7 @@
 //! it themselves), and it was not the server's rotation: a close by the process itself at the
 //! learned lifetime. A close at exit (SIGKILL, or an exit without close()) is never one.
 
-use std::collections::VecDeque;
+use std::{collections::VecDeque, net::IpAddr};
 
 use super::{ContainerState, Tracker};
 use crate::model::{Emitted, HashMap, LossKind, Mono, SECOND, activity::Activity, stop::Stop};
@@ -101,7 +101,7 @@ pub(super) fn judge(streams: &mut Streams, close: &Close) -> (LossKind, bool) {
 
 impl Tracker {
     /// An inbound connection of `key` closed by the container with nothing pending.
-    pub(super) fn closed_unpending(&mut self, key: &str, now: Mono, close: Close) {
+    pub(super) fn closed_unpending(&mut self, key: &str, now: Mono, close: Close, peer: IpAddr) {
         let Some(c) = self.containers.get_mut(key) else {
             return;
         };
@@ -110,7 +110,10 @@ impl Tracker {
             let rotation = c.streams.rotation();
             report_rotation(c, rotation, &mut self.emitted);
         }
-        if close.in_stop {
+        if close.in_stop && close.at_exit && kind == LossKind::IdleClosed {
+            // Idle or a lost session: its client's return tells (`sessions`).
+            self.hold_session(key, peer, now, close.age);
+        } else if close.in_stop {
             self.count(key, kind, None, now, close.age);
         }
     }

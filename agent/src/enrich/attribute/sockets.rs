@@ -171,6 +171,7 @@ impl<H: HostView> Enricher<H> {
                         key: key.clone(),
                         sock: s.skaddr,
                         upstream: self.upstream_of(conn),
+                        peer: conn.remote.ip(),
                     });
                     make_room(
                         &mut self.sockets.tracked,
@@ -234,6 +235,7 @@ impl<H: HostView> Enricher<H> {
                     request_bytes: s.counters.bytes_received,
                     port: conn.local.port(),
                     activity: self.activity(&s.counters),
+                    peer: conn.remote.ip(),
                 });
             }
             _ => {}

@@ -3,6 +3,7 @@
 //! deploy page, over the report API's views (what the report fetches and the page renders), so
 //! both always say the same thing.
 
+mod sessions;
 mod start;
 mod storm;
 
@@ -222,7 +223,8 @@ fn lost_notes(events: u64, faults: u64) -> Vec<String> {
 /// The verdict on one stop record (`/api/v1/stops` element).
 pub fn stop(stop: &StopView) -> Verdict {
     let cut = stop.loss.inflight_cut;
-    let streams = stop.loss.streams_cut;
+    // Connections a client lost with no request on them: streams, sessions.
+    let streams = stop.loss.streams_cut + stop.loss.sessions_cut;
     let refused = stop.loss.refused;
     let mut level = Level::Bad;
     let mut parts: Vec<String> = Vec::new();
@@ -239,7 +241,7 @@ pub fn stop(stop: &StopView) -> Verdict {
                     },
                     if cut + refused + streams > 0 {
                         format!(
-                            " ({cut} in-flight cut, {streams} live streams cut, {refused} refused while it was seen)"
+                            " ({cut} in-flight cut, {streams} streams or sessions cut, {refused} refused while it was seen)"
                         )
                     } else {
                         String::new()
@@ -431,6 +433,7 @@ pub fn stop(stop: &StopView) -> Verdict {
         }
     }
     parts.extend(streams_cut(stop));
+    parts.extend(sessions::sessions_cut(stop));
     common_findings(stop, &mut parts);
     parts.extend(lost_notes(stop.events_lost, stop.ebpf_faults));
     if let Some(gap) = &stop.agent_gap {
@@ -517,6 +520,26 @@ mod tests {
             early.text,
             "drained for 0.5 s; 3 live streams cut: the server ended them before their 6 s rotation: on SIGTERM, close the listener and let open streams run to their rotation (a grace period of at least 8 s)"
         );
+    }
+
+    #[test]
+    fn sessions_the_exit_cut_are_a_loss_with_their_own_fix() {
+        // A Socket.IO server without a SIGTERM handler, killed at once, its clients back.
+        let v = stop(&stop_with(
+            "exit_at_once",
+            json!({"sessions_cut": 1500, "idle_closed": 3}),
+            json!({"exit_code": 143, "exit_signal": 15}),
+        ));
+        assert_eq!(v.level, Level::Bad);
+        assert!(
+            v.text.contains("; 1,500 clients lost their session when the process exited and came back at once: on SIGTERM, close sessions yourself over the grace period"),
+            "{}",
+            v.text
+        );
+        // A drain that left its sessions to the exit is not clean.
+        let d = stop(&stop_with("drained", json!({"sessions_cut": 2}), json!({})));
+        assert_eq!(d.level, Level::Bad);
+        assert!(!d.text.contains("nothing lost"), "{}", d.text);
     }
 
     #[test]

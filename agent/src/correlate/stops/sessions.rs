@@ -1,0 +1,92 @@
+//! Sessions the exit cut: a connection the container's exit closed (the process died with it
+//! open: no request pending, quiet or not a stream) whose client connected again to the
+//! workload moments later lost its session: a socket client (Socket.IO, a websocket) that
+//! reconnects at once, whatever the connection's activity at the cut (a Socket.IO session is
+//! quiet between its 25 s pings). Such a close is held until its client comes back (a lost
+//! session) or the window passes (an idle close nobody came back for).
+//!
+//! The client is its address: clients behind one address (a proxy, a NAT) are told apart by
+//! count only, each arrival matching one held close. A keep-alive pool that reopens its
+//! connections at once after the exit looks the same from the kernel, and counts too.
+
+use std::{collections::VecDeque, net::IpAddr};
+
+use super::Tracker;
+use crate::model::{LossKind, Mono, Workload};
+
+/// Closes held at once, beyond which the oldest is counted idle (a cap, counted).
+pub const MAX_HELD: usize = 100_000;
+
+#[derive(Debug)]
+struct Close {
+    key: String,
+    workload: Workload,
+    peer: IpAddr,
+    at: Mono,
+    age: Option<Mono>,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Sessions {
+    /// Oldest first.
+    held: VecDeque<Close>,
+    /// Closes counted idle at the cap, before their window passed.
+    pub(super) dropped: u64,
+}
+
+impl Tracker {
+    /// Closes waiting for their client, and those the cap counted idle early.
+    pub fn sessions_waiting(&self) -> (usize, u64) {
+        (self.sessions.held.len(), self.sessions.dropped)
+    }
+
+    /// A close at exit with nothing pending that would be idle: held for its client's return.
+    pub(super) fn hold_session(&mut self, key: &str, peer: IpAddr, at: Mono, age: Option<Mono>) {
+        let Some(workload) = self.containers.get(key).map(|c| c.identity.workload_key()) else {
+            return;
+        };
+        if self.sessions.held.len() >= MAX_HELD
+            && let Some(old) = self.sessions.held.pop_front()
+        {
+            self.sessions.dropped += 1;
+            self.count(&old.key, LossKind::IdleClosed, None, old.at, old.age);
+        }
+        self.sessions.held.push_back(Close {
+            key: key.to_string(),
+            workload,
+            peer,
+            at,
+            age,
+        });
+    }
+
+    /// A client connected to a container of `workload` at `at`: the oldest held close of that
+    /// client (within the window) was a lost session.
+    pub(super) fn session_returned(&mut self, workload: &Workload, peer: IpAddr, at: Mono) {
+        let window = self.config.settle;
+        let Some(i) = self.sessions.held.iter().position(|c| {
+            c.peer == peer && c.workload == *workload && c.at <= at && at <= c.at + window
+        }) else {
+            return;
+        };
+        if let Some(c) = self.sessions.held.remove(i) {
+            self.count(&c.key, LossKind::SessionsCut, None, c.at, c.age);
+        }
+    }
+
+    /// Closes whose window passed by `now` are idle. The window is the settle delay, so a
+    /// close (at the latest at the cgroup's removal) is judged before its record settles.
+    pub(super) fn expire_sessions(&mut self, now: Mono) {
+        let window = self.config.settle;
+        while self
+            .sessions
+            .held
+            .front()
+            .is_some_and(|c| now >= c.at + window)
+        {
+            if let Some(c) = self.sessions.held.pop_front() {
+                self.count(&c.key, LossKind::IdleClosed, None, c.at, c.age);
+            }
+        }
+    }
+}
