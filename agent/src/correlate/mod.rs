@@ -120,6 +120,9 @@ impl Correlator {
                 _ => {}
             }
             self.tracker.observe(at, o);
+            for (w, back) in self.tracker.take_returns() {
+                self.storms.first_attempt(&w, back);
+            }
         }
         if event {
             self.tracker.processed(at);

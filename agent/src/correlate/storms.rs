@@ -91,6 +91,9 @@ pub struct Storms {
     /// its workload, the counters, and the ticks since they were sampled.
     counters: BTreeMap<String, (Workload, ListenCounters, u32)>,
     done: Vec<Storm>,
+    /// Per watched workload: when clients whose session a stop cut connected again (their
+    /// first connection back, see `stops::sessions`), in time order.
+    firsts: BTreeMap<Workload, Vec<Mono>>,
     /// Finished storms dropped at the cap (`Config::kept`), oldest first.
     pub dropped: u64,
 }
@@ -182,6 +185,16 @@ impl Storms {
         open.arrivals.insert(i, at);
     }
 
+    /// A client whose session a stop of `workload` cut came back at `at`.
+    pub fn first_attempt(&mut self, workload: &Workload, at: Mono) {
+        if !self.watching.contains_key(workload) {
+            return;
+        }
+        let firsts = self.firsts.entry(workload.clone()).or_default();
+        let i = firsts.partition_point(|a| *a <= at);
+        firsts.insert(i, at);
+    }
+
     pub fn accept_wait(&mut self, workload: &Workload, port: u16, secs: f64, at: Mono) {
         if let Some(o) = self.open.get_mut(&(workload.clone(), port)) {
             let i = o.accepts.partition_point(|(a, _)| *a <= at);
@@ -218,8 +231,20 @@ impl Storms {
             if (o.arrivals.len() as u64) < self.config.min_clients {
                 continue;
             }
+            // The clients' first connections within this return.
+            let (first, last) = (o.arrivals[0], o.arrivals[o.arrivals.len() - 1]);
+            let firsts: Vec<Mono> = self
+                .firsts
+                .get(&key.0)
+                .map(|f| {
+                    f.iter()
+                        .copied()
+                        .filter(|a| (first..=last).contains(a))
+                        .collect()
+                })
+                .unwrap_or_default();
             let ((namespace, workload), port) = key;
-            let storm = summarize(namespace, workload, port, o);
+            let storm = summarize(namespace, workload, port, o, &firsts);
             if self.done.len() >= self.config.kept {
                 self.done.remove(0); // storms are rare: a shift per one at the cap
                 self.dropped += 1;
@@ -229,6 +254,9 @@ impl Storms {
         }
         self.watching
             .retain(|_, (_, since, _)| now <= *since + self.config.watch);
+        let (watching, open) = (&self.watching, &self.open);
+        self.firsts
+            .retain(|w, _| watching.contains_key(w) || open.keys().any(|(o, _)| o == w));
         // A storm's baseline is the sample before its first arrival, which can come before the
         // fast sampling after a stop has run: keep every container's latest sample (all are
         // sampled every 10 s, and once when found), also while a container of its workload is
@@ -243,22 +271,37 @@ impl Storms {
     }
 }
 
-fn summarize(namespace: String, workload: String, port: u16, mut o: Open) -> Storm {
+/// `firsts`: the clients' first connections among the arrivals, when known.
+fn summarize(
+    namespace: String,
+    workload: String,
+    port: u16,
+    mut o: Open,
+    firsts: &[Mono],
+) -> Storm {
     o.arrivals.sort_unstable();
     let first = o.arrivals[0];
     let last = o.arrivals[o.arrivals.len() - 1];
-    let clients = o.arrivals.len() as u64;
+    let connections = o.arrivals.len() as u64;
+    // Demand is the clients, by their first connection: a client's follow-ups come only once
+    // the service answered its first, so they and their spread are the service's doing.
+    let first_attempts = (firsts.len() >= 2).then(|| (firsts[firsts.len() - 1] - firsts[0]));
+    let clients = if first_attempts.is_some() {
+        firsts.len() as u64
+    } else {
+        connections
+    };
     let mut buckets = vec![0u32; ((last - first) / BUCKET + 1) as usize];
     for a in &o.arrivals {
         buckets[((a - first) / BUCKET) as usize] += 1;
     }
-    let i95 = ((clients as f64 * 0.95).ceil() as usize).clamp(1, o.arrivals.len()) - 1;
+    let i95 = ((connections as f64 * 0.95).ceil() as usize).clamp(1, o.arrivals.len()) - 1;
     let peak = buckets.iter().copied().max().unwrap_or(0) as f64 * (SECOND / BUCKET) as f64;
     o.accepts.sort_by_key(|(at, _)| *at);
     let sustained = capacity(&o.accepts);
     // A wider window is recommended only when the service needed more time to take every
     // client than they took to come back: a busy service that kept up needs none.
-    let span = (last - first) as f64 / SECOND as f64;
+    let span = first_attempts.unwrap_or(last - first) as f64 / SECOND as f64;
     let mut waits: Vec<f64> = o.accepts.iter().map(|(_, w)| *w).collect();
     waits.sort_by(f64::total_cmp);
     let p95 = waits
@@ -278,6 +321,8 @@ fn summarize(namespace: String, workload: String, port: u16, mut o: Open) -> Sto
         first_arrival: first,
         last_arrival: last,
         clients,
+        connections,
+        first_attempts_seconds: first_attempts.map(|s| s as f64 / SECOND as f64),
         arrivals_per_bucket: buckets,
         seconds_to_95_percent: (o.arrivals[i95] - first) as f64 / SECOND as f64,
         peak_arrivals_per_second: peak,
@@ -347,6 +392,58 @@ mod tests {
             );
         }
         s
+    }
+
+    #[test]
+    fn demand_is_the_clients_first_connections_and_their_spread() {
+        // 200 clients whose sessions the stop cut come back over 0.5 s; each opens two more
+        // connections once the service answered (Socket.IO's polling and upgrade), which
+        // stretches the return to ~6 s. One server at 100 accepts/s.
+        let mut s = Storms::new(Config::default());
+        s.stopped(web(), "old-1", "web-1", T0);
+        let start = T0 + 500 * MS;
+        let mut arrivals: Vec<Mono> = Vec::new();
+        for i in 0..200u64 {
+            let at = start + 500 * MS * i / 200;
+            s.first_attempt(&web(), at);
+            arrivals.push(at);
+        }
+        // Follow-ups: served in turn, each client's two follow-ups right after its answer.
+        let service = SECOND / 100;
+        for i in 0..200u64 {
+            let answered = start + service * (i + 1);
+            arrivals.extend([answered + MS, answered + 2 * MS]);
+        }
+        arrivals.sort_unstable();
+        let mut free_at = start;
+        for at in arrivals {
+            s.arrival(&web(), "web-2", 8080, at);
+            let accepted = free_at.max(at);
+            free_at = accepted + service / 3;
+            s.accept_wait(
+                &web(),
+                8080,
+                (accepted - at) as f64 / SECOND as f64,
+                accepted,
+            );
+        }
+        let st = &s.tick(T0 + 20 * SECOND)[0];
+        assert_eq!((st.clients, st.connections), (200, 600));
+        let spread = st.first_attempts_seconds.unwrap();
+        assert!((spread - 0.4975).abs() < 0.01, "{spread}");
+        let rate = st.sustained_accept_rate.unwrap();
+        let window = st.recommended_window_seconds.unwrap();
+        assert!(
+            (window - 200.0 / rate).abs() < 0.01,
+            "{window} vs 200 / {rate}"
+        );
+        // Without first connections known, every arrival is a client.
+        let mut plain = storm(200, 400 * MS, 100.0);
+        let st = &plain.tick(T0 + 5 * SECOND)[0];
+        assert_eq!(
+            (st.clients, st.connections, st.first_attempts_seconds),
+            (200, 200, None)
+        );
     }
 
     #[test]

@@ -221,12 +221,17 @@ pub struct StormView {
     pub accept_wait_p50_seconds: Option<f64>,
     pub accept_wait_p95_seconds: Option<f64>,
     pub arrivals_per_100ms: Vec<u32>,
+    /// Clients that came back, counted by their first connection when known.
     pub clients: u64,
+    /// Every connection that arrived, follow-ups included.
+    pub connections: u64,
     /// The container (name) whose listener took the storm.
     pub container: String,
     /// The deploy of its stop, while that is still listed.
     pub deploy_id: Option<String>,
     pub first_arrival_at: String,
+    /// First to last of the clients' first connections, when known.
+    pub first_attempts_seconds: Option<f64>,
     pub last_arrival_at: String,
     pub max_queue_depth: u32,
     pub namespace: String,

@@ -15,7 +15,15 @@ pub struct Storm {
     pub stop_id: String,
     pub first_arrival: Mono,
     pub last_arrival: Mono,
+    /// Clients that came back: their first connections when known (sessions the stop cut
+    /// whose clients returned), else every arrival.
     pub clients: u64,
+    /// Every connection that arrived, a client's follow-ups (a Socket.IO client's polling and
+    /// upgrade connections, opened once the server answered its first) included.
+    pub connections: u64,
+    /// First to last of the clients' first connections, when known: the clients' own
+    /// reconnect window, which the service's answers cannot stretch.
+    pub first_attempts_seconds: Option<f64>,
     /// Arrivals per 100 ms, from the first arrival.
     pub arrivals_per_bucket: Vec<u32>,
     pub seconds_to_95_percent: f64,

@@ -32,9 +32,17 @@ pub(super) struct Sessions {
     held: VecDeque<Close>,
     /// Closes counted idle at the cap, before their window passed.
     pub(super) dropped: u64,
+    /// Clients that came back (a lost session), for the storm they are part of: taken by
+    /// the correlator after each observation.
+    returns: Vec<(Workload, Mono)>,
 }
 
 impl Tracker {
+    /// Clients that came back since the last call: their workload and when.
+    pub fn take_returns(&mut self) -> impl Iterator<Item = (Workload, Mono)> + '_ {
+        self.sessions.returns.drain(..)
+    }
+
     /// Closes waiting for their client, and those the cap counted idle early.
     pub fn sessions_waiting(&self) -> (usize, u64) {
         (self.sessions.held.len(), self.sessions.dropped)
@@ -71,6 +79,7 @@ impl Tracker {
         };
         if let Some(c) = self.sessions.held.remove(i) {
             self.count(&c.key, LossKind::SessionsCut, None, c.at, c.age);
+            self.sessions.returns.push((c.workload, at));
         }
     }
 
