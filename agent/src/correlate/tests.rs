@@ -2201,3 +2201,37 @@ fn sessions_the_exit_cut_are_the_closes_whose_clients_came_back() {
     assert_eq!(counted, 3);
     assert_eq!(t.sessions_waiting(), (0, 0));
 }
+
+#[test]
+fn a_request_the_exit_cut_stays_a_cut_and_its_clients_return_is_a_first_connection() {
+    let mut t = running(2);
+    t.observe(
+        ms(100),
+        O::Exit {
+            key: key(),
+            exit: killed_by(SIGKILL),
+        },
+    );
+    let mut pending = closed_from(1, [10, 88, 0, 7]);
+    if let O::InboundClosed { pending: p, .. } = &mut pending {
+        *p = true;
+    }
+    t.observe(ms(101), pending);
+    t.observe(ms(101), closed_from(2, [10, 88, 0, 7]));
+    for (at, sock) in [(900, 11), (950, 12)] {
+        t.observe(
+            ms(at),
+            O::InboundEstablished {
+                key: key(),
+                sock,
+                upstream: None,
+                peer: [10, 88, 0, 7].into(),
+            },
+        );
+    }
+    let s = &t.stops()[0];
+    assert_eq!((s.loss.inflight_cut, s.loss.sessions_cut), (1, 1));
+    // Both clients came back: two first connections for the storm.
+    let back: Vec<_> = t.take_returns().map(|(_, at)| at).collect();
+    assert_eq!(back, [ms(900), ms(950)]);
+}

@@ -5,6 +5,9 @@
 //! quiet between its 25 s pings). Such a close is held until its client comes back (a lost
 //! session) or the window passes (an idle close nobody came back for).
 //!
+//! A request or a stream the exit cut keeps its own kind (`inflight_cut`, `streams_cut`), but
+//! is held all the same: its client's return is a first connection of the storm that follows.
+//!
 //! The client is its address: clients behind one address (a proxy, a NAT) are told apart by
 //! count only, each arrival matching one held close. A keep-alive pool that reopens its
 //! connections at once after the exit looks the same from the kernel, and counts too.
@@ -24,6 +27,9 @@ struct Close {
     peer: IpAddr,
     at: Mono,
     age: Option<Mono>,
+    /// Counted already (a request or a stream cut at exit): its client's return is only a
+    /// first connection for the storm. None: idle or a lost session, decided by the return.
+    counted: Option<LossKind>,
 }
 
 #[derive(Debug, Default)]
@@ -48,8 +54,16 @@ impl Tracker {
         (self.sessions.held.len(), self.sessions.dropped)
     }
 
-    /// A close at exit with nothing pending that would be idle: held for its client's return.
-    pub(super) fn hold_session(&mut self, key: &str, peer: IpAddr, at: Mono, age: Option<Mono>) {
+    /// A close at exit: held for its client's return. `counted`: the loss it was counted as
+    /// already, if any; else it was idle or a lost session.
+    pub(super) fn hold_session(
+        &mut self,
+        key: &str,
+        peer: IpAddr,
+        at: Mono,
+        age: Option<Mono>,
+        counted: Option<LossKind>,
+    ) {
         let Some(workload) = self.containers.get(key).map(|c| c.identity.workload_key()) else {
             return;
         };
@@ -57,7 +71,9 @@ impl Tracker {
             && let Some(old) = self.sessions.held.pop_front()
         {
             self.sessions.dropped += 1;
-            self.count(&old.key, LossKind::IdleClosed, None, old.at, old.age);
+            if old.counted.is_none() {
+                self.count(&old.key, LossKind::IdleClosed, None, old.at, old.age);
+            }
         }
         self.sessions.held.push_back(Close {
             key: key.to_string(),
@@ -65,6 +81,7 @@ impl Tracker {
             peer,
             at,
             age,
+            counted,
         });
     }
 
@@ -78,7 +95,9 @@ impl Tracker {
             return;
         };
         if let Some(c) = self.sessions.held.remove(i) {
-            self.count(&c.key, LossKind::SessionsCut, None, c.at, c.age);
+            if c.counted.is_none() {
+                self.count(&c.key, LossKind::SessionsCut, None, c.at, c.age);
+            }
             self.sessions.returns.push((c.workload, at));
         }
     }
@@ -93,7 +112,9 @@ impl Tracker {
             .front()
             .is_some_and(|c| now >= c.at + window)
         {
-            if let Some(c) = self.sessions.held.pop_front() {
+            if let Some(c) = self.sessions.held.pop_front()
+                && c.counted.is_none()
+            {
                 self.count(&c.key, LossKind::IdleClosed, None, c.at, c.age);
             }
         }

@@ -112,9 +112,12 @@ impl Tracker {
         }
         if close.in_stop && close.at_exit && kind == LossKind::IdleClosed {
             // Idle or a lost session: its client's return tells (`sessions`).
-            self.hold_session(key, peer, now, close.age);
+            self.hold_session(key, peer, now, close.age, None);
         } else if close.in_stop {
             self.count(key, kind, None, now, close.age);
+            if close.at_exit {
+                self.hold_session(key, peer, now, close.age, Some(kind));
+            }
         }
     }
 
