@@ -477,7 +477,7 @@ impl Tracker {
                     let probe = self.probes.classify(upstream, Some(request_bytes));
                     let kind = self.probe_or(key, probe, LossKind::InflightCut, LossKind::ProbeCut);
                     self.count(key, kind, None, now, open_for);
-                    if kind == LossKind::InflightCut && self.exited_by(key, now) {
+                    if kind == LossKind::InflightCut {
                         // Its client's return is a first connection of the storm.
                         self.hold_session(key, peer, now, open_for, Some(kind));
                     }

@@ -5,8 +5,9 @@
 //! quiet between its 25 s pings). Such a close is held until its client comes back (a lost
 //! session) or the window passes (an idle close nobody came back for).
 //!
-//! A request or a stream the exit cut keeps its own kind (`inflight_cut`, `streams_cut`), but
-//! is held all the same: its client's return is a first connection of the storm that follows.
+//! Every other close by the container in its stop keeps its own kind (a request or a stream
+//! cut, a stream ended at its rotation) but is held all the same: its client's return is a
+//! first connection of the storm that follows.
 //!
 //! The client is its address: clients behind one address (a proxy, a NAT) are told apart by
 //! count only, each arrival matching one held close. A keep-alive pool that reopens its

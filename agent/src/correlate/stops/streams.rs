@@ -115,9 +115,8 @@ impl Tracker {
             self.hold_session(key, peer, now, close.age, None);
         } else if close.in_stop {
             self.count(key, kind, None, now, close.age);
-            if close.at_exit {
-                self.hold_session(key, peer, now, close.age, Some(kind));
-            }
+            // Its client's return is a first connection of the storm all the same.
+            self.hold_session(key, peer, now, close.age, Some(kind));
         }
     }
 
