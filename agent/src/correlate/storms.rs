@@ -285,7 +285,7 @@ fn summarize(
     let connections = o.arrivals.len() as u64;
     // Demand is the clients, by their first connection: a client's follow-ups come only once
     // the service answered its first, so they and their spread are the service's doing.
-    let first_attempts = (firsts.len() >= 2).then(|| (firsts[firsts.len() - 1] - firsts[0]));
+    let first_attempts = (firsts.len() >= 2).then(|| firsts[firsts.len() - 1] - firsts[0]);
     let clients = if first_attempts.is_some() {
         firsts.len() as u64
     } else {

@@ -231,12 +231,16 @@ pub fn render_storms(storms: &[StormView]) -> String {
     let mut out = String::new();
     for s in storms {
         let verdict = verdict::storm(s).text;
+        let clients = if s.connections > s.clients {
+            format!("{} ({} connections)", s.clients, s.connections)
+        } else {
+            s.clients.to_string()
+        };
         out.push_str(&format!(
-            "STORM {} port {} after stop {}: {} clients back in {} s (95%), peak {} arrivals/s, max queue {}, {} overflows\n  accept wait p50 {} s, p95 {} s, max {} s; capacity {} accepts/s while queued\n  verdict: {verdict}\n\n",
+            "STORM {} port {} after stop {}: {clients} clients back in {} s (95%), peak {} arrivals/s, max queue {}, {} overflows\n  accept wait p50 {} s, p95 {} s, max {} s; capacity {} accepts/s while queued\n  verdict: {verdict}\n\n",
             s.container,
             s.port,
             s.stop_id,
-            s.clients,
             f3(Some(s.seconds_to_95_percent)),
             f3(Some(s.peak_arrivals_per_second)),
             s.max_queue_depth,

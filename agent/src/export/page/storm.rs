@@ -141,7 +141,18 @@ pub(super) fn article(st: &StormView) -> Markup {
             "\n"
             div class="facts" {
                 dl {
-                    div { dt { "clients" } dd { (thousands(st.clients)) } }
+                    div {
+                        dt { "clients" }
+                        dd {
+                            (thousands(st.clients))
+                            @if st.connections > st.clients {
+                                " (" (thousands(st.connections)) " connections)"
+                            }
+                            @if let Some(s) = st.first_attempts_seconds {
+                                " · first connections over " (secs(s)) " s"
+                            }
+                        }
+                    }
                     div { dt { "peak" } dd { (peak) " arrivals/s" } }
                     div {
                         dt { "accept queue" }
