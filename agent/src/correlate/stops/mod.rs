@@ -422,10 +422,8 @@ impl Tracker {
                 }
                 // A balancer still checking is not routing: probes move neither, nor are
                 // they a client's return.
-                if self.probes.peek(upstream).is_none()
-                    && let Some(w) = self.containers.get(key).map(|c| c.identity.workload_key())
-                {
-                    self.session_returned(&w, peer, now);
+                if self.probes.peek(upstream).is_none() {
+                    self.session_returned(key, peer, now);
                 }
                 if self.probes.peek(upstream).is_some() {
                     if after_sigterm && let Some(c) = self.containers.get_mut(key) {

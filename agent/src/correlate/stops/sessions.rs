@@ -86,12 +86,24 @@ impl Tracker {
         });
     }
 
-    /// A client connected to a container of `workload` at `at`: the oldest held close of that
-    /// client (within the window) was a lost session.
-    pub(super) fn session_returned(&mut self, workload: &Workload, peer: IpAddr, at: Mono) {
+    /// A client connected to container `key` at `at`: the oldest held close of that client
+    /// on its workload (within the window) was a lost session. Every inbound connection
+    /// passes here: nothing is looked up while nothing is held.
+    pub(super) fn session_returned(&mut self, key: &str, peer: IpAddr, at: Mono) {
+        if self.sessions.held.is_empty() {
+            return;
+        }
+        let Some(c) = self.containers.get(key) else {
+            return;
+        };
+        let (namespace, workload) = (&c.identity.namespace, &c.identity.workload);
         let window = self.config.settle;
         let Some(i) = self.sessions.held.iter().position(|c| {
-            c.peer == peer && c.workload == *workload && c.at <= at && at <= c.at + window
+            c.peer == peer
+                && c.workload.1 == *workload
+                && c.workload.0 == *namespace
+                && c.at <= at
+                && at <= c.at + window
         }) else {
             return;
         };
