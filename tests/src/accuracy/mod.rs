@@ -1,10 +1,11 @@
 //! Ground truth over randomized shapes (`cargo xtask accuracy`): each seed draws a shape of
-//! one lab (the retry labs, the stop lab, the storm lab), runs it against the real agent,
+//! one lab (the retry labs, the stop lab, the storm lab, the stream lab, the Socket.IO lab), runs it against the real agent,
 //! and compares every record field the lab's ground truth knows with it: the balancers' and
 //! backends' own logs, the clients' own counts and clocks, the kernel's own counters. Never
 //! drainwatch's arithmetic.
 
 pub mod retry;
+pub mod socketio;
 pub mod stop;
 pub mod storm;
 pub mod streams;
@@ -100,12 +101,15 @@ pub enum Lab {
     Stop,
     Storm,
     Streams,
+    /// The Socket.IO lab: socket.io and socket.io-client from npm, the server replaced at the
+    /// same address.
+    Socketio,
 }
 
 impl Lab {
     /// The name a seed list uses: `retry` (the wide draw), `slow` (the retry labs' first
     /// draw), `gone` (the wide draw through nginx with clients giving up), `stop`, `storm`,
-    /// `streams`.
+    /// `streams`, `socketio`.
     pub fn parse(name: &str) -> Option<Lab> {
         Some(match name {
             "retry" => Lab::Retry(Draw::Wide),
@@ -114,6 +118,7 @@ impl Lab {
             "stop" => Lab::Stop,
             "storm" => Lab::Storm,
             "streams" => Lab::Streams,
+            "socketio" => Lab::Socketio,
             _ => return None,
         })
     }
@@ -126,6 +131,7 @@ impl Lab {
             Lab::Stop => "stop",
             Lab::Storm => "storm",
             Lab::Streams => "streams",
+            Lab::Socketio => "socketio",
         }
     }
 }
@@ -138,7 +144,9 @@ pub fn parse_seeds(spec: &str) -> Result<Vec<(Lab, u64)>, String> {
         let (lab, seeds) = match item.split_once(':') {
             Some((name, seeds)) => (
                 Lab::parse(name).ok_or_else(|| {
-                    format!("{name:?} is no lab (retry, slow, gone, stop, storm, streams)")
+                    format!(
+                        "{name:?} is no lab (retry, slow, gone, stop, storm, streams, socketio)"
+                    )
                 })?,
                 seeds,
             ),
@@ -181,6 +189,11 @@ pub fn run(lab: Lab, seed: u64) -> (String, Vec<Check>) {
             let shape = streams::StreamsShape::from_seed(seed);
             println!("=== {shape}");
             (shape.to_string(), streams::run(&shape))
+        }
+        Lab::Socketio => {
+            let shape = socketio::SioShape::from_seed(seed);
+            println!("=== {shape}");
+            (shape.to_string(), socketio::run(&shape))
         }
     }
 }

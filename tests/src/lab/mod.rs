@@ -22,6 +22,9 @@
 //! - [`sse`]: long-lived streams: a server-sent-events backend whose streams rotate
 //!   (`Mode::Stream`), N clients that tell a clean rotation from a cut, the server stopped with
 //!   a grace period above or below its rotation.
+//! - [`socketio`]: a Socket.IO fleet with the real libraries (socket.io and socket.io-client
+//!   from npm, run by the host's Node in podman containers): the server stopped and replaced
+//!   at the same address, the clients' own logs of every session lost and reconnect.
 //! - [`cri`]: a pod as Kubernetes makes it: containerd's CRI driven in the kubelet's order by
 //!   a Rust client, a CNI bridge, containerd's own task exits as ground truth.
 //! - [`clock`]: `CLOCK_MONOTONIC` conversions shared with the backend's logs (and eBPF).
@@ -44,6 +47,7 @@ mod proxy;
 pub mod retry;
 pub mod scenario;
 pub mod schedule;
+pub mod socketio;
 pub mod sse;
 pub mod steady;
 pub mod steady_haproxy;

@@ -28,7 +28,9 @@ pub(crate) use backend::server_child;
 pub use backend::{backend_script, lab_python};
 pub use bridge::BridgeHolder;
 pub use httpd::Httpd;
+pub(crate) use names::keep;
 pub use names::{cleanup_leftovers, dead_run, setup_once, unique_name};
+pub(crate) use podman::{NO_RESOLVER, ULIMITS, inspect};
 pub use podman::{ensure_image, podman};
 pub use probe::{greeting, http_get, on_local_link};
 

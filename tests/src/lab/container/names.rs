@@ -95,6 +95,6 @@ pub fn setup_once() {
     });
 }
 
-pub(super) fn keep() -> bool {
+pub(crate) fn keep() -> bool {
     std::env::var_os(KEEP_ENV).is_some()
 }

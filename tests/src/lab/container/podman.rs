@@ -10,7 +10,7 @@ use std::{
 use super::{IMAGE, LAB_DIR, unique_name};
 
 const RUNC: &str = "/usr/sbin/runc";
-pub(super) const ULIMITS: [&str; 4] = [
+pub(crate) const ULIMITS: [&str; 4] = [
     "--ulimit",
     "nofile=10000:10000",
     "--ulimit",
@@ -19,7 +19,7 @@ pub(super) const ULIMITS: [&str; 4] = [
 
 /// A container on podman's network gets the host's resolver and a default route through the
 /// host: lab containers resolve nothing, and a lookup must stay in the container.
-pub(super) const NO_RESOLVER: [&str; 2] = ["--dns", "127.0.0.1"];
+pub(crate) const NO_RESOLVER: [&str; 2] = ["--dns", "127.0.0.1"];
 
 /// Runs `podman --runtime runc --cgroup-manager=cgroupfs <args>`; stdout, trimmed, or the error.
 pub fn podman(args: &[&str]) -> Result<String, String> {
@@ -42,7 +42,7 @@ pub fn podman(args: &[&str]) -> Result<String, String> {
     }
 }
 
-pub(super) fn inspect(container: &str, format: &str) -> Result<String, String> {
+pub(crate) fn inspect(container: &str, format: &str) -> Result<String, String> {
     podman(&["inspect", "--format", format, container])
 }
 
