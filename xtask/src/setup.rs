@@ -3,7 +3,8 @@
 //! so a second run installs nothing. What running the agent needs (`Purpose::Run`: tracefs, LLVM,
 //! the nightly toolchain, bpf-linker) is a subset: `cargo xtask run` installs only that, the
 //! lab's packages (podman, proxies, Prometheus, Chromium, the deploy tools) come with `test`,
-//! `demo` and the other lab commands.
+//! `demo` and the other lab commands (with the Socket.IO lab's npm packages: `npm ci`, pinned by
+//! its lock file).
 
 mod containers;
 // The lab subnets and their fallback routes, one list with the tests' (std only). The route
@@ -11,6 +12,7 @@ mod containers;
 #[allow(dead_code)]
 #[path = "../../tests/src/lab/net.rs"]
 pub(crate) mod lab_net;
+mod node;
 mod packages;
 mod toolchain;
 mod tracefs;
@@ -57,6 +59,7 @@ pub fn run_for(purpose: Purpose) -> Result<(), ()> {
     if lab {
         step("pip", packages::pip)?;
         step("deploy tools", packages::deploy_tools)?;
+        step("socket.io lab", node::socketio_lab)?;
     }
     println!("[setup] done for {purpose:?} ({})", secs(t.elapsed()));
     Ok(())

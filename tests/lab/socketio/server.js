@@ -6,10 +6,14 @@
 // indexed query taking `--io-ms`: at most 10 concurrent 20 ms waits by default) or CPU-bound
 // (`--auth cpu`: PBKDF2-SHA256 of `--cpu-iterations`, synchronous, on the event loop).
 //
+// `--listen-delay-ms`: what it does before it listens (connecting to its database, loading
+// configuration): a replacement routed to before then refuses connections.
+//
 // The lab's additions are only its log (`--log FILE`), one line per event, every timestamp
 // `process.hrtime.bigint()` (CLOCK_MONOTONIC on Linux, the clock of the agent and the lab),
 // written synchronously so that a process killed by SIGTERM's default action loses nothing:
-//   listening NS PID AUTH            the server listens
+//   started NS PID                   the server's code runs
+//   listening NS PID AUTH            it listens
 //   accept NS PORT                   the http server's 'connection' (accept() returned to JS)
 //   auth-start NS CLIENT ATTEMPT PORT TRANSPORT   the middleware ran for a connection
 //   auth-run NS CLIENT               it got a pool connection (io) / began hashing (cpu)
@@ -36,6 +40,7 @@ const auth = arg("auth", "io");
 const poolSize = Number(arg("pool", "10"));
 const ioMs = Number(arg("io-ms", "20"));
 const cpuIterations = Number(arg("cpu-iterations", "20000"));
+const listenDelayMs = Number(arg("listen-delay-ms", "0"));
 const logFd = fs.openSync(arg("log", "/lab/log/server.log"), "a");
 
 const now = () => process.hrtime.bigint();
@@ -126,4 +131,5 @@ setInterval(() => {
   last = t;
 }, 50);
 
-httpServer.listen(port, () => log("listening", now(), process.pid, auth));
+log("started", now(), process.pid);
+setTimeout(() => httpServer.listen(port, () => log("listening", now(), process.pid, auth)), listenDelayMs);

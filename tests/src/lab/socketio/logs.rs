@@ -32,6 +32,8 @@ pub struct Tick {
 /// The server's log.
 #[derive(Clone, Debug, Default)]
 pub struct ServerLog {
+    /// Its code began to run, and it listened.
+    pub started: Option<u64>,
     pub listening: Option<u64>,
     /// `accept()` returned to JS: (ns, the client's port).
     pub accepts: Vec<(u64, u16)>,
@@ -58,6 +60,9 @@ impl ServerLog {
                 continue;
             };
             match kind {
+                "started" => {
+                    log.started.get_or_insert(at);
+                }
                 "listening" => {
                     log.listening.get_or_insert(at);
                 }
@@ -286,7 +291,8 @@ mod tests {
     #[test]
     fn the_servers_log_joins_each_authorisation_by_client() {
         let log = ServerLog::parse(&lines(
-            "listening 100 6 io\n\
+            "started 90 6\n\
+             listening 100 6 io\n\
              accept 110 40000\n\
              auth-start 120 7 1 40000 websocket\n\
              auth-run 130 7\n\
@@ -296,7 +302,7 @@ mod tests {
              disconnect 170 7 transport_close\n\
              garbage\n",
         ));
-        assert_eq!(log.listening, Some(100));
+        assert_eq!((log.started, log.listening), (Some(90), Some(100)));
         assert_eq!(log.accepts, vec![(110, 40000)]);
         assert_eq!(
             log.auths,

@@ -71,6 +71,9 @@ pub struct SioSpec {
     /// ignored, SIGKILLed at the deadline: 137).
     pub init: bool,
     pub grace_secs: u32,
+    /// What the server does before it listens (connecting to its database): a replacement
+    /// routed to meanwhile refuses from its own namespace.
+    pub listen_delay: Duration,
     /// `com.docker.compose.service` of both servers.
     pub workload: String,
     /// First connections in flight at once while the fleet connects to the old server.
@@ -88,6 +91,7 @@ impl SioSpec {
             auth,
             init: true,
             grace_secs: 10,
+            listen_delay: Duration::ZERO,
             workload: unique_name("sio"),
             in_flight: 100,
             bound: Duration::from_secs(60),
@@ -103,9 +107,17 @@ impl SioSpec {
     }
 
     fn server_args(&self) -> Vec<String> {
-        let mut a: Vec<String> = ["--port", "8080", "--log", "/lab/log/server.log"]
-            .map(String::from)
-            .to_vec();
+        let delay_ms = self.listen_delay.as_millis().to_string();
+        let mut a: Vec<String> = [
+            "--port",
+            "8080",
+            "--log",
+            "/lab/log/server.log",
+            "--listen-delay-ms",
+            &delay_ms,
+        ]
+        .map(String::from)
+        .to_vec();
         match self.auth {
             AuthWork::Io { pool, query } => a.extend([
                 "--auth".into(),

@@ -33,8 +33,9 @@ impl SioRun {
             Transports::Default => "default transports",
         };
         format!(
-            "{} clients, {transports}, {auth}, {} (grace {} s); socket.io {} / socket.io-client {}",
+            "{} clients, {transports}, {auth}, listens {} ms after it starts, {} (grace {} s); socket.io {} / socket.io-client {}",
             sp.clients,
+            sp.listen_delay.as_millis(),
             if sp.init {
                 "dies on SIGTERM (--init)"
             } else {
@@ -58,7 +59,7 @@ impl SioRun {
         let mut out = format!("socket.io lab: {}\n", self.shape());
         out += &format!(
             "timeline (0 = podman stop): stop returned {} (old exit {}); sessions lost {} .. {}; \
-             replacement run {} .. {}, listening {}; first attempts {} .. {} (spread {:.3}s); \
+             replacement run {} .. {}, its code {}, listening {}; first attempts {} .. {} (spread {:.3}s); \
              last client back {}\n",
             at(self.stop.returned),
             self.old_exit_code,
@@ -66,6 +67,7 @@ impl SioRun {
             rel(lost.iter().max().copied()),
             at(self.new_launched.0),
             at(self.new_launched.1),
+            rel(self.new.started),
             rel(self.new.listening),
             rel(first.first().copied()),
             rel(first.last().copied()),

@@ -206,9 +206,9 @@ impl SioRun {
             return (None, None);
         };
         let before = (self.new_counters.iter())
-            .filter(|(t, _)| *t <= listen)
-            .map(|(_, c)| c.out_rsts)
-            .last();
+            .rev()
+            .find(|(t, _)| *t <= listen)
+            .map(|(_, c)| c.out_rsts);
         let after = (self.new_counters.iter())
             .find(|(t, _)| *t >= listen)
             .map(|(_, c)| c.out_rsts);
