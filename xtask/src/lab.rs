@@ -27,10 +27,11 @@ pub struct AccuracyArgs {
     #[arg(long, default_value_t = 1)]
     first: u64,
     /// The labs, comma-separated: retry (its wide draw), slow (its first draw), gone (the
-    /// wide draw through nginx, clients giving up around the stop), stop, storm, streams
+    /// wide draw through nginx, clients giving up around the stop), stop, storm, streams,
+    /// socketio (socket.io and socket.io-client from npm; seeds 1-6 are issue 41's setups)
     #[arg(
         long,
-        default_value = "retry,stop,storm,streams",
+        default_value = "retry,stop,storm,streams,socketio",
         value_delimiter = ','
     )]
     lab: Vec<String>,

@@ -42,6 +42,11 @@ pub fn property(c: &Check) -> &'static str {
     c.field.split(':').next().unwrap_or("")
 }
 
+/// The fleet's event-loop delay (p99 over the storm) above which its timestamps are too late
+/// to judge a window by: 15–40 ms on a quiet machine, over a second with the machine
+/// compiling meanwhile (load average 7 on 2 cores).
+pub const MAX_FLEET_LAG: f64 = 0.25;
+
 /// One randomized Socket.IO run.
 #[derive(Clone, Debug)]
 pub struct SioShape {
@@ -249,6 +254,14 @@ impl SioCase {
                 if run.spec.init { 143 } else { 137 },
                 run.old_exit_code,
             ),
+            // The fleet's own timestamps are late by its event loop's delay: its p99 must stay
+            // small against the figures compared (the waits, the first attempts' spread).
+            Check::within(
+                "lab: the fleet's event-loop delay p99 over the storm (s; its timestamps are late by that)",
+                0.0,
+                MAX_FLEET_LAG,
+                run.fleet.load.map_or(f64::MAX, |l| l.lag_p99_ms / 1e3),
+            ),
             Check::count(
                 "lab: refusals after the replacement started, within its namespace's OutRsts by its listen",
                 (0, run.new_rsts_at_listen().1.unwrap_or(0)),
@@ -361,14 +374,25 @@ impl SioCase {
         ]);
         // Capacity: the kernel's accept wait; what the server served while saturated; the
         // window the clients needed against the spread of their first attempts.
-        let all = run.accept_waits(false);
-        checks.push(Check::near(
-            "capacity: accept_wait_p95_seconds (server accept - client connected, every connection)",
-            quantile(&all, 0.95).unwrap_or(0.0),
-            num("accept_wait_p95_seconds"),
-            0.25,
-            0.02,
-        ));
+        // A handshake whose last ACK a full queue dropped enters the queue after the client
+        // saw it complete: with overflows the clients' measure is only an upper bound.
+        let all = quantile(&run.accept_waits(false), 0.95).unwrap_or(0.0);
+        checks.push(if run.new_counters_end().listen_overflows == 0 {
+            Check::near(
+                "capacity: accept_wait_p95_seconds (server accept - handshake, every connection)",
+                all,
+                num("accept_wait_p95_seconds"),
+                0.25,
+                0.02,
+            )
+        } else {
+            Check::within(
+                "capacity: accept_wait_p95_seconds (server accept - handshake, every connection)",
+                0.0,
+                all * 1.25 + 0.02,
+                num("accept_wait_p95_seconds"),
+            )
+        });
         let rate = &storm["sustained_accept_rate"];
         checks.push(match (run.served_rate(), rate.as_f64()) {
             (Some(r), Some(dw)) => Check::near(
@@ -431,16 +455,18 @@ impl SioCase {
                     .map_or("absent (the spread sufficed)".into(), |w| format!("{w:.3}")),
             ),
         });
-        // Counters: the replacement's namespace is new (its counters start at 0).
+        // Counters: the replacement's namespace is new (its counters start at 0). Its
+        // `ListenOverflows` counts SYNs dropped at a full queue too; `overflows` only the
+        // completed handshakes dropped (a drop reason): at most as many.
         let overflows = run.new_counters_end().listen_overflows;
         checks.extend([
-            Check::eq(
-                "counters: storm overflows (the replacement's ListenOverflows)",
-                overflows,
-                text(&storm["overflows"]),
+            Check::count(
+                "counters: storm overflows (completed handshakes dropped: at most the replacement's ListenOverflows)",
+                (0, overflows),
+                storm["overflows"].as_u64().unwrap_or(u64::MAX),
             ),
             Check::eq(
-                "counters: storm netns_listen_overflows",
+                "counters: storm netns_listen_overflows (the replacement's ListenOverflows)",
                 overflows,
                 text(&storm["netns_listen_overflows"]),
             ),
