@@ -44,6 +44,23 @@ impl Counters {
     }
 }
 
+/// The machine's CPU time so far (`/proc/stat`'s `cpu` line): (idle incl. iowait, total), in
+/// ticks. Two readings give the machine's idle share between them: whether the fleet, the
+/// servers and the agent had the 2 CPUs to themselves or waited for them.
+pub fn cpu_ticks() -> Option<(u64, u64)> {
+    let text = fs::read_to_string("/proc/stat").ok()?;
+    let v: Vec<u64> = (text.lines().next()?.split_whitespace().skip(1))
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+    Some((idle, v.iter().take(8).sum()))
+}
+
+/// The idle share between two [`cpu_ticks`] readings.
+pub fn idle_share(a: (u64, u64), b: (u64, u64)) -> f64 {
+    (b.0 - a.0) as f64 / (b.1 - a.1).max(1) as f64
+}
+
 /// Samples a namespace's counters every `every` until finished or its process is gone.
 pub struct Sampler {
     stop: Arc<AtomicBool>,

@@ -32,7 +32,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use counters::{Counters, Sampler};
+pub use counters::{Counters, Sampler, cpu_ticks, idle_share};
 pub use logs::{Auth, ClientEvent, FleetLoad, FleetLog, ServerLog, Tcp, Tick};
 pub use node::{NodeContainer, NodeOpts, lab_dir, node_modules, package_version, require_packages};
 pub use truth::ClientTruth;
@@ -80,6 +80,9 @@ pub struct SioSpec {
     pub in_flight: usize,
     /// Bound on each phase (fleet up, replacement listening, fleet back).
     pub bound: Duration,
+    /// The fleet pinned to this CPU and the servers to the others (`--cpuset-cpus`), to see
+    /// what the fleet's own CPU does to the truth; `DRAINWATCH_SIO_FLEET_CPU` sets it.
+    pub fleet_cpu: Option<u32>,
 }
 
 impl SioSpec {
@@ -95,6 +98,9 @@ impl SioSpec {
             workload: unique_name("sio"),
             in_flight: 100,
             bound: Duration::from_secs(60),
+            fleet_cpu: std::env::var("DRAINWATCH_SIO_FLEET_CPU")
+                .ok()
+                .and_then(|c| c.parse().ok()),
         }
     }
 
@@ -138,10 +144,16 @@ impl SioSpec {
     }
 
     fn server_opts(&self, addr: Option<(std::net::Ipv4Addr, String)>) -> NodeOpts {
+        let cpus = self.fleet_cpu.map(|f| {
+            let n = std::thread::available_parallelism().map_or(2, |n| n.get() as u32);
+            let others: Vec<String> = (0..n).filter(|c| *c != f).map(|c| c.to_string()).collect();
+            others.join(",")
+        });
         NodeOpts {
             init: self.init,
             labels: vec![(COMPOSE_SERVICE.into(), self.workload.clone())],
             addr,
+            cpus,
         }
     }
 }
@@ -170,6 +182,9 @@ pub struct SioRun {
     /// fleet being back.
     pub old_counters: Vec<(u64, Counters)>,
     pub new_counters: Vec<(u64, Counters)>,
+    /// The machine's idle CPU share from the stop to the fleet being back (2 CPUs shared by
+    /// the fleet, the servers, the agent and whatever else runs).
+    pub machine_idle: Option<f64>,
     pub versions: (String, String),
 }
 
@@ -258,6 +273,7 @@ impl SioLab {
         .to_vec();
         let fleet_opts = NodeOpts {
             init: true,
+            cpus: spec.fleet_cpu.map(|c| c.to_string()),
             ..NodeOpts::default()
         };
         let fleet = self.fleet.insert(NodeContainer::launch(
@@ -281,6 +297,7 @@ impl SioLab {
         );
         let old_pid = self.old.init_pid().expect("the old server's pid");
         let old_sampler = Sampler::start(old_pid, Duration::from_millis(5));
+        let cpu_before = cpu_ticks();
         let stop = self.old.stop(spec.grace_secs);
         let old_exit_code = self.old.exit_code();
         let new = self.new.insert(NodeContainer::launch(
@@ -300,6 +317,7 @@ impl SioLab {
             Duration::from_millis(50),
             || fleet_status(fleet).2 == n,
         );
+        let machine_idle = cpu_before.zip(cpu_ticks()).map(|(a, b)| idle_share(a, b));
         let new_counters = new_sampler.finish();
         let old_counters = old_sampler.finish();
         let status = fleet_status(fleet);
@@ -320,6 +338,7 @@ impl SioLab {
             new_launched: new.launched,
             old_counters,
             new_counters,
+            machine_idle,
             versions: (
                 package_version("socket.io"),
                 package_version("socket.io-client"),

@@ -69,6 +69,8 @@ pub struct NodeOpts {
     /// Address and MAC on podman's bridge (a replacement at the same address); podman picks
     /// them otherwise.
     pub addr: Option<(Ipv4Addr, String)>,
+    /// `--cpuset-cpus`: the CPUs it may run on.
+    pub cpus: Option<String>,
 }
 
 /// A Node program running in its own container. Dropping it removes the container.
@@ -128,6 +130,9 @@ impl NodeContainer {
         }
         if let Some((ip, mac)) = &addr {
             cmd.extend(["--ip", ip, "--mac-address", mac]);
+        }
+        if let Some(c) = &opts.cpus {
+            cmd.extend(["--cpuset-cpus", c]);
         }
         for m in &mounts {
             cmd.extend(["-v", m]);

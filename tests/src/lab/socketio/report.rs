@@ -32,8 +32,11 @@ impl SioRun {
             Transports::Websocket => "websocket-only",
             Transports::Default => "default transports",
         };
+        let pinned = sp.fleet_cpu.map_or(String::new(), |c| {
+            format!(", the fleet pinned to CPU {c}, the servers to the others")
+        });
         format!(
-            "{} clients, {transports}, {auth}, listens {} ms after it starts, {} (grace {} s); socket.io {} / socket.io-client {}",
+            "{} clients, {transports}, {auth}, listens {} ms after it starts, {} (grace {} s){pinned}; socket.io {} / socket.io-client {}",
             sp.clients,
             sp.listen_delay.as_millis(),
             if sp.init {
@@ -148,14 +151,17 @@ impl SioRun {
         if let Some(l) = self.fleet.load {
             out += &format!(
                 "fleet's own load over the storm: {:.2} CPUs ({} ms CPU in {:.0} ms), event loop busy {:.0}%, \
-                 its delay p50 {:.1} ms p99 {:.1} ms max {:.1} ms (client timestamps are late by that much)\n",
+                 its delay p50 {:.1} ms p99 {:.1} ms max {:.1} ms (client timestamps are late by that much); \
+                 the machine {} idle meanwhile\n",
                 l.cpus(),
                 l.cpu_us / 1000,
                 l.elapsed_ms,
                 l.elu_active_ms / l.elapsed_ms.max(1e-9) * 100.0,
                 l.lag_p50_ms,
                 l.lag_p99_ms,
-                l.lag_max_ms
+                l.lag_max_ms,
+                self.machine_idle
+                    .map_or("-".into(), |i| format!("{:.0}%", i * 100.0))
             );
         }
         out
