@@ -360,6 +360,26 @@ impl SioCase {
                 run.first_arrivals().len(),
                 text(&storm["clients"]),
             ),
+            // Every connection (polling requests and upgrades included): the handshakes the
+            // replacement's namespace completed (`PassiveOpens`, from 0), nothing else
+            // connected to it.
+            Check::eq(
+                "demand: storm connections (the replacement's PassiveOpens)",
+                run.new_counters_end().passive_opens,
+                text(&storm["connections"]),
+            ),
+            {
+                // The clients' own first attempts, not their first connections: refusals and
+                // SYN retransmissions stretch those (the server's doing, not the clients').
+                let spread = run.first_attempt_spread();
+                let slack = (spread * 0.1).max(0.1);
+                Check::within(
+                    "demand: first_attempts_seconds (the clients' first attempts, first to last, ±10% or 0.1 s)",
+                    spread - slack,
+                    spread + slack,
+                    num("first_attempts_seconds"),
+                )
+            },
             {
                 // Within 25% (or 20/s: two arrivals in a bucket) of the clients' own count.
                 let peak = run.peak_first_arrivals_per_second();

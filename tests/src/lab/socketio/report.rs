@@ -104,9 +104,13 @@ impl SioRun {
         );
         let arrivals = self.first_arrivals();
         out += &format!(
-            "first arrivals at the replacement: {} .. {} (n {}), peak {:.0}/s per 100 ms\n",
+            "first connections at the replacement: {} .. {} (spread {}, n {}), peak {:.0}/s per 100 ms\n",
             rel(arrivals.first().copied()),
             rel(arrivals.last().copied()),
+            s(arrivals
+                .first()
+                .zip(arrivals.last())
+                .map(|(a, b)| (b - a) as f64 / 1e9)),
             arrivals.len(),
             self.peak_first_arrivals_per_second()
         );
