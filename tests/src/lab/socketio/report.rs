@@ -99,8 +99,9 @@ impl SioRun {
             hi
         );
         out += &format!(
-            "client wait (first attempt -> connected): {}\n",
-            q(&self.waits())
+            "client wait (first attempt -> connected): {}; session lost -> connected again: {}\n",
+            q(&self.waits()),
+            q(&self.returns_after_loss())
         );
         let arrivals = self.first_arrivals();
         out += &format!(

@@ -156,6 +156,16 @@ impl SioRun {
         )
     }
 
+    /// Each client's session lost to connected again, sorted (seconds): how long after its
+    /// close a return must still be matched to it.
+    pub fn returns_after_loss(&self) -> Vec<f64> {
+        sorted(
+            (self.clients().iter())
+                .filter_map(|c| Some((c.back? - c.lost.as_ref()?.0) as f64 / 1e9))
+                .collect(),
+        )
+    }
+
     /// The stop command to the last client connected again (seconds).
     pub fn fleet_back_seconds(&self) -> Option<f64> {
         let last = self.clients().iter().filter_map(|c| c.back).max()?;
