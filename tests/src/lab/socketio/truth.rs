@@ -307,6 +307,28 @@ impl SioRun {
     }
 
     /// The most first arrivals in 100 ms (from the first), per second.
+    /// The most handshakes the replacement's namespace completed within any 100 ms, from its
+    /// `PassiveOpens` samples (each window from a sample to the last one at least 100 ms
+    /// before it, 100 to 110 ms long).
+    pub fn busiest_100ms_passive_opens(&self) -> u64 {
+        let s = &self.new_counters;
+        let mut best = 0;
+        let mut j = 0;
+        for (at, c) in s {
+            while j + 1 < s.len() && s[j + 1].0 + 100_000_000 <= *at {
+                j += 1;
+            }
+            // Windows stretched past 110 ms by a late sample are left out.
+            if let Some((from, b)) = s.get(j)
+                && from + 100_000_000 <= *at
+                && *at <= from + 110_000_000
+            {
+                best = best.max(c.passive_opens - b.passive_opens);
+            }
+        }
+        best
+    }
+
     pub fn peak_first_arrivals_per_second(&self) -> f64 {
         let a = self.first_arrivals();
         let Some(first) = a.first() else { return 0.0 };
