@@ -31,11 +31,16 @@ Modes
   crash           no handler; exits by itself with code 1 (no signal) --crash-after seconds
                   after start, or at the CLOCK_MONOTONIC nanosecond written to --crash-at-file
   stream          server-sent events: GET /events answers 200 text/event-stream and sends
-                  "data: N" every --event-ms ms; at --rotation seconds after it opened, a final
-                  "event: rotate" and the server closes the stream (a write timeout: each stream
-                  ends at its own deadline). SIGTERM: /health 503, close the listener, let open
-                  streams run to their deadlines, exit 0 (the Mercure-style drain). events.log
-                  gets stream-open <ns> <peer port> and stream-end <ns> <peer port> <events>
+                  "data: N" every --event-ms ms; at its lifetime after it opened, a final
+                  "event: rotate" and the server closes the stream (a write timeout, a token's
+                  expiry: each stream ends at its own deadline). Each stream's lifetime is
+                  --rotation seconds, or drawn uniformly in [--lifetime-min x --rotation,
+                  --rotation] (--seed). SIGTERM: /health 503, close the listener, then with
+                  --stream-drain timers (the default) let open streams run to their deadlines
+                  (the Mercure-style drain), with at-once end every open stream at once with its
+                  final event; exit 0 once none is left. events.log gets
+                  stream-open <ns> <peer port> <lifetime ns> and
+                  stream-end <ns> <peer port> <events> <deadline|sigterm|error>
   gate            not HTTP: a socket service with a bounded connect path, for reconnect
                   storms. --workers threads each accept() one connection, "authorise" it for
                   --auth-ms, send one greeting line "hello NAME ACCEPTED_NS SENT_NS" and keep the
@@ -45,6 +50,7 @@ Modes
 
 import argparse
 import os
+import random
 import signal
 import socket
 import sys
@@ -90,6 +96,9 @@ class Server:
         self.busy = 0
         self.idle = set()
         self.cv = threading.Condition()
+        # stream: lifetimes drawn per stream; set on SIGTERM with --stream-drain at-once.
+        self.rng = random.Random(args.seed)
+        self.end_streams = threading.Event()
         self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.lsock.bind((args.bind, args.port))
@@ -229,29 +238,36 @@ class Server:
     def stream(self, conn, port):
         """One event stream, to its own deadline (then a final event and the close)."""
         opened = now_ns()
-        deadline = opened + int(self.args.rotation * 1e9)
+        rot = self.args.rotation
+        with self.cv:
+            lifetime = self.rng.uniform(self.args.lifetime_min * rot, rot)
+        deadline = opened + int(lifetime * 1e9)
         period = self.args.event_ms / 1000.0
-        self.events.line("stream-open", opened, port)
+        self.events.line("stream-open", opened, port, deadline - opened)
         head = (
             "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
             f"X-Backend: {self.args.name}\r\nConnection: close\r\n\r\n"
         )
         sent = 0
+        why = "deadline"
         try:
             conn.sendall(head.encode("latin-1"))
             while True:
                 left = (deadline - now_ns()) / 1e9
                 if left <= 0:
                     break
-                time.sleep(min(period, left))
+                # An at-once drain wakes every stream at once.
+                if self.end_streams.wait(min(period, left)):
+                    why = "sigterm"
+                    break
                 if now_ns() >= deadline:
                     break
                 sent += 1
                 conn.sendall(f"data: {sent}\n\n".encode())
             conn.sendall(b"event: rotate\ndata: bye\n\n")
         except OSError:
-            pass
-        self.events.line("stream-end", now_ns(), port, sent)
+            why = "error"
+        self.events.line("stream-end", now_ns(), port, sent, why)
 
     def gate_worker(self):
         """One "authorisation" at a time: accept, work --auth-ms, greet, keep the connection."""
@@ -315,6 +331,8 @@ class Server:
         elif self.mode == "stream":
             self.ready = False
             self.close_listener()
+            if self.args.stream_drain == "at-once":
+                self.end_streams.set()
             self.wait_drained()
             self.exit(0)
         elif self.mode in ("drain", "slow"):
@@ -373,6 +391,16 @@ def main():
     ap.add_argument("--hold-backlog", type=int, default=2)
     ap.add_argument("--rotation", type=float, default=6.0, help="stream: seconds per stream")
     ap.add_argument("--event-ms", type=float, default=200.0, help="stream: event period")
+    ap.add_argument(
+        "--lifetime-min", type=float, default=1.0, help="stream: shortest lifetime / --rotation"
+    )
+    ap.add_argument("--seed", type=int, default=None, help="stream: lifetimes' random seed")
+    ap.add_argument(
+        "--stream-drain",
+        choices=("timers", "at-once"),
+        default="timers",
+        help="stream: on SIGTERM let streams run to their deadlines, or end them all at once",
+    )
     ap.add_argument("--listen-delay", type=float, default=0.0, help="seconds before listen()")
     args = ap.parse_args()
     if args.mode == "crash" and args.crash_after is None and args.crash_at_file is None:

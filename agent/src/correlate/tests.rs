@@ -1501,6 +1501,7 @@ fn streaming(sending_ms: u64) -> crate::model::activity::Activity {
         sending_for: Some(sending_ms * 1_000_000),
         segs_in: 1,
         segs_out: 1 + (sending_ms / 200) as u32,
+        reset: false,
     }
 }
 
@@ -1528,12 +1529,18 @@ fn opened(sock: u64) -> O {
 }
 
 #[test]
-fn streams_sigkill_cuts_are_streams_cut_and_the_rotation_is_learned_before_the_stop() {
+fn streams_sigkill_cuts_are_streams_cut_and_the_lifetimes_are_learned_before_the_stop() {
     let mut t = running(0);
-    // Steady state: three streams end at their 5 s rotation, the server's own close.
-    for sock in 1..=3 {
-        t.observe(ms(sock * 100), opened(sock));
-        t.observe(ms(sock * 100 + 5_000), closed(sock, streaming(4_990)));
+    // Steady state: a stream opens every 600 ms and its server ends it 5 s later. Lifetimes
+    // are trusted once watched for twice the longest (10 s after the first opened).
+    let mut steady: Vec<(Mono, O)> = Vec::new();
+    for sock in 1..=20 {
+        steady.push(((sock - 1) * 600, opened(sock)));
+        steady.push(((sock - 1) * 600 + 5_000, closed(sock, streaming(4_990))));
+    }
+    steady.sort_by_key(|(at, _)| *at);
+    for (at, o) in steady {
+        t.observe(ms(at), o);
     }
     let rotation: Vec<f64> = t
         .take_emitted()
@@ -1543,13 +1550,13 @@ fn streams_sigkill_cuts_are_streams_cut_and_the_rotation_is_learned_before_the_s
             _ => None,
         })
         .collect();
-    assert_eq!(rotation, vec![5.0], "reported once, when learned");
+    assert_eq!(rotation, vec![5.0], "reported once, when trusted");
     // Three live streams (one only 300 ms old), one idle keep-alive connection.
-    for sock in 10..=13 {
-        t.observe(ms(6_000 + (sock - 10) * 1_000), opened(sock));
+    for sock in 30..=33 {
+        t.observe(ms(20_000 + (sock - 30) * 1_000), opened(sock));
     }
     t.observe(
-        ms(9_000),
+        ms(23_000),
         O::Signal {
             key: key(),
             sig: SIGTERM,
@@ -1557,10 +1564,10 @@ fn streams_sigkill_cuts_are_streams_cut_and_the_rotation_is_learned_before_the_s
             ignored: None,
         },
     );
-    // In the grace period one stream reaches its rotation: not a cut.
-    t.observe(ms(11_000), closed(10, streaming(4_990)));
+    // In the grace period one stream reaches its lifetime: the server ended it, not a cut.
+    t.observe(ms(25_000), closed(30, streaming(4_990)));
     t.observe(
-        ms(11_000),
+        ms(25_000),
         O::Signal {
             key: key(),
             sig: SIGKILL,
@@ -1569,29 +1576,38 @@ fn streams_sigkill_cuts_are_streams_cut_and_the_rotation_is_learned_before_the_s
         },
     );
     t.observe(
-        ms(11_001),
+        ms(25_001),
         O::Exit {
             key: key(),
             exit: killed_by(SIGKILL),
         },
     );
-    t.observe(ms(11_002), closed(11, streaming(4_000)));
-    t.observe(ms(11_002), closed(12, streaming(3_000)));
+    t.observe(ms(25_002), closed(31, streaming(4_000)));
+    t.observe(ms(25_002), closed(32, streaming(3_000)));
     let idle = crate::model::activity::Activity {
         quiet_for: Some(2 * SECOND),
         sending_for: Some(1_000_000),
         segs_in: 3,
         segs_out: 3,
+        reset: false,
     };
-    t.observe(ms(11_002), closed(13, idle));
-    t.observe(ms(11_100), O::CgroupRemoved { key: key() });
+    t.observe(ms(25_002), closed(33, idle));
+    t.observe(ms(25_100), O::CgroupRemoved { key: key() });
     // Closes at exit wait for their client's return (sessions) until the settle window passes.
-    t.tick(ms(11_100) + 10 * SECOND);
+    t.tick(ms(25_100) + 10 * SECOND);
     let s = only_stop(&t);
     assert_eq!(s.outcome(), Some(Outcome::KilledAtDeadline));
     assert_eq!((s.loss.streams_cut, s.loss.idle_closed), (2, 2));
     assert_eq!(s.loss.inflight_cut, 0);
-    assert_eq!(s.stream_rotation, Some(5 * SECOND));
+    let l = s.stream_lifetimes.expect("lifetimes learned");
+    assert_eq!((l.p50, l.p95, l.streams), (5 * SECOND, 5 * SECOND, 20));
+    assert_eq!(
+        s.streams_ended_by_server(),
+        crate::model::streams::StreamsEnded {
+            on_their_timers: 1,
+            at_sigterm: 0
+        }
+    );
     let cuts: Vec<_> = s
         .events
         .iter()
@@ -1599,6 +1615,47 @@ fn streams_sigkill_cuts_are_streams_cut_and_the_rotation_is_learned_before_the_s
         .map(|e| e.open_for)
         .collect();
     assert_eq!(cuts, vec![Some(4_002 * 1_000_000), Some(3_002 * 1_000_000)]);
+}
+
+#[test]
+fn streams_the_server_ends_at_once_on_sigterm_are_not_cuts_and_are_reported_apart() {
+    let mut t = running(0);
+    for sock in 1..=5 {
+        t.observe(ms(sock * 100), opened(sock));
+    }
+    t.observe(
+        ms(3_000),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+            ignored: None,
+        },
+    );
+    // Every stream ended with a final event 20 ms after the signal, then a clean exit.
+    for sock in 1..=5 {
+        t.observe(ms(3_020), closed(sock, streaming(2_800)));
+    }
+    t.observe(
+        ms(3_050),
+        O::Exit {
+            key: key(),
+            exit: ExitInfo {
+                code: Some(0),
+                signal: None,
+            },
+        },
+    );
+    let s = only_stop(&t);
+    assert_eq!((s.loss.streams_cut, s.loss.idle_closed), (0, 5));
+    assert_eq!(s.stream_lifetimes, None, "nothing learned");
+    assert_eq!(
+        s.streams_ended_by_server(),
+        crate::model::streams::StreamsEnded {
+            on_their_timers: 0,
+            at_sigterm: 5
+        }
+    );
 }
 
 #[test]
@@ -1611,12 +1668,14 @@ fn request_response_traffic_never_reads_as_streams() {
         sending_for: Some(2 * 1_000_000),
         segs_in: 40,
         segs_out: 80,
+        reset: false,
     };
     let slow = crate::model::activity::Activity {
         quiet_for: Some(0),
         sending_for: Some(1_800 * 1_000_000),
         segs_in: 1,
         segs_out: 2,
+        reset: false,
     };
     for sock in 1..=4 {
         t.observe(ms(sock), opened(sock));
@@ -1649,7 +1708,7 @@ fn request_response_traffic_never_reads_as_streams() {
     t.tick(ms(5_003) + 10 * SECOND);
     let s = only_stop(&t);
     assert_eq!((s.loss.streams_cut, s.loss.idle_closed), (0, 4));
-    assert_eq!(s.stream_rotation, None);
+    assert_eq!(s.stream_lifetimes, None);
 }
 
 #[test]

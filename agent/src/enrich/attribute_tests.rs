@@ -1616,6 +1616,7 @@ fn a_closing_connection_says_how_long_it_was_quiet_once_the_tick_is_learned() {
             sending_for: Some(3_000_000_000),
             segs_in: 1,
             segs_out: 16,
+            reset: false,
         }
     );
     assert!(activity.active() && activity.streaming());

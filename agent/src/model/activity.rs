@@ -19,8 +19,9 @@ pub const STREAM_SENDING: Mono = SECOND;
 /// event to a single request.
 pub const STREAM_SEGMENTS_PER_SEGMENT_IN: u32 = 4;
 
-/// How much longer than the stream rotation a grace period must be: the last stream opened
-/// before the stop signal ends one rotation later, and the process must still exit.
+/// How much longer than the streams' upper lifetime (p95) a grace period must be: the last
+/// stream opened before the stop signal ends one lifetime later, and the process must still
+/// exit.
 pub const ROTATION_MARGIN: Mono = 2 * SECOND;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -34,6 +35,10 @@ pub struct Activity {
     /// Data segments received and sent on the connection.
     pub segs_in: u32,
     pub segs_out: u32,
+    /// The close was a reset this side sent (straight to CLOSE with no FIN: `SO_LINGER` 0,
+    /// an abort, or the kernel giving up on a peer that stopped answering), not an orderly
+    /// close.
+    pub reset: bool,
 }
 
 impl Activity {
@@ -63,6 +68,7 @@ mod tests {
             sending_for: Some(sending_ms * MS),
             segs_in,
             segs_out,
+            reset: false,
         }
     }
 

@@ -48,7 +48,8 @@ pub enum Emitted {
         stop_id: String,
         at: Mono,
     },
-    /// The stream rotation learned on a container's listeners (see `Stop::stream_rotation`).
+    /// The upper percentile (p95) of the stream lifetimes learned on a container's listeners
+    /// (see `Stop::stream_lifetimes`).
     StreamRotation {
         container: ContainerIdentity,
         seconds: f64,

@@ -12,6 +12,7 @@ pub mod start;
 pub mod state;
 pub mod stop;
 pub mod storm;
+pub mod streams;
 pub mod tcp;
 
 pub use emitted::{Emitted, RetryOutcome};

@@ -6,7 +6,10 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ContainerIdentity, ExitInfo, Loss, LossKind, Mono, SECOND, Sender};
+use super::{
+    ContainerIdentity, ExitInfo, Loss, LossKind, Mono, SECOND, Sender,
+    streams::{StreamEnds, StreamLifetimes, StreamsEnded},
+};
 
 pub const SIGINT: i32 = 2;
 pub const SIGQUIT: i32 = 3;
@@ -146,8 +149,15 @@ pub struct Stop {
     /// The last connection routed to it after the stop signal: accepted, refused or unreachable.
     pub last_routed_at: Option<Mono>,
     /// How long its server lets a stream live before it ends it (a write timeout, a max
-    /// connection age), learned on its listeners before the stop; None when none was seen.
-    pub stream_rotation: Option<Mono>,
+    /// connection age, a token's expiry), learned on its listeners before the stop; None until
+    /// a listener's streams were watched for twice their longest lifetime (see
+    /// `correlate::stops::streams`).
+    #[serde(default)]
+    pub stream_lifetimes: Option<StreamLifetimes>,
+    /// Live streams its server ended itself during the stop, by when (see
+    /// [`Stop::streams_ended_by_server`]).
+    #[serde(default)]
+    pub stream_ends: StreamEnds,
     /// False when it settled without what it needed: no exit came (the process outlived the
     /// limit, or its exit event was lost), so its outcome is unknown.
     pub complete: bool,
@@ -190,7 +200,8 @@ impl Stop {
             events: Vec::new(),
             events_dropped: 0,
             last_routed_at: None,
-            stream_rotation: None,
+            stream_lifetimes: None,
+            stream_ends: StreamEnds::default(),
             complete: true,
             events_lost: 0,
             ebpf_faults: 0,
@@ -204,8 +215,16 @@ impl Stop {
         Some(secs(self.sigkill_at?.checked_sub(self.sigterm_at?)?))
     }
 
+    /// The upper percentile (p95) of its streams' lifetimes: what the grace period must cover.
     pub fn stream_rotation_seconds(&self) -> Option<f64> {
-        self.stream_rotation.map(secs)
+        self.stream_lifetimes.map(|l| secs(l.p95))
+    }
+
+    /// Live streams its server ended itself during the stop (never cuts), on their own timers
+    /// or all at once right after the stop signal.
+    pub fn streams_ended_by_server(&self) -> StreamsEnded {
+        self.stream_ends
+            .split(self.loss.streams_cut, self.stream_lifetimes.as_ref())
     }
 
     /// SIGTERM → exit.

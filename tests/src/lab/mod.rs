@@ -54,12 +54,12 @@ pub mod steady_haproxy;
 pub mod storm;
 
 pub use client::{Load, Method, Outcome, RequestRecord, Schedule, Summary, Wave};
-pub use container::{Backend, BackendOpts, Mode, StopTimes};
+pub use container::{Backend, BackendOpts, Mode, StopTimes, StreamDrain, StreamOpts};
 pub use haproxy::{ConnMode, Haproxy, HaproxyOpts, HttpLog};
 pub use nginx::{AccessEntry, Nginx, NginxOpts};
 pub use retry::{RetryLab, RetryPlan, RetryRequest, RetryRun, RetrySpec};
 pub use scenario::{Lab, Plan, ScenarioRun, ScenarioSpec, Trigger};
-pub use sse::{SseLab, SseRun, SseSpec, StreamRecord};
+pub use sse::{Lifetimes, SseLab, SseRun, SseSpec, StopAt, StreamRecord};
 pub use steady::{Gone, SteadyRequest, SteadyRun, Stream};
 pub use steady_haproxy::{HaproxyRetry, HaproxySteadyLab, HaproxySteadyRun};
 pub use storm::{Replace, StormLab, StormRun, StormSpec};

@@ -59,7 +59,7 @@ impl Tracker {
             last_accept_at: c.last_accept_at,
             grace_configured_seconds: c.identity.stop_policy.grace_configured_seconds,
             prestop: c.identity.stop_policy.prestop,
-            stream_rotation: c.streams.rotation(),
+            stream_lifetimes: c.streams.lifetimes(now),
             ..Stop::new(format!("{short}-{}", c.stops_seen), c.identity.clone())
         };
         // Its pod's sandbox may have gone a moment before: podman stops a pod's containers

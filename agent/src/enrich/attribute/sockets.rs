@@ -234,7 +234,10 @@ impl<H: HostView> Enricher<H> {
                     upstream: self.upstream_of(conn),
                     request_bytes: s.counters.bytes_received,
                     port: conn.local.port(),
-                    activity: self.activity(&s.counters),
+                    activity: Activity {
+                        reset: by_container && new == Some(Close),
+                        ..self.activity(&s.counters)
+                    },
                     peer: conn.remote.ip(),
                 });
             }
@@ -253,6 +256,7 @@ impl<H: HostView> Enricher<H> {
             sending_for,
             segs_in: c.segs_in,
             segs_out: c.segs_out,
+            reset: false,
         }
     }
 

@@ -114,9 +114,14 @@ impl Backend {
         let auth = opts.gate_auth.map(|d| (d.as_secs_f64() * 1e3).to_string());
         let hold = opts.hold.map(|(p, b)| (p.to_string(), b.to_string()));
         let listen_delay = opts.listen_delay.map(|d| d.as_secs_f64().to_string());
-        let stream = opts.stream.map(|(rotation, event)| {
-            let ms = event.as_secs_f64() * 1e3;
-            (rotation.as_secs_f64().to_string(), ms.to_string())
+        let stream = opts.stream.map(|s| {
+            let ms = s.event.as_secs_f64() * 1e3;
+            [
+                s.rotation.as_secs_f64().to_string(),
+                ms.to_string(),
+                s.lifetime_min.to_string(),
+                s.seed.to_string(),
+            ]
         });
         let mut args: Vec<&str> = vec!["run", "-d", "--name", &container, "--label", &label];
         for l in &labels {
@@ -154,8 +159,10 @@ impl Backend {
         if let Some(d) = &listen_delay {
             args.extend(["--listen-delay", d]);
         }
-        if let Some((rotation, event)) = &stream {
+        if let (Some([rotation, event, min, seed]), Some(o)) = (&stream, &opts.stream) {
             args.extend(["--rotation", rotation, "--event-ms", event]);
+            args.extend(["--lifetime-min", min, "--seed", seed]);
+            args.extend(["--stream-drain", o.drain.as_str()]);
         }
         if mode == Mode::Crash {
             args.extend(["--crash-at-file", "/lab/log/crash-at"]);

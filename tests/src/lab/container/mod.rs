@@ -124,8 +124,41 @@ pub struct BackendOpts {
     pub name_prefix: Option<String>,
     /// `--listen-delay`: a slow start, every run sleeps this long before `listen()`.
     pub listen_delay: Option<Duration>,
-    /// `Stream`: each stream's lifetime and the period of its events.
-    pub stream: Option<(Duration, Duration)>,
+    /// `Stream`: the streams' lifetimes, events and drain.
+    pub stream: Option<StreamOpts>,
+}
+
+/// How a `Stream` backend ends its streams (see `backend.py`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StreamOpts {
+    /// The longest lifetime (`--rotation`); each stream's is drawn uniformly in
+    /// `[lifetime_min × rotation, rotation]` (`--lifetime-min`, 1.0: all the same), from
+    /// `seed`.
+    pub rotation: Duration,
+    pub lifetime_min: f64,
+    pub seed: u64,
+    /// The period of its events.
+    pub event: Duration,
+    /// On SIGTERM: let streams run to their deadlines, or end them all at once.
+    pub drain: StreamDrain,
+}
+
+/// What a `Stream` backend does with its open streams on SIGTERM (after closing its listener).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamDrain {
+    /// Let each run to its own deadline (the Mercure-style drain).
+    Timers,
+    /// End every one at once with its final event.
+    AtOnce,
+}
+
+impl StreamDrain {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamDrain::Timers => "timers",
+            StreamDrain::AtOnce => "at-once",
+        }
+    }
 }
 
 impl Default for BackendOpts {
