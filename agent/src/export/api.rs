@@ -15,7 +15,7 @@ use super::{
     verdict,
     view::{
         ContainerView, DeployView, GapView, ListenerView, LossEventView, SenderView, StartView,
-        StopView, StormView,
+        StopView, StormView, StreamLifetimesView,
     },
 };
 
@@ -188,7 +188,15 @@ pub fn stop_view(s: &Stop, clock: &Clock) -> StopView {
         settled: s.settled,
         stop_signal_ignored: s.stop_signal_ignored,
         storm_clients: None,
+        stream_lifetimes: s.stream_lifetimes.map(|l| StreamLifetimesView {
+            max_seconds: round3(l.max as f64 / 1e9),
+            p50_seconds: round3(l.p50 as f64 / 1e9),
+            p95_seconds: round3(l.p95 as f64 / 1e9),
+            shape: l.shape,
+            streams: l.streams,
+        }),
         stream_rotation_seconds: s.stream_rotation_seconds().map(round3),
+        streams_ended_by_server: s.streams_ended_by_server(),
         verdict: String::new(),
     }
 }
@@ -516,6 +524,8 @@ mod tests {
         }
         let mut stop = sample_stop();
         stop.loss.count(LossKind::ResetsSent, Some("NOT_SPECIFIED"));
+        let mut lifetimes = [6 * SECOND, 5 * SECOND];
+        stop.stream_lifetimes = crate::model::streams::StreamLifetimes::of(&mut lifetimes);
         let deploys = crate::correlate::deploys::group(std::slice::from_ref(&stop), &[], SECOND);
         let storm = Storm {
             stop_id: stop.id.clone(),

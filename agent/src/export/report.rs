@@ -290,11 +290,39 @@ fn render_stop(stop: &StopView, out: &mut String) {
         }
         out.push('\n');
     }
+    if let Some(line) = streams_line(stop) {
+        out.push_str(&format!("    {line}\n"));
+    }
     out.push_str(&format!(
         "    loss: {}\n    verdict: {}\n",
         loss_line(&stop.loss),
         verdict::stop(stop).text
     ));
+}
+
+/// Its streams: their lifetimes, and those its server ended itself in the stop (never cuts).
+fn streams_line(stop: &StopView) -> Option<String> {
+    let ended = stop.streams_ended_by_server;
+    let lifetimes = stop.stream_lifetimes.as_ref().map(|l| {
+        format!(
+            "stream lifetimes {}: median {:.3} s, p95 {:.3} s, longest {:.3} s ({} streams)",
+            l.shape.as_str(),
+            l.p50_seconds,
+            l.p95_seconds,
+            l.max_seconds,
+            l.streams
+        )
+    });
+    let ends = (ended.on_their_timers + ended.at_sigterm > 0).then(|| {
+        format!(
+            "streams ended by its server: {} on their own timers, {} at once after the stop signal",
+            ended.on_their_timers, ended.at_sigterm
+        )
+    });
+    match (lifetimes, ends) {
+        (Some(l), Some(e)) => Some(format!("{l}; {e}")),
+        (l, e) => l.or(e),
+    }
 }
 
 /// Renders deploys (newest first) and their stops.
@@ -367,6 +395,26 @@ mod tests {
             loss_line(&loss),
             "4 refused; health checks failed (not users): 0 cut, 2 refused, 0 unreachable"
         );
+    }
+
+    #[test]
+    fn a_stop_of_streams_says_their_lifetimes_and_how_its_server_ended_them() {
+        let stops: Vec<StopView> = views(json!([{
+            "id": "sse-1", "container": {"name": "sse-1"}, "outcome": "drained",
+            "drain_seconds": 5.9, "loss": {"idle_closed": 40},
+            "stream_lifetimes": {"p50_seconds": 3.58, "p95_seconds": 5.74, "max_seconds": 5.98,
+                                 "shape": "spread", "streams": 128},
+            "streams_ended_by_server": {"on_their_timers": 40, "at_sigterm": 0}
+        }]));
+        let mut out = String::new();
+        render_stop(&stops[0], &mut out);
+        assert!(
+            out.contains("    stream lifetimes spread: median 3.580 s, p95 5.740 s, longest 5.980 s (128 streams); streams ended by its server: 40 on their own timers, 0 at once after the stop signal\n"),
+            "{out}"
+        );
+        let mut plain = String::new();
+        render_stop(&StopView::default(), &mut plain);
+        assert!(!plain.contains("stream"), "{plain}");
     }
 
     #[test]

@@ -15,9 +15,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::model::streams::StreamsEnded;
 use crate::model::{
     LossKind,
     stop::{IgnoredSignal, Outcome},
+    streams::LifetimeShape,
 };
 
 /// One container stop (`/api/v1/stops` element).
@@ -77,8 +79,16 @@ pub struct StopView {
     /// Clients of the reconnect storms this stop caused (on the workload's listeners); None
     /// when it caused none.
     pub storm_clients: Option<u64>,
-    /// The stream rotation learned on its listeners before the stop.
+    /// The lifetimes of the streams its server ended itself, learned on its listeners before
+    /// the stop; None until they were watched for twice the longest.
+    #[serde(default)]
+    pub stream_lifetimes: Option<StreamLifetimesView>,
+    /// The upper percentile (p95) of those lifetimes: what the grace period must cover (+ 2 s).
     pub stream_rotation_seconds: Option<f64>,
+    /// Live streams its server ended itself during the stop, none of them cut: on their own
+    /// timers, or all at once right after the stop signal.
+    #[serde(default)]
+    pub streams_ended_by_server: StreamsEnded,
     /// The verdict with its fix (as the page and the report say it).
     pub verdict: String,
 }
@@ -95,6 +105,21 @@ impl StopView {
             .map(|g| g as f64)
             .or(self.grace_seconds)
     }
+}
+
+/// How long a server lets its streams live, seconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamLifetimesView {
+    #[serde(default)]
+    pub max_seconds: f64,
+    #[serde(default)]
+    pub p50_seconds: f64,
+    #[serde(default)]
+    pub p95_seconds: f64,
+    pub shape: LifetimeShape,
+    /// How many lifetimes they were read from.
+    #[serde(default)]
+    pub streams: u32,
 }
 
 /// Who the stopped container was ("" where unknown).

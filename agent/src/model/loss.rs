@@ -145,12 +145,13 @@ loss_kinds! {
             help: Some("Inbound connections a stopping container closed or reset with a request pending"),
             ..INFO
         };
-        /// A live stream it closed (or its exit closed): data moving within a second of the
-        /// close, no request pending, not the server's own rotation (`model::activity`).
+        /// A live stream its exit closed, or it reset: data moving within a second of the
+        /// close, no request pending; never one its server ended itself while it ran
+        /// (`correlate::stops::streams`).
         StreamsCut streams_cut KindInfo {
             words: "live streams cut", short: "streams cut", chip: Some("streams"),
             mark: Some(Mark::Stream), lost: true,
-            help: Some("Live streams (data moving within 1 s, no request pending) a stopping container closed or its exit closed, not at the server's own stream rotation"),
+            help: Some("Live streams (data moving within 1 s, no request pending) a stopping container's exit closed or it reset: a stream its server ended itself while it ran is not one"),
             ..INFO
         };
         /// A connection its exit closed (nothing pending) whose client connected to the
@@ -200,11 +201,11 @@ loss_kinds! {
             help: Some("Connections a container accepted after its stop signal"),
             ..INFO
         };
-        /// An inbound connection it closed with nothing pending and nothing moving (or a
-        /// stream at the end of its own rotation): harmless.
+        /// An inbound connection it closed with nothing pending and nothing moving (or a live
+        /// stream its server ended itself while it ran): harmless.
         IdleClosed idle_closed KindInfo {
             words: "idle closed", short: "idle closed", chip: Some("idle"),
-            help: Some("Inbound connections a stopping container closed with nothing pending and nothing moving, or streams at their own rotation: harmless"),
+            help: Some("Inbound connections a stopping container closed with nothing pending and nothing moving, or live streams its server ended itself while it ran: harmless"),
             ..INFO
         };
     }

@@ -93,11 +93,12 @@ pub struct StreamEnds {
 /// The split the record reports: did the drain ride the streams' own timers, or end them all
 /// at once right after the stop signal?
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct StreamsEnded {
-    /// Ended on their own timers (their lifetime ran out during the drain).
-    pub on_their_timers: u64,
     /// Ended all at once right after the stop signal, before their timers.
     pub at_sigterm: u64,
+    /// Ended on their own timers (their lifetime ran out during the drain).
+    pub on_their_timers: u64,
 }
 
 impl StreamEnds {

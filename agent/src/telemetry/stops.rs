@@ -154,7 +154,7 @@ impl StopMetrics {
         );
         registry.register(
             "drainwatch_stream_rotation_seconds",
-            "How long the container's server lets a stream live before ending it itself (a write timeout, a max connection age), learned on its listeners",
+            "How long the container's server lets a stream live before ending it itself (a write timeout, a max connection age, a token's expiry): the 95th percentile of the lifetimes learned on its listeners, once watched for twice the longest",
             m.stream_rotation.clone(),
         );
         registry.register(

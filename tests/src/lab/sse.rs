@@ -65,7 +65,8 @@ impl Lifetimes {
 /// When the old server is stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopAt {
-    /// After two longest lifetimes and a half second: every client has seen a stream end.
+    /// After two longest lifetimes and a second: every client has seen a stream end, and the
+    /// agent has watched streams for twice the longest.
     Warm,
     /// 2 s after the fleet started (within half a second): only the shortest streams ended.
     Early,
@@ -296,7 +297,7 @@ impl SseLab {
         let (stagger, before_stop) = match spec.stop_at {
             StopAt::Warm => (
                 spec.rotation / n as u32,
-                2 * spec.rotation + Duration::from_millis(500),
+                2 * spec.rotation + Duration::from_secs(1),
             ),
             StopAt::Early => (
                 Duration::from_millis(500) / n as u32,

@@ -41,8 +41,8 @@ struct Listener {
     streaming: bool,
     /// Lifetimes of the streams its server ended itself, outside stops, newest last.
     lifetimes: VecDeque<Mono>,
-    /// When the first stream of the current watch opened: lifetimes have been seen for this
-    /// long. A watch ends when no lifetime came for twice the longest kept (the streams
+    /// When the earliest stream of the current watch opened: lifetimes have been seen for
+    /// this long. A watch ends when no lifetime came for twice the longest kept (the streams
     /// were gone: a new fleet starts it again).
     watched_since: Mono,
     last_learned: Mono,
@@ -54,11 +54,14 @@ impl Listener {
     }
 
     fn learn(&mut self, lifetime: Mono, now: Mono) {
+        let opened = now.saturating_sub(lifetime);
         if self.lifetimes.is_empty()
             || now.saturating_sub(self.last_learned) > 2 * self.longest().max(lifetime)
         {
-            self.watched_since = now.saturating_sub(lifetime);
+            self.watched_since = opened;
         }
+        // A longer stream that ended later may have opened first.
+        self.watched_since = self.watched_since.min(opened);
         self.last_learned = now;
         if self.lifetimes.len() == KEPT {
             self.lifetimes.pop_front();

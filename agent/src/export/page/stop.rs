@@ -11,7 +11,7 @@ use crate::{
         verdict::{self, Level},
         view::StopView,
     },
-    model::{LossKind, stop::Outcome},
+    model::{LossKind, stop::Outcome, streams::LifetimeShape},
 };
 
 pub(super) fn outcome_level(outcome: Option<Outcome>) -> Level {
@@ -146,10 +146,34 @@ fn facts(stop: &StopView) -> Markup {
     if let Some(g) = stop.grace_configured_seconds {
         rows.push(("grace period", html! { (g) " s configured" }));
     }
-    if let Some(r) = stop.stream_rotation_seconds {
+    if let Some(l) = &stop.stream_lifetimes {
+        let text = if l.shape == LifetimeShape::Fixed {
+            format!("{} s, fixed", secs(l.p95_seconds))
+        } else {
+            format!(
+                "median {} s, 95th percentile {} s, longest {} s ({})",
+                secs(l.p50_seconds),
+                secs(l.p95_seconds),
+                secs(l.max_seconds),
+                l.shape.as_str()
+            )
+        };
+        let from = count(u64::from(l.streams), "stream", "streams");
         rows.push((
-            "stream rotation",
-            html! { "every " (secs(r)) " s (learned on its listeners)" },
+            "stream lifetimes",
+            html! { (text) " (learned from " (from) " its server ended itself)" },
+        ));
+    } else if let Some(r) = stop.stream_rotation_seconds {
+        rows.push(("stream lifetimes", html! { "up to " (secs(r)) " s" }));
+    }
+    let ended = stop.streams_ended_by_server;
+    if ended.on_their_timers + ended.at_sigterm > 0 {
+        rows.push((
+            "streams ended",
+            html! {
+                (ended.on_their_timers) " on their own timers · " (ended.at_sigterm)
+                " at once after the stop signal (by its server, none cut)"
+            },
         ));
     }
     if let Some(p) = stop.prestop {

@@ -422,7 +422,10 @@ fn cut_streams_have_their_chip_glyph_count_rotation_and_verdict() {
         ],
         "outcome": "killed_at_deadline",
         "storm_clients": 7,
-        "stream_rotation_seconds": 6.002
+        "stream_lifetimes": {"p50_seconds": 6.0, "p95_seconds": 6.002, "max_seconds": 6.004,
+                             "shape": "fixed", "streams": 40},
+        "stream_rotation_seconds": 6.002,
+        "streams_ended_by_server": {"on_their_timers": 5, "at_sigterm": 0}
     }));
     let html = render(
         &deploy_of(&stop, 0),
@@ -434,8 +437,9 @@ fn cut_streams_have_their_chip_glyph_count_rotation_and_verdict() {
     for needle in [
         r#"data-loss="streams_cut"><b>2</b> live streams cut"#,
         "2 streams cut",
-        "every 6 s (learned on its listeners)",
-        "2 live streams cut at SIGKILL (7 clients back at once): the 2 s grace period is shorter than the 6 s stream rotation: raise it to at least 8 s (the rotation + 2 s)",
+        "6 s, fixed (learned from 40 streams its server ended itself)",
+        "5 on their own timers · 0 at once after the stop signal (by its server, none cut)",
+        "2 live streams cut at SIGKILL (7 clients back at once): the 2 s grace period is shorter than the 6 s its server lets streams live: raise it to at least 8 s (that + 2 s)",
     ] {
         assert!(html.contains(needle), "{needle} missing");
     }

@@ -6,17 +6,17 @@
 mod sessions;
 mod start;
 mod storm;
+mod streams;
 
 pub use start::start;
 pub use storm::storm;
 
 use super::{
-    format::{count, or_null, secs},
+    format::{count, epoch, or_null, secs},
     view::StopView,
 };
 use crate::model::{
     LossKind,
-    activity::ROTATION_MARGIN,
     stop::{IgnoredSignal, Outcome},
 };
 
@@ -51,13 +51,59 @@ pub struct Verdict {
     pub text: String,
 }
 
-/// The longest a cut connection had been open when it was cut (see `LossEvent::open_for`).
+/// The longest a cut connection had been open when it was cut (see `LossEvent::open_for`),
+/// of the cuts not made as a listener closed.
 fn slowest_cut(stop: &StopView) -> Option<f64> {
+    let closes = listener_closes(stop);
     stop.loss_events
         .iter()
         .filter(|e| e.kind == LossKind::InflightCut)
+        .filter(|e| !at_a_close(&closes, &e.at))
         .filter_map(|e| e.open_seconds)
         .max_by(f64::total_cmp)
+}
+
+/// How soon after a listener's close a cut was made by it.
+const BY_THE_CLOSE: f64 = 0.05;
+
+/// When its listeners closed after the stop signal, before the exit (epoch seconds).
+fn listener_closes(stop: &StopView) -> Vec<f64> {
+    let after = |t: &Option<String>| t.as_deref().and_then(epoch);
+    let (term, exit) = (after(&stop.sigterm_at), after(&stop.exit_at));
+    stop.listeners
+        .iter()
+        .filter_map(|l| after(&l.closed_at))
+        .filter(|c| term.is_some_and(|t| *c >= t) && exit.is_none_or(|e| *c < e))
+        .collect()
+}
+
+fn at_a_close(closes: &[f64], at: &str) -> bool {
+    epoch(at).is_some_and(|a| closes.iter().any(|c| a >= *c && a - c <= BY_THE_CLOSE))
+}
+
+/// In-flight requests cut as it closed a listener (within 50 ms of the close, after the stop
+/// signal, before the exit), and how long after the signal: connections still queued for
+/// `accept()` are reset by the close (the process never saw their requests). Neither the
+/// grace period nor the exit cut those.
+fn cut_by_listener_close(stop: &StopView) -> Option<(u64, f64)> {
+    let closes = listener_closes(stop);
+    let n = stop
+        .loss_events
+        .iter()
+        .filter(|e| e.kind == LossKind::InflightCut && at_a_close(&closes, &e.at))
+        .count() as u64;
+    let term = stop.sigterm_at.as_deref().and_then(epoch)?;
+    let first = closes.iter().copied().reduce(f64::min)?;
+    (n > 0).then(|| (n, (first - term).max(0.0)))
+}
+
+/// The finding for those.
+fn listener_close_finding(n: u64, after: f64) -> String {
+    format!(
+        "{} cut as it closed its listener {} s after SIGTERM (connections still queued for accept() are reset by the close): keep accepting until routing has moved, then close the listener",
+        count(n, "request was", "requests were"),
+        secs(after)
+    )
 }
 
 /// "routing continued 3.8 s after SIGTERM", and how many attempts it cost, if it did.
@@ -157,50 +203,6 @@ fn ignored_signal(why: IgnoredSignal, grace: &str, cut: u64) -> String {
     )
 }
 
-/// Live streams cut, why, and what to change: the grace period against the learned stream
-/// rotation when it was the deadline that cut them.
-fn streams_cut(stop: &StopView) -> Option<String> {
-    let n = stop.loss.streams_cut;
-    if n == 0 {
-        return None;
-    }
-    let killed = stop.outcome == Some(Outcome::KilledAtDeadline);
-    let mut what = count(n, "live stream", "live streams");
-    what += if killed { " cut at SIGKILL" } else { " cut" };
-    if let Some(c) = stop.storm_clients {
-        what += &format!(" ({} back at once)", count(c, "client", "clients"));
-    }
-    if killed && stop.stop_signal_ignored.is_some() {
-        return Some(what); // the server never saw SIGTERM: the ignored signal is the finding
-    }
-    let margin = ROTATION_MARGIN as f64 / 1e9;
-    // To the tenth, as shown: the margin covers the rest.
-    let rotation = stop
-        .stream_rotation_seconds
-        .map(|r| (r * 10.0).round() / 10.0);
-    Some(match (rotation, stop.grace()) {
-        (Some(r), Some(g)) if killed && g < r + margin => format!(
-            "{what}: the {} s grace period is shorter than the {} s stream rotation: raise it to at least {} s (the rotation + {} s)",
-            secs(g),
-            secs(r),
-            secs((r + margin).ceil()),
-            secs(margin)
-        ),
-        (Some(r), _) if killed => format!(
-            "{what}: they outlived the grace period although the server ends streams every {} s: on SIGTERM, close the listener and let open streams run to their rotation",
-            secs(r)
-        ),
-        (Some(r), _) => format!(
-            "{what}: the server ended them before their {} s rotation: on SIGTERM, close the listener and let open streams run to their rotation (a grace period of at least {} s)",
-            secs(r),
-            secs((r + margin).ceil())
-        ),
-        (None, _) => format!(
-            "{what}: their clients lost the stream and reconnect: on SIGTERM, close the listener and end streams over the grace period (a final message telling clients to reconnect, spread out)"
-        ),
-    })
-}
-
 /// What a record whose inputs were partly lost says about itself: events lost on the way,
 /// eBPF program faults that lost part of what it reads.
 fn lost_notes(events: u64, faults: u64) -> Vec<String> {
@@ -228,6 +230,10 @@ pub fn stop(stop: &StopView) -> Verdict {
     let refused = stop.loss.refused;
     let mut level = Level::Bad;
     let mut parts: Vec<String> = Vec::new();
+    // Cuts made as a listener closed, apart from those of the deadline or the exit.
+    let by_close = cut_by_listener_close(stop);
+    let closed_cut = by_close.map_or(0, |(n, _)| n.min(cut));
+    let close_finding = by_close.map(|(n, after)| listener_close_finding(n, after));
     match stop.outcome {
         None if !stop.complete => {
             return Verdict {
@@ -299,20 +305,25 @@ pub fn stop(stop: &StopView) -> Verdict {
                     level = Level::Warning;
                 }
                 parts.push(ignored_signal(why, &g, cut));
-            } else if cut > 0 {
+            } else if cut > closed_cut {
                 let seen = slowest_cut(stop).map_or_else(
                     || "still running when killed".into(),
                     |s| format!("{} s seen", secs(s)),
                 );
                 parts.push(format!(
                     "{} outlived the {g} period: raise it above the slowest request ({seen})",
-                    count(cut, "request", "requests")
+                    count(cut - closed_cut, "request", "requests")
                 ));
             } else if streams == 0 {
-                level = Level::Warning;
+                if closed_cut == 0 {
+                    level = Level::Warning;
+                }
                 parts.push(format!(
-                    "did not exit within the {g} period and was SIGKILLed, though nothing in flight was cut: exit once in-flight work is done (close idle keep-alive connections; as PID 1 a process ignores SIGTERM unless it handles it)"
+                    "did not exit within the {g} period and was SIGKILLed, though nothing in flight was cut by it: exit once in-flight work is done (close idle keep-alive connections; as PID 1 a process ignores SIGTERM unless it handles it)"
                 ));
+            }
+            if stop.stop_signal_ignored.is_none() {
+                parts.extend(close_finding);
             }
             if let Some((lag, r)) = routing(stop)
                 && refused > 0
@@ -397,13 +408,22 @@ pub fn stop(stop: &StopView) -> Verdict {
                     "closed its listener while routing still sent traffic and {refused_text} refused: fail readiness on SIGTERM and keep serving until routing has moved"
                 ),
             });
-            if cut > 0 {
-                parts.push(cut_at_exit(cut));
+            if cut > closed_cut {
+                parts.push(cut_at_exit(cut - closed_cut));
             }
+            parts.extend(close_finding);
         }
         Some(Outcome::Drained) if cut > 0 => {
             let d = stop.drain_seconds.map_or("?".into(), secs);
-            parts.push(format!("drained for {d} s, then {}", cut_at_exit(cut)));
+            if cut > closed_cut {
+                parts.push(format!(
+                    "drained for {d} s, then {}",
+                    cut_at_exit(cut - closed_cut)
+                ));
+            } else {
+                parts.push(format!("drained for {d} s"));
+            }
+            parts.extend(close_finding);
         }
         Some(Outcome::Drained) if streams > 0 => {
             let d = stop.drain_seconds.map_or("?".into(), secs);
@@ -415,6 +435,7 @@ pub fn stop(stop: &StopView) -> Verdict {
                 Some(d) => format!("drained cleanly in {} s: nothing lost", secs(d)),
                 None => "drained cleanly: nothing lost".into(),
             };
+            text += &streams::on_timers(stop);
             if let Some((_, r)) = routing(stop) {
                 text += &format!(" ({r})");
             }
@@ -432,7 +453,8 @@ pub fn stop(stop: &StopView) -> Verdict {
             parts.push(text);
         }
     }
-    parts.extend(streams_cut(stop));
+    parts.extend(streams::cut(stop));
+    parts.extend(streams::ended_at_once(stop));
     parts.extend(sessions::sessions_cut(stop));
     common_findings(stop, &mut parts);
     parts.extend(lost_notes(stop.events_lost, stop.ebpf_faults));
@@ -462,7 +484,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::export::view::{StartView, StormView};
+    use crate::export::view::{LossEventView, StartView, StormView};
 
     /// A stop record read from the API's field names; `extra` overrides.
     fn stop_with(outcome: &str, loss: Value, extra: Value) -> StopView {
@@ -483,42 +505,150 @@ mod tests {
     }
 
     #[test]
-    fn cut_streams_are_judged_against_the_grace_period_and_the_rotation() {
-        let killed = |grace: f64, rotation: Value| {
+    fn cut_streams_are_judged_against_the_grace_period_and_the_lifetimes() {
+        let killed = |grace: f64, lifetimes: Value, extra: Value| {
+            let mut x = json!({"grace_seconds": grace, "exit_code": 137, "exit_signal": 9,
+                   "stream_lifetimes": lifetimes, "storm_clients": 28});
+            x["stream_rotation_seconds"] = lifetimes["p95_seconds"].clone();
+            for (k, v) in extra.as_object().unwrap() {
+                x[k] = v.clone();
+            }
             stop(&stop_with(
                 "killed_at_deadline",
                 json!({"streams_cut": 28, "idle_closed": 60}),
-                json!({"grace_seconds": grace, "exit_code": 137, "exit_signal": 9,
-                       "stream_rotation_seconds": rotation, "storm_clients": 28}),
+                x,
             ))
         };
-        let short = killed(2.0, json!(6.04));
+        let fixed = json!({"p50_seconds": 6.04, "p95_seconds": 6.04, "max_seconds": 6.05,
+                           "shape": "fixed", "streams": 100});
+        let short = killed(2.0, fixed.clone(), json!({}));
         assert_eq!(short.level, Level::Bad);
         assert_eq!(
             short.text,
-            "28 live streams cut at SIGKILL (28 clients back at once): the 2 s grace period is shorter than the 6 s stream rotation: raise it to at least 8 s (the rotation + 2 s)"
+            "28 live streams cut at SIGKILL (28 clients back at once): the 2 s grace period is shorter than the 6 s its server lets streams live: raise it to at least 8 s (that + 2 s)"
         );
-        let long = killed(30.0, json!(6.0));
+        // Lifetimes that vary: the 95th percentile, and the median for scale.
+        let spread = json!({"p50_seconds": 3.58, "p95_seconds": 5.74, "max_seconds": 5.98,
+                            "shape": "spread", "streams": 128});
+        assert_eq!(
+            killed(2.0, spread, json!({})).text,
+            "28 live streams cut at SIGKILL (28 clients back at once): the 2 s grace period is shorter than the 5.7 s its server lets streams live (95th percentile; median 3.6 s, spread): raise it to at least 8 s (that + 2 s)"
+        );
+        let long = killed(30.0, fixed, json!({}));
         assert!(
-            long.text.starts_with("28 live streams cut at SIGKILL (28 clients back at once): they outlived the grace period although the server ends streams every 6 s"),
+            long.text.starts_with("28 live streams cut at SIGKILL (28 clients back at once): they outlived the grace period although its server ends 95% of its streams within 6 s"),
             "{}",
             long.text
         );
+        // Nothing learned (stopped early): its server's own ends in the stop say timers ran.
+        let early = killed(
+            2.0,
+            Value::Null,
+            json!({"streams_ended_by_server": {"on_their_timers": 12, "at_sigterm": 0}}),
+        );
         assert!(
-            killed(2.0, Value::Null)
+            early.text.contains("its server ended 12 others on their own timers in the grace period, these outlived it: raise it above the streams' longest lifetime + 2 s (not learned before this stop"),
+            "{}",
+            early.text
+        );
+        assert!(
+            killed(2.0, Value::Null, json!({}))
                 .text
                 .contains("their clients lost the stream")
         );
-        // A server that ended its streams on SIGTERM, before their rotation, then drained.
-        let early = stop(&stop_with(
+        // A process that exited with its streams open.
+        let exited = stop(&stop_with(
             "drained",
             json!({"streams_cut": 3}),
             json!({"stream_rotation_seconds": 6.0}),
         ));
-        assert_eq!(early.level, Level::Bad);
+        assert_eq!(exited.level, Level::Bad);
         assert_eq!(
-            early.text,
-            "drained for 0.5 s; 3 live streams cut: the server ended them before their 6 s rotation: on SIGTERM, close the listener and let open streams run to their rotation (a grace period of at least 8 s)"
+            exited.text,
+            "drained for 0.5 s; 3 live streams cut: the process exited with them open: on SIGTERM, close the listener and let open streams run to their own timers (a grace period of at least 8 s)"
+        );
+    }
+
+    #[test]
+    fn streams_the_server_ended_itself_are_named_never_as_cuts() {
+        let ended = |timers: u64, at_sigterm: u64| {
+            stop(&stop_with(
+                "drained",
+                json!({"idle_closed": timers + at_sigterm}),
+                json!({"drain_seconds": 5.9, "stream_rotation_seconds": 5.74,
+                       "streams_ended_by_server":
+                           {"on_their_timers": timers, "at_sigterm": at_sigterm}}),
+            ))
+        };
+        let rode = ended(40, 0);
+        assert_eq!(rode.level, Level::Good);
+        assert_eq!(
+            rode.text,
+            "drained cleanly in 5.9 s: nothing lost (40 live streams ended on their own timers)"
+        );
+        let at_once = ended(0, 40);
+        assert_eq!(at_once.level, Level::Good);
+        assert_eq!(
+            at_once.text,
+            "drained cleanly in 5.9 s: nothing lost; its server ended 40 live streams at once right after SIGTERM (none cut: each client got its stream's end, and reconnects with the others at once): letting streams run to their own timers spreads the reconnects over up to 5.7 s"
+        );
+    }
+
+    #[test]
+    fn requests_reset_as_the_listener_closed_are_not_blamed_on_the_grace_period() {
+        // A stream's request queued for accept() when the listener closed at SIGTERM: reset
+        // by the close, 2 s before SIGKILL cut 28 live streams.
+        let s = stop_with(
+            "killed_at_deadline",
+            json!({"inflight_cut": 1, "streams_cut": 28}),
+            json!({
+                "exit_code": 137, "exit_signal": 9, "grace_seconds": 2.0,
+                "sigterm_at": "2026-01-01T00:00:10.000Z",
+                "sigkill_at": "2026-01-01T00:00:12.000Z",
+                "exit_at": "2026-01-01T00:00:12.001Z",
+                "stream_rotation_seconds": 6.0,
+                "listeners": [{"address": "0.0.0.0:8080",
+                               "closed_at": "2026-01-01T00:00:10.002Z"}],
+                "loss_events": [
+                    {"at": "2026-01-01T00:00:10.003Z", "kind": "inflight_cut",
+                     "open_seconds": 0.004},
+                ],
+            }),
+        );
+        let v = stop(&s);
+        assert_eq!(v.level, Level::Bad);
+        assert!(
+            !v.text.contains("outlived the 2 s grace period"),
+            "{}",
+            v.text
+        );
+        assert_eq!(
+            v.text,
+            "1 request was cut as it closed its listener 0.002 s after SIGTERM (connections still queued for accept() are reset by the close): keep accepting until routing has moved, then close the listener; 28 live streams cut at SIGKILL: the 2 s grace period is shorter than the 6 s its server lets streams live: raise it to at least 8 s (that + 2 s)"
+        );
+        // A request cut at SIGKILL still outlived it.
+        let mut both = s.clone();
+        both.loss.inflight_cut = 2;
+        both.loss_events.push(LossEventView {
+            at: "2026-01-01T00:00:12.002Z".into(),
+            kind: LossKind::InflightCut,
+            open_seconds: Some(3.5),
+        });
+        assert!(
+            stop(&both).text.starts_with(
+                "1 request outlived the 2 s grace period: raise it above the slowest request (3.5 s seen); 1 request was cut as it closed its listener"
+            ),
+            "{}",
+            stop(&both).text
+        );
+        // Drained: the close's cut is not one the exit made.
+        let mut drained = s.clone();
+        drained.outcome = Some(Outcome::Drained);
+        drained.loss.streams_cut = 0;
+        drained.drain_seconds = Some(2.0);
+        assert_eq!(
+            stop(&drained).text,
+            "drained for 2 s; 1 request was cut as it closed its listener 0.002 s after SIGTERM (connections still queued for accept() are reset by the close): keep accepting until routing has moved, then close the listener"
         );
     }
 
