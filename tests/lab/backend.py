@@ -38,7 +38,8 @@ Modes
                   --rotation] (--seed). SIGTERM: /health 503, close the listener, then with
                   --stream-drain timers (the default) let open streams run to their deadlines
                   (the Mercure-style drain), with at-once end every open stream at once with its
-                  final event; exit 0 once none is left. events.log gets
+                  final event; exit 0 once none is left. A --hold-port listener is closed with
+                  the other (connections in its queue are reset then). events.log gets
                   stream-open <ns> <peer port> <lifetime ns> and
                   stream-end <ns> <peer port> <events> <deadline|sigterm|error>
   gate            not HTTP: a socket service with a bounded connect path, for reconnect
@@ -331,6 +332,10 @@ class Server:
         elif self.mode == "stream":
             self.ready = False
             self.close_listener()
+            if self.hold:
+                # Its other listener too: what waits in its queue is reset by the close.
+                self.hold.close()
+                self.events.line("hold-closed", now_ns())
             if self.args.stream_drain == "at-once":
                 self.end_streams.set()
             self.wait_drained()

@@ -127,8 +127,11 @@ enum Cmd {
         grace, drain delay, a request outliving the grace), the load's waves and the stop's \
         place among them and among HAProxy's checks. A storm seed draws the fleet, the \
         service's capacity, the reconnect jitter and rolling or in-place. A streams seed draws \
-        the clients holding server-sent-event streams, the server's stream rotation and event \
-        period, and a grace period below or above the rotation. A socketio seed runs a real \
+        the clients holding server-sent-event streams, the longest stream lifetime and how \
+        lifetimes vary below it (fixed, 0.8-1.0 or 0.2-1.0 of it), the event period, a stop \
+        after a warm-up or 2 s after the fleet started, a drain that lets streams run to their \
+        own deadlines or ends them all at once, and a grace period below or above the longest \
+        lifetime. A socketio seed runs a real \
         Socket.IO server (socket.io 4.8, no SIGTERM handler, an authorising middleware: a pool \
         or a synchronous hash) and a fleet of socket.io-client 4.8 clients (500-1,500, \
         websocket-only or default transports), the server replaced at the same address; seeds \
@@ -141,7 +144,7 @@ enum Cmd {
         real agent; every record field is compared with the proxies', backends' and clients' \
         own logs and counts and the kernel's counters. Prints each seed's shape and \
         mismatches, then per-field exactness; exits non-zero on any mismatch. About 15 s a \
-        retry seed, 25 s a stop seed, 30 s a storm seed, 30 s a streams seed, 25 s a socketio seed. `cargo xtask test` runs a short \
+        retry seed, 25 s a stop seed, 30 s a storm seed, 15 s a streams seed, 25 s a socketio seed. `cargo xtask test` runs a short \
         slice of it.\n\n\
         Example: cargo xtask accuracy --no-setup --lab stop --seeds 50"
     )]

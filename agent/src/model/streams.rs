@@ -70,13 +70,20 @@ impl StreamLifetimes {
     }
 }
 
-/// How soon after the stop signal a stream the server ended was ended "at" it.
+/// How soon after the stop signal a stream the server ended may have been ended "at" it.
 pub const AT_SIGTERM: Mono = SECOND;
 
-/// The share of the stop's live streams the server must have ended within [`AT_SIGTERM`] of
-/// the signal for the drain to have ended them at once, in tenths: timers end only the
-/// streams that had under a second left (a sixth for a fixed 6 s lifetime, about 30% for
-/// lifetimes spread over 1.2–6 s).
+/// Ends within [`AT_SIGTERM`] are kept by this much time after the signal...
+const SLOT: Mono = SECOND / 20;
+const SLOTS: usize = 20;
+/// ... and those within this long of each other make a burst: a drain ending every stream at
+/// once does it within a few ms (or one event period of a server that polls a flag), while
+/// timers end streams spread out as their lifetimes run out.
+const BURST_SLOTS: usize = 5;
+
+/// The share of the stop's live streams a burst must hold for the drain to have ended them at
+/// once, in tenths: timers end within any 250 ms only the streams that had that little left
+/// (a 24th of them for a fixed 6 s lifetime).
 const AT_ONCE_TENTHS: u64 = 9;
 
 /// Live streams its server ended itself during a stop, while it still ran (never cuts: each
@@ -84,8 +91,8 @@ const AT_ONCE_TENTHS: u64 = 9;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct StreamEnds {
-    /// Within [`AT_SIGTERM`] of the stop signal.
-    pub near_signal: u64,
+    /// Within [`AT_SIGTERM`] of the stop signal, by 50 ms after it.
+    pub near_signal: [u64; SLOTS],
     /// Later (or in a stop with no stop signal).
     pub later: u64,
 }
@@ -105,29 +112,42 @@ impl StreamEnds {
     /// Counts one stream the server ended at `at`, in a stop whose signal came at `sigterm`.
     pub fn count(&mut self, at: Mono, sigterm: Option<Mono>) {
         match sigterm {
-            Some(t) if at >= t && at - t <= AT_SIGTERM => self.near_signal += 1,
+            Some(t) if at >= t && at - t <= AT_SIGTERM => {
+                let slot = ((at - t) / SLOT) as usize;
+                self.near_signal[slot.min(SLOTS - 1)] += 1;
+            }
             _ => self.later += 1,
         }
     }
 
+    /// All of them.
+    pub fn total(&self) -> u64 {
+        self.near_signal.iter().sum::<u64>() + self.later
+    }
+
     /// The split, given the stop's live streams cut (`streams_cut`) and the lifetimes learned
-    /// before it. The drain ended them at once when it ended nine in ten of the stop's live
-    /// streams (at least two) within a second of the signal. Timers cannot be told from that
-    /// when half the streams live under two seconds: then they are credited with all.
+    /// before it. The drain ended them at once when, within a second of the signal, it ended
+    /// nine in ten of the stop's live streams (at least two) within 250 ms of each other.
+    /// Timers cannot be told from that when half the streams live under two seconds: then
+    /// they are credited with all.
     pub fn split(&self, cut: u64, lifetimes: Option<&StreamLifetimes>) -> StreamsEnded {
-        let live = self.near_signal + self.later + cut;
+        let live = self.total() + cut;
+        let burst = self
+            .near_signal
+            .windows(BURST_SLOTS)
+            .map(|w| w.iter().sum::<u64>())
+            .max()
+            .unwrap_or(0);
         let short_lived = lifetimes.is_some_and(|l| l.p50 < 2 * AT_SIGTERM);
-        let at_once =
-            self.near_signal >= 2 && 10 * self.near_signal >= AT_ONCE_TENTHS * live && !short_lived;
-        if at_once {
+        if burst >= 2 && 10 * burst >= AT_ONCE_TENTHS * live && !short_lived {
             StreamsEnded {
-                on_their_timers: self.later,
-                at_sigterm: self.near_signal,
+                at_sigterm: burst,
+                on_their_timers: self.total() - burst,
             }
         } else {
             StreamsEnded {
-                on_their_timers: self.near_signal + self.later,
                 at_sigterm: 0,
+                on_their_timers: self.total(),
             }
         }
     }
@@ -166,49 +186,54 @@ mod tests {
     #[test]
     fn streams_ended_at_once_are_told_from_streams_on_their_timers() {
         let t = 10 * SECOND;
+        let near = |e: &StreamEnds| e.near_signal.iter().sum::<u64>();
         let mut timers = StreamEnds::default();
         // A fixed 6 s lifetime: a sixth end within the first second, the rest later.
         for i in 0..60 {
             timers.count(t + i * 100 * MS, Some(t));
         }
-        assert_eq!((timers.near_signal, timers.later), (11, 49));
+        assert_eq!((near(&timers), timers.later), (11, 49));
         let six = of(&[6_000; 20]);
-        assert_eq!(
-            timers.split(0, Some(&six)),
-            StreamsEnded {
-                on_their_timers: 60,
-                at_sigterm: 0
-            }
-        );
-        // With a 2 s grace period, SIGKILL cut those the timers had not ended.
+        let on_timers = |n| StreamsEnded {
+            at_sigterm: 0,
+            on_their_timers: n,
+        };
+        assert_eq!(timers.split(0, Some(&six)), on_timers(60));
+        // With a 1 s grace period, SIGKILL cut those the timers had not ended: the ends
+        // within the second are spread, no burst.
         let mut killed = StreamEnds::default();
-        for i in 0..20 {
+        for i in 0..=10 {
             killed.count(t + i * 100 * MS, Some(t));
         }
-        assert_eq!(killed.split(40, Some(&six)).at_sigterm, 0);
-        // Ended all at once, 30 ms after the signal (no lifetime learned, or one).
+        assert_eq!(killed.split(2, Some(&six)), on_timers(11));
+        // Ended all at once, 300 ms after the signal, after two had ended on their timers (no
+        // lifetime learned, or one).
         let mut at_once = StreamEnds::default();
-        for _ in 0..40 {
-            at_once.count(t + 30 * MS, Some(t));
+        at_once.count(t + 20 * MS, Some(t));
+        at_once.count(t + 90 * MS, Some(t));
+        for i in 0..40 {
+            at_once.count(t + 300 * MS + i * MS, Some(t));
         }
         at_once.count(t + 3 * SECOND, Some(t)); // one opened after the signal, on its timer
         for l in [None, Some(&six)] {
             assert_eq!(
                 at_once.split(0, l),
                 StreamsEnded {
-                    on_their_timers: 1,
-                    at_sigterm: 40
+                    at_sigterm: 40,
+                    on_their_timers: 3
                 }
             );
         }
         // Streams that live a second end within one of any signal: timers.
-        assert_eq!(at_once.split(0, Some(&of(&[900; 10]))).at_sigterm, 0);
+        assert_eq!(at_once.split(0, Some(&of(&[900; 10]))), on_timers(43));
         // One stream proves nothing; before the signal or in a stop without one is later.
         let mut one = StreamEnds::default();
         one.count(t + 10 * MS, Some(t));
         one.count(t - 10 * MS, Some(t));
         one.count(t, None);
-        assert_eq!((one.near_signal, one.later), (1, 2));
-        assert_eq!(one.split(0, None).at_sigterm, 0);
+        one.count(t + SECOND, Some(t));
+        assert_eq!((near(&one), one.later), (2, 2));
+        assert_eq!(one.near_signal[19], 1, "the second's last slot");
+        assert_eq!(one.split(0, None), on_timers(4));
     }
 }

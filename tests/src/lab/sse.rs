@@ -87,7 +87,14 @@ pub struct SseSpec {
     /// `podman stop -t`.
     pub grace_secs: u32,
     pub workload: String,
+    /// Connections to the old server's second listener (port [`QUEUED_PORT`], which never
+    /// accepts), each sending a stream's request just before the stop: still in its accept
+    /// queue when SIGTERM closes that listener, reset by the close.
+    pub queued: usize,
 }
+
+/// The second listener of [`SseSpec::queued`].
+pub const QUEUED_PORT: u16 = 8081;
 
 impl SseSpec {
     /// Fixed lifetimes, events every 200 ms, a warm stop, the Mercure-style drain.
@@ -102,6 +109,7 @@ impl SseSpec {
             drain: StreamDrain::Timers,
             grace_secs,
             workload: unique_name("sse"),
+            queued: 0,
         }
     }
 }
@@ -152,6 +160,9 @@ pub struct SseRun {
     pub server_streams: Vec<ServerStream>,
     /// When the first client connected, `CLOCK_MONOTONIC` ns.
     pub fleet_started: u64,
+    /// The queued connections (`SseSpec::queued`) reset after the SIGTERM with no byte of an
+    /// answer, by their clients' count.
+    pub queued_reset: usize,
 }
 
 /// One stream as the server logged it.
@@ -197,6 +208,7 @@ fn server_streams(events: &[super::container::ServerEvent]) -> Vec<ServerStream>
 
 fn opts(spec: &SseSpec, seed: u64) -> BackendOpts {
     BackendOpts {
+        hold: (spec.queued > 0).then_some((QUEUED_PORT, 64)),
         labels: vec![(COMPOSE_SERVICE.into(), spec.workload.clone())],
         stream: Some(StreamOpts {
             rotation: spec.rotation,
@@ -271,6 +283,23 @@ fn hold_stream(sh: &Shared, client: usize) -> Option<StreamRecord> {
     Some(rec)
 }
 
+/// One connection left in the accept queue of `addr`: its request sent, then read until it
+/// ends. Ok(when it ended) when it ended with no byte of an answer.
+fn queued(addr: SocketAddrV4) -> thread::JoinHandle<Option<u64>> {
+    let mut s = TcpStream::connect_timeout(&addr.into(), Duration::from_secs(2))
+        .expect("connect to the queued listener");
+    s.write_all(b"GET /events HTTP/1.1\r\nHost: lab\r\nAccept: text/event-stream\r\n\r\n")
+        .expect("send the queued request");
+    thread::spawn(move || {
+        s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+        let mut b = [0u8; 64];
+        match s.read(&mut b) {
+            Ok(0) | Err(_) => Some(clock::mono_ns()),
+            Ok(_) => None,
+        }
+    })
+}
+
 impl SseLab {
     pub fn setup(spec: SseSpec) -> SseLab {
         let old = Backend::start("old", Mode::Stream, opts(&spec, spec.seed));
@@ -326,6 +355,8 @@ impl SseLab {
             c.dedup();
             c.len()
         };
+        let queued_addr = SocketAddrV4::new(*self.old.addr().ip(), QUEUED_PORT);
+        let queued: Vec<_> = (0..spec.queued).map(|_| queued(queued_addr)).collect();
         sh.routed_new.store(true, Ordering::SeqCst);
         let stop = self.old.stop(spec.grace_secs);
         // Every client's stream on the old server ended (podman stop returns once the old
@@ -351,6 +382,10 @@ impl SseLab {
         for c in clients {
             c.join().expect("a client thread panicked");
         }
+        let queued_ends: Vec<Option<u64>> = queued
+            .into_iter()
+            .map(|q| q.join().expect("a queued connection's thread panicked"))
+            .collect();
         let streams = std::mem::take(&mut *sh.streams.lock().unwrap());
         let failed_connects = *sh.failed.lock().unwrap();
         let events = self.old.events();
@@ -377,6 +412,10 @@ impl SseLab {
             server_ended: count("stream-end"),
             server_streams: server_streams(&events),
             fleet_started,
+            queued_reset: queued_ends
+                .iter()
+                .filter(|e| e.is_some_and(|e| e >= sigterm))
+                .count(),
         }
     }
 }
@@ -452,6 +491,19 @@ impl SseRun {
         (after("deadline"), after("sigterm"))
     }
 
+    /// Streams the old server ended at their own deadline within `within` of its SIGTERM.
+    pub fn server_ended_at_deadline_within(&self, within: Duration) -> usize {
+        let until = self.sigterm + within.as_nanos() as u64;
+        self.server_streams
+            .iter()
+            .filter(|s| {
+                s.ended
+                    .as_ref()
+                    .is_some_and(|(at, w)| *at >= self.sigterm && *at <= until && w == "deadline")
+            })
+            .count()
+    }
+
     /// Of the streams the clients saw cut on the old server, those it had never accepted (no
     /// `stream-open` of theirs in its log): connects that waited in its accept queue when it
     /// closed its listener, reset then.
@@ -477,8 +529,8 @@ impl SseRun {
              the fleet started, {:?} drain, grace {} s: old exited {}; {} streams in all, on the \
              old server {} cut ({} never accepted) and {} ended by it after SIGTERM ({} at their \
              deadline, {} at once); {} reconnects to the new one; {} failed connects; the old \
-             server opened {} and ended {} itself; mean rotation lifetime {mean:.3} s, drawn \
-             p50 {:.3} p95 {:.3} max {:.3} s\n",
+             server opened {} and ended {} itself; {} of {} queued connections reset; mean rotation \
+             lifetime {mean:.3} s, drawn p50 {:.3} p95 {:.3} max {:.3} s\n",
             self.spec.clients,
             self.spec.lifetimes,
             self.spec.rotation,
@@ -498,6 +550,8 @@ impl SseRun {
             self.failed_connects,
             self.server_opened,
             self.server_ended,
+            self.queued_reset,
+            self.spec.queued,
             self.drawn_lifetime(0.5),
             self.drawn_lifetime(0.95),
             self.drawn_lifetime(1.0),
