@@ -223,8 +223,7 @@ impl Stop {
     /// Live streams its server ended itself during the stop (never cuts), on their own timers
     /// or all at once right after the stop signal.
     pub fn streams_ended_by_server(&self) -> StreamsEnded {
-        self.stream_ends
-            .split(self.loss.streams_cut, self.stream_lifetimes.as_ref())
+        self.stream_ends.split(self.loss.streams_cut)
     }
 
     /// SIGTERM → exit.
