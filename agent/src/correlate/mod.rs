@@ -215,11 +215,12 @@ impl Correlator {
                 at,
                 netns,
                 restart,
+                fresh_netns,
             } => {
                 let tracker = &self.tracker;
                 let schedules = |key: &str| tracker.check_schedules(key);
-                self.starts
-                    .started(identity, *at, *netns, *restart, &schedules)
+                let ns = (*netns, *fresh_netns);
+                self.starts.started(identity, *at, ns, *restart, &schedules);
             }
             Observation::RefusedAt {
                 netns,
@@ -231,7 +232,9 @@ impl Correlator {
                 let probe = self.tracker.is_probe(*upstream);
                 self.starts.refused(*netns, *port, *at, probe);
             }
-            Observation::ListenerOpened { key, addr } => self.starts.listened(key, addr.port(), at),
+            Observation::ListenerOpened { key, addr, netns } => {
+                self.starts.listened(key, addr.port(), at, *netns)
+            }
             Observation::Listener {
                 container,
                 fact: Fact::AcceptWait(_),
