@@ -221,6 +221,10 @@ impl Correlator {
                 let schedules = |key: &str| tracker.check_schedules(key);
                 let ns = (*netns, *fresh_netns);
                 self.starts.started(identity, *at, ns, *restart, &schedules);
+                if *fresh_netns {
+                    self.storms
+                        .fresh_netns(&identity.workload_key(), &identity.name);
+                }
             }
             Observation::RefusedAt {
                 netns,

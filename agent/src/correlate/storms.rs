@@ -142,6 +142,15 @@ impl Storms {
             .collect()
     }
 
+    /// `container` of `workload` started in a network namespace made for it: its listen
+    /// counters started at 0, the baseline of a storm on it before its first sample (which may
+    /// come after the first arrival).
+    pub fn fresh_netns(&mut self, workload: &Workload, container: &str) {
+        let zero = ListenCounters::default();
+        self.counters
+            .insert(container.to_string(), (workload.clone(), zero, 0));
+    }
+
     /// A sample of `container`'s network namespace counters.
     pub fn netns_counters(&mut self, workload: &Workload, container: &str, c: ListenCounters) {
         self.counters
@@ -671,6 +680,35 @@ mod tests {
             (st.stop_id.as_str(), st.netns_listen_overflows),
             ("web-2-1", Some(1))
         );
+    }
+
+    #[test]
+    fn a_replacement_in_a_new_namespace_is_baselined_at_zero_before_its_first_sample() {
+        let mut s = Storms::new(Config::default());
+        s.stopped(web(), "old-1", "web-1", T0);
+        // Started in a namespace made for it; its clients arrive before any sample of it.
+        s.fresh_netns(&web(), "web-2");
+        for i in 0..20 {
+            s.arrival(&web(), "web-2", 8080, T0 + SECOND + i * MS);
+        }
+        let c = ListenCounters {
+            overflows: 17,
+            drops: 19,
+        };
+        s.netns_counters(&web(), "web-2", c);
+        let st = &s.tick(T0 + 3 * SECOND)[0];
+        assert_eq!(
+            (st.netns_listen_overflows, st.netns_listen_drops),
+            (Some(17), Some(19))
+        );
+        // Not made for it (and never sampled): unknown, not a guess.
+        let mut s = Storms::new(Config::default());
+        s.stopped(web(), "old-1", "web-1", T0);
+        for i in 0..20 {
+            s.arrival(&web(), "web-3", 8080, T0 + SECOND + i * MS);
+        }
+        s.netns_counters(&web(), "web-3", c);
+        assert_eq!(s.tick(T0 + 3 * SECOND)[0].netns_listen_overflows, None);
     }
 
     #[test]
