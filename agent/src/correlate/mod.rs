@@ -197,6 +197,8 @@ impl Correlator {
             .into_iter()
             .map(|s| Emitted::Storm(Box::new(s)))
             .collect();
+        let updated = self.storms.take_updated().into_iter();
+        out.extend(updated.map(|s| Emitted::StormUpdated(Box::new(s))));
         self.tracker.tick(now);
         let tracker = &self.tracker;
         self.starts.tick(now, &|key| tracker.check_schedules(key));

@@ -221,8 +221,8 @@ impl ListenerMetrics {
         }
     }
 
-    /// A reconnect storm ended.
-    pub fn storm(&self, s: &Storm) {
+    /// A reconnect storm ended (`new`), or one already counted resumed and ended again.
+    pub fn storm(&self, s: &Storm, new: bool) {
         let c = ContainerIdentity {
             namespace: s.namespace.clone(),
             workload: s.workload.clone(),
@@ -232,7 +232,9 @@ impl ListenerMetrics {
         let Some(l) = self.port_labels(&c, s.port, "drainwatch_reconnect_storms") else {
             return;
         };
-        self.cap.series(&self.storms, &l).inc();
+        if new {
+            self.cap.series(&self.storms, &l).inc();
+        }
         self.cap
             .series(&self.storm_peak_rate, &l)
             .set(s.peak_arrivals_per_second);
@@ -402,6 +404,31 @@ mod tests {
         m.listeners.accept_queues(&[], true);
         let text = m.encode_prometheus().unwrap();
         assert!(!text.contains("drainwatch_accept_queue_depth{"), "{text}");
+    }
+
+    #[test]
+    fn a_storm_resumed_updates_its_gauges_and_counts_once() {
+        use crate::model::{Emitted, storm::Storm};
+        let m = Telemetry::new("k");
+        let storm = |clients, window| Storm {
+            workload: "web".into(),
+            container: "web-2".into(),
+            port: 8080,
+            clients,
+            seconds_to_95_percent: window,
+            ..Default::default()
+        };
+        m.record(&Emitted::Storm(Box::new(storm(45, 3.0))));
+        m.record(&Emitted::StormUpdated(Box::new(storm(75, 11.0))));
+        let labels = "{namespace=\"\",workload=\"web\",container=\"web-2\",port=\"8080\"}";
+        let text = m.encode_prometheus().unwrap();
+        assert!(
+            text.contains(&format!("drainwatch_reconnect_storms_total{labels} 1")),
+            "{text}"
+        );
+        assert!(text.contains(&format!(
+            "drainwatch_reconnect_storm_window_seconds{labels} 11"
+        )));
     }
 
     #[test]
