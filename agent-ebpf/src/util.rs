@@ -377,7 +377,7 @@ pub fn skb_netns(kind: EventKind, skb: u64) -> Ns {
 }
 
 /// The current task's namespace, by plain loads from its BTF-typed `task_struct` (one helper
-/// call where `task_netns` makes five).
+/// call where `task_netns` makes four, and the cookie with it).
 #[inline(always)]
 pub fn current_netns() -> Ns {
     let k = &CONFIG.kernel;
@@ -392,14 +392,17 @@ pub fn current_netns() -> Ns {
         .map_or(Ns::UNKNOWN, btf_net)
 }
 
-/// The current task's namespace.
+/// The current task's namespace, its inode only: for process-context records (attributed by
+/// process, not namespace) and the host filter, a helper call fewer than with the cookie.
 #[inline(always)]
 pub fn task_netns(kind: EventKind) -> Ns {
     let k = &CONFIG.kernel;
     let task = unsafe { bpf_get_current_task() };
-    kread::<u64>(kind, task, cfg(&k.task_nsproxy))
+    let inum = kread::<u64>(kind, task, cfg(&k.task_nsproxy))
         .and_then(|ns| kread::<u64>(kind, ns, cfg(&k.nsproxy_net_ns)))
-        .map_or(Ns::UNKNOWN, |n| net_ns(kind, n))
+        .and_then(|n| kread::<u32>(kind, n, cfg(&k.net_inum)))
+        .unwrap_or(0);
+    Ns { inum, cookie: 0 }
 }
 
 /// TCP state of a `struct sock`, -1 if unreadable.

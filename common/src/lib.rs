@@ -60,7 +60,9 @@ pub struct Header {
     pub comm: [u8; TASK_COMM_LEN],
     /// The same namespace's cookie (`net.net_cookie`): unique for the kernel's lifetime, so
     /// it tells a replacement's namespace from the one whose inode it reused. 0 where the
-    /// kernel has none (before 5.12 it is made on first use, if ever).
+    /// kernel has none (before 5.12 it is made on first use, if ever), and on records of a
+    /// task's namespace read by probe reads (signals, exits, cgroup removals: attributed by
+    /// process), which save the read.
     pub netns_cookie: u64,
 }
 

@@ -1874,7 +1874,7 @@ fn a_replacements_refusals_and_resets_are_its_own_though_its_namespace_reused_th
         obs.extend(e.scan());
         obs.extend(e.on_event(&rst(3_000, new_cookie, 40_003, true)));
         obs.extend(e.flush(u64::MAX / 2));
-        obs
+        (obs, e.resets_by_inode())
     };
     let whose = |obs: &[O]| -> Vec<(&'static str, String)> {
         obs.iter()
@@ -1893,7 +1893,8 @@ fn a_replacements_refusals_and_resets_are_its_own_though_its_namespace_reused_th
     };
     let new = |k: &'static str| (k, NEW_ID.to_string());
     let old = |k: &'static str| (k, ID.to_string());
-    let obs = run(true);
+    let (obs, by_inode) = run(true);
+    assert_eq!(by_inode, 0);
     assert!(
         obs.iter().any(
             |o| matches!(o, O::Started { identity, fresh_netns: true, .. } if identity.id == NEW_ID)
@@ -1912,9 +1913,11 @@ fn a_replacements_refusals_and_resets_are_its_own_though_its_namespace_reused_th
         ],
         "{obs:#?}"
     );
-    // By inode alone they are the old container's: its stop's refusals, its resets.
+    // By inode alone they are the old container's: its stop's refusals, its resets, counted.
+    let (obs, by_inode) = run(false);
+    assert_eq!(by_inode, 3);
     assert_eq!(
-        whose(&run(false)),
+        whose(&obs),
         [
             old("reset"),
             old("reset"),

@@ -99,6 +99,7 @@ pub fn start_view(s: &Start, clock: &Clock) -> StartView {
         id: s.id.clone(),
         listen_after_seconds: s.listen_after_seconds().map(round3),
         loss: s.loss.clone(),
+        netns_by_inode: s.first_listen_at.is_some() && s.netns_cookie.is_none(),
         ports: s.ports.iter().map(|(p, _)| *p).collect(),
         ready_at: ready_at(s, clock),
         refusals_lost: s.refusals_lost,

@@ -155,7 +155,8 @@ impl<H: HostView> Enricher<H> {
         let Some((key, at, port)) = self.sockets.take_queued(a.skaddr) else {
             return;
         };
-        // accept() in its own process: the namespace is the container's.
+        // Its own connection: the namespace is the container's (the accept hooks leave the
+        // cookie out; an accept the kernel held comes with its connection's, which has it).
         self.learn_cookie(&key, a.meta.ns());
         let Some(waited) = a.meta.ts_ns.checked_sub(at) else {
             return;

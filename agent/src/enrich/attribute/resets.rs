@@ -70,6 +70,8 @@ pub(super) struct Unowned {
     waiting: VecDeque<Rst>,
     /// Given up on: their namespace's container was never found in time.
     pub(super) dropped: u64,
+    /// Attributed by namespace with no cookie in their records (by inode alone).
+    pub(super) by_inode: u64,
 }
 
 impl<H: HostView> Enricher<H> {
@@ -84,7 +86,7 @@ impl<H: HostView> Enricher<H> {
             .reason
             .as_ref()
             .map_or_else(|| "unknown".into(), ToString::to_string);
-        Self::reset(&owner, ResetDirection::Sent, reason, out);
+        self.reset(&owner, ns, ResetDirection::Sent, reason, out);
         let Some(conn) = r.conn.filter(|_| r.skaddr == 0) else {
             return;
         };
@@ -147,7 +149,13 @@ impl<H: HostView> Enricher<H> {
             self.wait_for_owner(Rst::Received(r.clone()));
             return;
         }
-        Self::reset(&owner, ResetDirection::Received, "none".into(), out);
+        self.reset(
+            &owner,
+            r.meta.ns(),
+            ResetDirection::Received,
+            "none".into(),
+            out,
+        );
     }
 
     fn owner(&self, skaddr: u64, ns: Netns, port: Option<u16>) -> Owner {
@@ -207,7 +215,23 @@ impl<H: HostView> Enricher<H> {
         self.unowned_rsts.dropped
     }
 
-    fn reset(owner: &Owner, direction: ResetDirection, reason: String, out: &mut Vec<Observation>) {
+    /// RSTs attributed by their namespace's inode alone since the agent started (no cookie in
+    /// their records: see `model::netns`).
+    pub fn resets_by_inode(&self) -> u64 {
+        self.unowned_rsts.by_inode
+    }
+
+    fn reset(
+        &mut self,
+        owner: &Owner,
+        ns: Netns,
+        direction: ResetDirection,
+        reason: String,
+        out: &mut Vec<Observation>,
+    ) {
+        if matches!(owner, Owner::Namespace(_)) && ns.cookie == 0 {
+            self.unowned_rsts.by_inode += 1;
+        }
         let (container, on_connection) = match owner {
             Owner::Connection(c) => (Arc::clone(c), true),
             Owner::Namespace(c) => (Arc::clone(c), false),
