@@ -39,7 +39,8 @@ pub struct ListenerMetrics {
     netns_listen_overflows: Family<ContainerLabels, Counter>,
     netns_listen_drops: Family<ContainerLabels, Counter>,
     /// The kernel's absolute counters as last seen, to add only their growth.
-    netns_seen: Mutex<HashMap<ContainerLabels, ListenCounters>>,
+    /// Each series' last sample, and the container (id) it was of.
+    netns_seen: Mutex<HashMap<ContainerLabels, (String, ListenCounters)>>,
     /// Listeners whose queue gauges were set last time, to remove the ones that went away.
     queues_seen: Mutex<HashSet<PortLabels>>,
     /// Each listener's per-connection series, resolved once (see [`Handles`]).
@@ -257,8 +258,12 @@ impl ListenerMetrics {
             if !self.cap.admit(&l, "drainwatch_netns_listen_overflows") {
                 continue;
             }
-            let before = seen.insert(l.clone(), *now).unwrap_or_default();
-            // A counter that went down belongs to a new namespace under the same names.
+            // Another container under the same names (a replacement that took its name) has a
+            // namespace of its own, counted from 0; so has one whose counter went down.
+            let before = match seen.insert(l.clone(), (c.id.clone(), *now)) {
+                Some((id, before)) if id == c.id => before,
+                _ => ListenCounters::default(),
+            };
             let grew = |b: u64, n: u64| if n >= b { n - b } else { n };
             self.cap
                 .series(&self.netns_listen_overflows, &l)
@@ -456,6 +461,21 @@ mod tests {
         let text = m.encode_prometheus().unwrap();
         assert!(text.contains(&format!(
             "drainwatch_netns_listen_overflows_total{labels} 12"
+        )));
+        // A replacement that took the name (another container) counts from 0, even past the
+        // old one's last value.
+        let new = ContainerIdentity {
+            id: "replacement".into(),
+            ..c.clone()
+        };
+        let counters = ListenCounters {
+            overflows: 17,
+            drops: 17,
+        };
+        m.listeners.netns_listen_counters(&[(new, counters)]);
+        let text = m.encode_prometheus().unwrap();
+        assert!(text.contains(&format!(
+            "drainwatch_netns_listen_overflows_total{labels} 29"
         )));
     }
 }
