@@ -17,9 +17,9 @@ use crate::ring::{reserve, submit};
 use crate::{
     hold, loopback,
     util::{
-        CONFIG, IPPROTO_TCP, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple, btf_tcp_sock,
-        cfg, count_filtered, fill_header_task, is_host, kread, ld, out_of_scope, sock_netns,
-        tp_tuple, zeroed,
+        CONFIG, IPPROTO_TCP, Ns, Record, btf_inet_sport, btf_sock_netns, btf_sock_tuple,
+        btf_tcp_sock, cfg, count_filtered, fill_header_task, is_host, kread, ld, out_of_scope,
+        sock_netns, tp_tuple, zeroed,
     },
 };
 
@@ -62,7 +62,7 @@ fn nothing_held(ev: &mut Event) {
 
 /// The socket-side reads of one state change, however the hook reaches them.
 trait Socket {
-    fn netns(&self) -> u32;
+    fn netns(&self) -> Ns;
     fn tuple(&self, t: &mut Tuple);
     /// `tcp_sock` counters (`ev.bytes_received` ..= `ev.lsndtime`, the segment counts).
     fn counters(&self, ev: &mut Event);
@@ -201,7 +201,7 @@ fn emit_event<S: Socket>(
     if hold
         && oldstate == cfg(&f.syn_recv_state)
         && newstate == cfg(&f.established_state)
-        && hold::arrive(skaddr, netns, &tuple)
+        && hold::arrive(skaddr, netns.inum, &tuple)
     {
         return Err(Skip::Other);
     }
@@ -246,7 +246,7 @@ fn emit_event<S: Socket>(
 /// Before a reset hook's record of `sk`: what was held for it, in a record of its own, so that
 /// the agent knows the connection before its reset.
 #[inline(always)]
-pub fn emit_held_only(sk: u64, netns: u32, tuple: &Tuple) {
+pub fn emit_held_only(sk: u64, netns: Ns, tuple: &Tuple) {
     if !hold::on() {
         return;
     }
@@ -312,7 +312,7 @@ struct Direct {
 
 impl Socket for Direct {
     #[inline(always)]
-    fn netns(&self) -> u32 {
+    fn netns(&self) -> Ns {
         btf_sock_netns(self.sk)
     }
 
@@ -399,7 +399,7 @@ struct Probed<'a> {
 
 impl Socket for Probed<'_> {
     #[inline(always)]
-    fn netns(&self) -> u32 {
+    fn netns(&self) -> Ns {
         sock_netns(KIND, self.skaddr)
     }
 

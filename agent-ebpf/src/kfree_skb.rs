@@ -13,7 +13,7 @@ use drainwatch_common::{
 
 use crate::ring::{reserve, submit};
 use crate::util::{
-    CONFIG, Record, btf_net_inum, btf_sock_netns, btf_sock_tuple, cfg, fill_header_sock, kread, ld,
+    CONFIG, Ns, Record, btf_net, btf_sock_netns, btf_sock_tuple, cfg, fill_header_sock, kread, ld,
     skb_netns, sock_netns, sock_tuple, zeroed,
 };
 
@@ -42,9 +42,9 @@ pub fn kfree_skb_btf(ctx: BtfTracePointContext) -> i32 {
             .filter(|dev| !dev.is_null())
             .and_then(|dev| ld::<*const u8>(dev, cfg(&k.net_device_nd_net)))
             .filter(|net| !net.is_null())
-            .map_or(0, btf_net_inum)
+            .map_or(Ns::UNKNOWN, btf_net)
     } else {
-        0
+        Ns::UNKNOWN
     };
     let protocol = if skb.is_null() {
         0

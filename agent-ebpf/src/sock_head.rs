@@ -3,7 +3,7 @@
 
 use drainwatch_common::{AF_INET, AF_INET6, EventKind, Tuple, fields::NO_OFFSET};
 
-use crate::util::{CONFIG, cfg, kread, net_inum, sock_netns, sock_tuple};
+use crate::util::{CONFIG, Ns, cfg, kread, sock_netns, sock_tuple};
 
 /// Words of a `struct sock`'s head read at once by `sock_netns_tuple`: its `sock_common`'s
 /// IPv4 addresses, ports, family and namespace pointer lie in the first 64 bytes.
@@ -38,12 +38,13 @@ fn head_field(head: &[u64; HEAD_WORDS], off: u32, size: u32) -> Option<u64> {
 
 /// [`sock_netns`] and [`sock_tuple`] from one read of the socket's head (two helper calls for
 /// an IPv4 socket where the two made seven: most of an accept hook's time); the fields a
-/// kernel put elsewhere, and IPv6 addresses, are read on their own.
+/// kernel put elsewhere, and IPv6 addresses, are read on their own. The namespace's inode
+/// only: the agent reads an accept by its socket, and the cookie would be a third call.
 #[inline(always)]
-pub fn sock_netns_tuple(kind: EventKind, sk: u64, t: &mut Tuple) -> u32 {
+pub fn sock_netns_tuple(kind: EventKind, sk: u64, t: &mut Tuple) -> Ns {
     let k = &CONFIG.kernel;
     let Some(head) = kread::<[u64; HEAD_WORDS]>(kind, sk, 0) else {
-        return 0;
+        return Ns::UNKNOWN;
     };
     let f = |off: u32, size: u32| head_field(&head, off, size);
     let (Some(family), Some(num), Some(dport), Some(net)) = (
@@ -53,7 +54,10 @@ pub fn sock_netns_tuple(kind: EventKind, sk: u64, t: &mut Tuple) -> u32 {
         f(cfg(&k.sock_net), 8),
     ) else {
         sock_tuple(kind, sk, t);
-        return sock_netns(kind, sk);
+        return Ns {
+            inum: sock_netns(kind, sk).inum,
+            cookie: 0,
+        };
     };
     t.family = family as u16;
     t.sport = num as u16;
@@ -71,5 +75,8 @@ pub fn sock_netns_tuple(kind: EventKind, sk: u64, t: &mut Tuple) -> u32 {
         t.saddr = v6(cfg(&k.sock_v6_rcv_saddr));
         t.daddr = v6(cfg(&k.sock_v6_daddr));
     }
-    net_inum(kind, net)
+    Ns {
+        inum: kread::<u32>(kind, net, cfg(&k.net_inum)).unwrap_or(0),
+        cookie: 0,
+    }
 }

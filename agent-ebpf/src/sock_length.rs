@@ -28,7 +28,7 @@ use drainwatch_common::{
 };
 
 use crate::ring::{reserve, submit};
-use crate::util::{CONFIG, cfg, fill_header_task, zeroed};
+use crate::util::{CONFIG, Ns, cfg, fill_header_task, zeroed};
 
 const KIND: EventKind = EventKind::SockLength;
 
@@ -157,7 +157,7 @@ fn emit(sk: u64, st: &ReqState, phase: Phase, ret: i32) {
     };
     let ev = unsafe { entry.assume_init_mut() };
     // No cgroup or command: the socket names the proxy (the agent follows it by address).
-    fill_header_task(&mut ev.header, KIND, 0, false);
+    fill_header_task(&mut ev.header, KIND, Ns::UNKNOWN, false);
     ev.skaddr = sk;
     ev.cut_sk = st.retry_of;
     ev.req_bytes = st.req_bytes;

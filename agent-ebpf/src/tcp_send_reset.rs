@@ -18,7 +18,7 @@ use crate::ring::{reserve, submit};
 use crate::{
     fault::fault,
     util::{
-        CONFIG, Record, btf_inet_sport, btf_net_inum, btf_sock_netns, btf_sock_tuple, cfg,
+        CONFIG, Ns, Record, btf_inet_sport, btf_net, btf_sock_netns, btf_sock_tuple, cfg,
         fill_header_sock, kread, ld, out_of_scope, skb_netns, sock_netns, sock_state, sock_tuple,
         tp_tuple, zeroed,
     },
@@ -45,7 +45,7 @@ pub fn tcp_send_reset_btf(ctx: BtfTracePointContext) -> i32 {
         }
         let netns = ld::<*const u8>(skb, cfg(&k.skb_dev))
             .and_then(|dev| ld::<*const u8>(dev, cfg(&k.net_device_nd_net)))
-            .map_or(0, btf_net_inum);
+            .map_or(Ns::UNKNOWN, btf_net);
         (netns, -1)
     } else {
         let state = ld::<u8>(sk, cfg(&k.sock_state)).map_or(-1, i32::from);
@@ -166,7 +166,7 @@ fn try_tcp_send_reset(ctx: &TracePointContext) -> Option<()> {
         sock_netns(EventKind::TcpSendReset, skaddr)
     } else {
         rec.get::<u64>(f.skbaddr)
-            .map_or(0, |skb| skb_netns(EventKind::TcpSendReset, skb))
+            .map_or(Ns::UNKNOWN, |skb| skb_netns(EventKind::TcpSendReset, skb))
     };
     let mut tuple = zeroed::<Tuple>();
     if f.sockaddr_saddr != NO_FIELD {
@@ -242,7 +242,7 @@ fn probe_send_reset(ctx: &ProbeContext, has_skb: bool) -> Option<()> {
         answered = packet_probe(skb, &mut tuple);
         skb_netns(EventKind::TcpSendReset, skb)
     } else {
-        0
+        Ns::UNKNOWN
     };
     if out_of_scope(EventKind::TcpSendReset, netns, &tuple) {
         return None;

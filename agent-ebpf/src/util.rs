@@ -43,11 +43,24 @@ pub fn attach_only() -> bool {
     cfg(&CONFIG.attach_only) != 0
 }
 
-/// Whether `netns` is the host's and the filter is on.
+/// A network namespace as records name it: its inode, which procfs shows and the kernel gives
+/// a freed namespace's to the next one, and its cookie, unique for the kernel's lifetime (0
+/// where the kernel has none). Two registers when inlined.
+#[derive(Clone, Copy)]
+pub struct Ns {
+    pub inum: u32,
+    pub cookie: u64,
+}
+
+impl Ns {
+    pub const UNKNOWN: Ns = Ns { inum: 0, cookie: 0 };
+}
+
+/// Whether `netns` is the host's and the filter is on (the host's inode is never reused).
 #[inline(always)]
-pub fn is_host(netns: u32) -> bool {
+pub fn is_host(netns: Ns) -> bool {
     let host = cfg(&CONFIG.host_netns);
-    host != 0 && netns == host
+    host != 0 && netns.inum == host
 }
 
 #[inline(always)]
@@ -75,7 +88,7 @@ pub fn count_filtered(kind: EventKind) {
 /// Drops (and counts) an event in the host namespace whose connection touches no container:
 /// neither end is a watched port or a container's address.
 #[inline(always)]
-pub fn out_of_scope(kind: EventKind, netns: u32, t: &Tuple) -> bool {
+pub fn out_of_scope(kind: EventKind, netns: Ns, t: &Tuple) -> bool {
     if !is_host(netns)
         || (watched_port(watch::ANY_PORT) && (watched_port_of(t.sport) || watched_port_of(t.dport)))
         || watched_addr(t.family, &t.daddr)
@@ -128,7 +141,7 @@ pub fn count(counters: &PerCpuArray<u64>, kind: EventKind) {
 }
 
 #[inline(always)]
-pub fn fill_header(h: &mut Header, kind: EventKind, netns: u32) {
+pub fn fill_header(h: &mut Header, kind: EventKind, netns: Ns) {
     fill_header_task(h, kind, netns, true);
 }
 
@@ -136,20 +149,21 @@ pub fn fill_header(h: &mut Header, kind: EventKind, netns: u32) {
 /// packet): no cgroup or command. The agent reads these by socket, namespace and time, and
 /// their task is mostly whichever one the softirq interrupted; two helper calls saved.
 #[inline(always)]
-pub fn fill_header_sock(h: &mut Header, kind: EventKind, netns: u32) {
+pub fn fill_header_sock(h: &mut Header, kind: EventKind, netns: Ns) {
     fill_header_task(h, kind, netns, false);
 }
 
 /// `fill_header`, with the task's cgroup and command only when `task` (each a helper call;
 /// left zero otherwise).
 #[inline(always)]
-pub fn fill_header_task(h: &mut Header, kind: EventKind, netns: u32, task: bool) {
+pub fn fill_header_task(h: &mut Header, kind: EventKind, netns: Ns, task: bool) {
     let pid_tgid = bpf_get_current_pid_tgid();
     h.ts_ns = unsafe { bpf_ktime_get_ns() };
     h.kind = kind as u32;
     h.pid = pid_tgid as u32;
     h.tgid = (pid_tgid >> 32) as u32;
-    h.netns = netns;
+    h.netns = netns.inum;
+    h.netns_cookie = netns.cookie;
     if task {
         h.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
         // Straight into the record: the helper zero-fills on failure, and aya's wrapper would
@@ -262,19 +276,20 @@ fn cached_inum(cookie: u64, inum: impl FnOnce() -> u32) -> u32 {
     n
 }
 
-/// Network namespace inode of a BTF-typed `struct net` (plain loads).
+/// The namespace of a BTF-typed `struct net` (plain loads).
 #[inline(always)]
-pub fn btf_net_inum(net: *const u8) -> u32 {
+pub fn btf_net(net: *const u8) -> Ns {
     let k = &CONFIG.kernel;
     let cookie = ld::<u64>(net, cfg(&k.net_cookie)).unwrap_or(0);
-    cached_inum(cookie, || ld::<u32>(net, cfg(&k.net_inum)).unwrap_or(0))
+    let inum = cached_inum(cookie, || ld::<u32>(net, cfg(&k.net_inum)).unwrap_or(0));
+    Ns { inum, cookie }
 }
 
-/// Network namespace inode of a BTF-typed `struct sock` (plain loads).
+/// The namespace of a BTF-typed `struct sock` (plain loads).
 #[inline(always)]
-pub fn btf_sock_netns(sk: *const u8) -> u32 {
+pub fn btf_sock_netns(sk: *const u8) -> Ns {
     let k = &CONFIG.kernel;
-    ld::<*const u8>(sk, cfg(&k.sock_net)).map_or(0, btf_net_inum)
+    ld::<*const u8>(sk, cfg(&k.sock_net)).map_or(Ns::UNKNOWN, btf_net)
 }
 
 /// The 4-tuple of a BTF-typed `struct sock` as the classic TCP tracepoints record it: local =
@@ -334,52 +349,60 @@ pub fn kread<T>(kind: EventKind, base: u64, off: u32) -> Option<T> {
     }
 }
 
-/// Network namespace inode of a `struct net` by probe read (no cache: the classic state-change
-/// program is at its verifier's limit on 5.10 and 6.1).
+/// The namespace of a `struct net` by probe reads (no cache: the classic state-change program
+/// is at its verifier's limit on 5.10 and 6.1). The cookie is a second read; none where BTF
+/// has no `net_cookie` (before 5.7).
 #[inline(always)]
-pub fn net_inum(kind: EventKind, net: u64) -> u32 {
-    kread::<u32>(kind, net, cfg(&CONFIG.kernel.net_inum)).unwrap_or(0)
+pub fn net_ns(kind: EventKind, net: u64) -> Ns {
+    let k = &CONFIG.kernel;
+    Ns {
+        inum: kread::<u32>(kind, net, cfg(&k.net_inum)).unwrap_or(0),
+        cookie: kread::<u64>(kind, net, cfg(&k.net_cookie)).unwrap_or(0),
+    }
 }
 
-/// Network namespace inode of a `struct sock`.
+/// The namespace of a `struct sock`.
 #[inline(always)]
-pub fn sock_netns(kind: EventKind, sk: u64) -> u32 {
-    kread::<u64>(kind, sk, cfg(&CONFIG.kernel.sock_net)).map_or(0, |n| net_inum(kind, n))
+pub fn sock_netns(kind: EventKind, sk: u64) -> Ns {
+    kread::<u64>(kind, sk, cfg(&CONFIG.kernel.sock_net)).map_or(Ns::UNKNOWN, |n| net_ns(kind, n))
 }
 
-/// Network namespace inode of the device a packet arrived on (sockets-less paths).
+/// The namespace of the device a packet arrived on (sockets-less paths).
 #[inline(always)]
-pub fn skb_netns(kind: EventKind, skb: u64) -> u32 {
+pub fn skb_netns(kind: EventKind, skb: u64) -> Ns {
     let k = &CONFIG.kernel;
     kread::<u64>(kind, skb, cfg(&k.skb_dev))
         .and_then(|dev| kread::<u64>(kind, dev, cfg(&k.net_device_nd_net)))
-        .map_or(0, |n| net_inum(kind, n))
+        .map_or(Ns::UNKNOWN, |n| net_ns(kind, n))
 }
 
-/// Network namespace inode of the current task, by plain loads from its BTF-typed
-/// `task_struct` (one helper call where `task_netns` makes four).
+/// The current task's namespace, by plain loads from its BTF-typed `task_struct` (one helper
+/// call where `task_netns` makes four, and the cookie with it).
 #[inline(always)]
-pub fn current_netns() -> u32 {
+pub fn current_netns() -> Ns {
     let k = &CONFIG.kernel;
     let task = unsafe { bpf_get_current_task_btf() } as *const u8;
     if task.is_null() {
-        return 0;
+        return Ns::UNKNOWN;
     }
     ld::<*const u8>(task, cfg(&k.task_nsproxy))
         .filter(|ns| !ns.is_null())
         .and_then(|ns| ld::<*const u8>(ns, cfg(&k.nsproxy_net_ns)))
         .filter(|net| !net.is_null())
-        .map_or(0, btf_net_inum)
+        .map_or(Ns::UNKNOWN, btf_net)
 }
 
-/// Network namespace inode of the current task.
+/// The current task's namespace, its inode only: for process-context records (attributed by
+/// process, not namespace) and the host filter, a helper call fewer than with the cookie.
 #[inline(always)]
-pub fn task_netns(kind: EventKind) -> u32 {
+pub fn task_netns(kind: EventKind) -> Ns {
     let k = &CONFIG.kernel;
     let task = unsafe { bpf_get_current_task() };
-    kread::<u64>(kind, task, cfg(&k.task_nsproxy))
+    let inum = kread::<u64>(kind, task, cfg(&k.task_nsproxy))
         .and_then(|ns| kread::<u64>(kind, ns, cfg(&k.nsproxy_net_ns)))
-        .map_or(0, |n| net_inum(kind, n))
+        .and_then(|n| kread::<u32>(kind, n, cfg(&k.net_inum)))
+        .unwrap_or(0);
+    Ns { inum, cookie: 0 }
 }
 
 /// TCP state of a `struct sock`, -1 if unreadable.

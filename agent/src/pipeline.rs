@@ -174,6 +174,9 @@ impl<H: HostView> Pipeline<H> {
             self.telemetry
                 .starts
                 .set_unseen_containers(self.enricher.unseen_containers());
+            self.telemetry
+                .starts
+                .set_resets_by_inode(self.enricher.resets_by_inode());
             let lost = self.telemetry.lost();
             let (emitted, state) = self.with_correlator(|c| {
                 c.lost(lost);

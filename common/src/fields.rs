@@ -101,8 +101,10 @@ pub struct KernelOffsets {
     /// `sock.sk_ack_backlog`: connections in a listener's accept queue (the listen-overflow
     /// kprobes compare it with `sk_max_ack_backlog`).
     pub sock_ack_backlog: u32,
-    /// `net.net_cookie`: a namespace's id, never reused; keys the programs' per-CPU cache of
-    /// the last namespace's inode (`util::NETNS_SEEN`).
+    /// `net.net_cookie`: a namespace's id, never reused (a `u64` set at creation from 5.12;
+    /// an `atomic64_t` made on first use before): every socket record's `netns_cookie`, and
+    /// the key of the programs' per-CPU cache of the last namespace's inode
+    /// (`util::NETNS_SEEN`).
     pub net_cookie: u32,
 }
 

@@ -15,4 +15,4 @@ pub struct Event {
 pod!(Event);
 
 // The layout is a contract with the kernel side (see the crate root).
-const _: () = assert!(core::mem::size_of::<Event>() == 96);
+const _: () = assert!(core::mem::size_of::<Event>() == 104);

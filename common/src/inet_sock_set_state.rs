@@ -146,4 +146,4 @@ impl Fields {
 pod!(Event, Fields, Held, HoldEntry);
 
 // The layout is a contract with the kernel side (see the crate root).
-const _: () = assert!(core::mem::size_of::<Event>() == 176);
+const _: () = assert!(core::mem::size_of::<Event>() == 184);

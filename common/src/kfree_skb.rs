@@ -41,4 +41,4 @@ impl Fields {
 pod!(Event, Fields);
 
 // The layout is a contract with the kernel side (see the crate root).
-const _: () = assert!(core::mem::size_of::<Event>() == 112);
+const _: () = assert!(core::mem::size_of::<Event>() == 120);

@@ -54,9 +54,16 @@ pub struct Header {
     pub pid: u32,
     pub tgid: u32,
     /// Network namespace inode: of the socket when there is one, else of the current task.
+    /// procfs names namespaces by it, and the kernel gives a freed one's to the next.
     pub netns: u32,
     /// The current task's command; empty where `cgroup_id` is left out.
     pub comm: [u8; TASK_COMM_LEN],
+    /// The same namespace's cookie (`net.net_cookie`): unique for the kernel's lifetime, so
+    /// it tells a replacement's namespace from the one whose inode it reused. 0 where the
+    /// kernel has none (before 5.12 it is made on first use, if ever), and on records of a
+    /// task's namespace read by probe reads (signals, exits, cgroup removals: attributed by
+    /// process), which save the read.
+    pub netns_cookie: u64,
 }
 
 pub const AF_INET: u16 = 2;
@@ -79,7 +86,7 @@ pub struct Tuple {
 pod!(Header, Tuple);
 
 // The layouts are a contract with the kernel side: no implicit padding, ring-buffer friendly.
-const _: () = assert!(core::mem::size_of::<Header>() == 48);
+const _: () = assert!(core::mem::size_of::<Header>() == 56);
 const _: () = assert!(core::mem::size_of::<Tuple>() == 40);
 
 /// Marks a value the kernel did not provide (field absent from this kernel's format).

@@ -150,6 +150,6 @@ pub const CONN_ERRORS: [i32; 8] = [
 pod!(Event, ReqState, Chain);
 
 // The layouts are a contract with the kernel side (see the crate root).
-const _: () = assert!(core::mem::size_of::<Event>() == 96);
+const _: () = assert!(core::mem::size_of::<Event>() == 104);
 const _: () = assert!(core::mem::size_of::<ReqState>() == 56);
 const _: () = assert!(core::mem::size_of::<Chain>() == 40);

@@ -153,6 +153,34 @@ const MEMBERS: &[(&str, &str, Slot)] = &[
     }),
 ];
 
+/// Whether every network namespace has its cookie from its creation: `net.net_cookie` is a
+/// plain `u64` (5.12+). Before, it is an `atomic64_t` made on first use, if ever (mostly 0
+/// in records), or absent (before 5.7): namespaces are then told apart by inode alone, and a
+/// replacement whose namespace reused a stopped container's inode is taken for it.
+pub fn net_cookie_at_creation(btf: &Btf) -> bool {
+    let Some(net) = btf
+        .resolve_types_by_name("net")
+        .ok()
+        .and_then(|t| t.into_iter().find(|t| matches!(t, Type::Struct(_))))
+        .and_then(|t| struct_of(btf, t))
+    else {
+        return false;
+    };
+    let Some((_, member)) = find_member(btf, &net, "net_cookie") else {
+        return false;
+    };
+    let mut ty = btf.resolve_chained_type(&member).ok();
+    for _ in 0..8 {
+        ty = match ty {
+            Some(Type::Int(_)) => return true,
+            Some(Type::Typedef(t)) => btf.resolve_chained_type(&t).ok(),
+            Some(Type::Volatile(t)) | Some(Type::Const(t)) => btf.resolve_chained_type(&t).ok(),
+            _ => return false,
+        };
+    }
+    false
+}
+
 /// Resolves every member the programs read. Unresolved ones stay `NO_OFFSET` and are listed
 /// (`struct.member`) so the attach plan can report what they cost.
 pub fn kernel_offsets(btf: &Btf) -> (KernelOffsets, Vec<String>) {
@@ -249,6 +277,17 @@ mod tests {
         assert_eq!(k.sock_num, k.sock_dport + 2);
         // sk_buff.dev is inside anonymous unions too; it shares its slot with dev_scratch.
         assert_eq!(Some(k.skb_dev), offset_of(&btf, "sk_buff", "dev_scratch"));
+    }
+
+    #[test]
+    fn this_kernel_gives_every_namespace_its_cookie_at_creation() {
+        let btf = load("/sys/kernel/btf/vmlinux").expect("this machine has kernel BTF");
+        assert!(
+            net_cookie_at_creation(&btf),
+            "6.18's net.net_cookie is a u64"
+        );
+        let (k, _) = kernel_offsets(&btf);
+        assert_eq!(k.net_cookie, bpftool_offset("net", "net_cookie"));
     }
 
     #[test]

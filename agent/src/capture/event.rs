@@ -64,7 +64,15 @@ pub struct Meta {
     pub tgid: u32,
     pub comm: Comm,
     pub cgroup_id: u64,
+    /// The namespace's inode and cookie (0 where the kernel has none: see `model::netns`).
     pub netns: u32,
+    pub netns_cookie: u64,
+}
+
+impl Meta {
+    pub fn ns(&self) -> crate::model::Netns {
+        crate::model::Netns::new(self.netns, self.netns_cookie)
+    }
 }
 
 impl From<&Header> for Meta {
@@ -76,6 +84,7 @@ impl From<&Header> for Meta {
             comm: Comm::new(&h.comm),
             cgroup_id: h.cgroup_id,
             netns: h.netns,
+            netns_cookie: h.netns_cookie,
         }
     }
 }
@@ -313,6 +322,7 @@ pub fn unfold(ev: Event, out: &mut Vec<Event>) {
         comm: Comm::default(),
         cgroup_id: 0,
         netns: s.meta.netns,
+        netns_cookie: s.meta.netns_cookie,
     };
     out.push(Event::StateChange(StateChange {
         meta: meta(held.arrived_at, 0),
@@ -360,6 +370,7 @@ pub(crate) mod tests {
             tgid: 1000,
             netns: 4026531840,
             comm,
+            netns_cookie: 1,
         }
     }
 

@@ -168,7 +168,9 @@ fn unfold(sk: u64, e: &HoldEntry, out: &mut Vec<Event>) {
             tgid: 0,
             comm: Default::default(),
             cgroup_id: 0,
+            // The map keeps the inode only: attributed by inode (the listener taking it).
             netns: e.netns,
+            netns_cookie: 0,
         },
         skaddr: sk,
         conn: Endpoints::from_tuple(&e.tuple),

@@ -145,9 +145,18 @@ pub fn kernel_names() -> Result<KernelNames, CaptureError> {
     Ok(names)
 }
 
-/// BTF members whose absence degrades a hook, and what is lost.
-fn btf_degradations(k: &KernelOffsets, hook: &str) -> Vec<String> {
+/// BTF members whose absence degrades a hook, and what is lost. `cookies`: namespaces have
+/// their cookie from creation (`btf::net_cookie_at_creation`); without, the state-change hook
+/// (listeners, connections) says so.
+fn btf_degradations(k: &KernelOffsets, hook: &str, cookies: bool) -> Vec<String> {
     let mut out = Vec::new();
+    if !cookies && hook == "inet_sock_set_state" {
+        out.push(
+            "network namespaces by inode only (net.net_cookie not set at creation before 5.12): \
+             a replacement whose namespace reuses a stopped container's inode is taken for it"
+                .to_string(),
+        );
+    }
     let mut need = |off: u32, what: &str| {
         if off == NO_OFFSET {
             out.push(what.to_string());
@@ -196,6 +205,7 @@ impl Capture {
         let events_dir = tracefs_events_dir()?;
         let btf = btf::load(&opts.btf_path)?;
         let (kernel, missing_members) = btf::kernel_offsets(&btf);
+        let cookies = btf::net_cookie_at_creation(&btf);
         // The parsed vmlinux BTF is several MiB and only needed for the offsets: free it
         // before aya parses its own copy in `EbpfLoader::new`, so the two never coexist.
         drop(btf);
@@ -264,7 +274,7 @@ impl Capture {
                         st.degraded
                             .extend(optional.into_iter().map(|f| format!("no field {f}")));
                         st.degraded.extend(degraded.map(String::from));
-                        st.degraded.extend(btf_degradations(&kernel, name));
+                        st.degraded.extend(btf_degradations(&kernel, name, cookies));
                     }),
                     Hook::BtfTracepoint {
                         name,
@@ -281,7 +291,7 @@ impl Capture {
                             offsets,
                             &missing_members,
                         )
-                        .map(|()| st.degraded.extend(btf_degradations(&kernel, name)))
+                        .map(|()| st.degraded.extend(btf_degradations(&kernel, name, cookies)))
                     }),
                     Hook::Kprobe { functions, ret: _ } => {
                         attach_kprobes(&mut ebpf, &mut links, functions)

@@ -197,6 +197,8 @@ impl Correlator {
             .into_iter()
             .map(|s| Emitted::Storm(Box::new(s)))
             .collect();
+        let updated = self.storms.take_updated().into_iter();
+        out.extend(updated.map(|s| Emitted::StormUpdated(Box::new(s))));
         self.tracker.tick(now);
         let tracker = &self.tracker;
         self.starts.tick(now, &|key| tracker.check_schedules(key));
@@ -215,11 +217,16 @@ impl Correlator {
                 at,
                 netns,
                 restart,
+                fresh_netns,
             } => {
                 let tracker = &self.tracker;
                 let schedules = |key: &str| tracker.check_schedules(key);
-                self.starts
-                    .started(identity, *at, *netns, *restart, &schedules)
+                let ns = (*netns, *fresh_netns);
+                self.starts.started(identity, *at, ns, *restart, &schedules);
+                if *fresh_netns {
+                    self.storms
+                        .fresh_netns(&identity.workload_key(), &identity.name);
+                }
             }
             Observation::RefusedAt {
                 netns,
@@ -231,7 +238,9 @@ impl Correlator {
                 let probe = self.tracker.is_probe(*upstream);
                 self.starts.refused(*netns, *port, *at, probe);
             }
-            Observation::ListenerOpened { key, addr } => self.starts.listened(key, addr.port(), at),
+            Observation::ListenerOpened { key, addr, netns } => {
+                self.starts.listened(key, addr.port(), at, *netns)
+            }
             Observation::Listener {
                 container,
                 fact: Fact::AcceptWait(_),

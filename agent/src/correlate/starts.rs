@@ -5,7 +5,10 @@
 //! started before it first listens on that port: those are its `refused_before_listen`
 //! (health checks apart, in `probes.refused`); refusals at ports it never listens on are no
 //! start's. A refusal reported after the listen it preceded (the enricher holds refusals a
-//! moment) still counts.
+//! moment) still counts. Namespaces are matched by cookie where the records carry one (see
+//! `model::netns`): a start takes its own namespace's refusals, also those from before its
+//! PID 1 started when the namespace was made for it (a runtime sets the network up first;
+//! within `LOOKBACK`), and never those of another namespace that reused the inode.
 //! A start settles `SETTLE_AFTER_LISTEN` after its first listen, when the container stops, or
 //! `GIVE_UP` after it started without listening. As it settles, refusals on the ticks of a
 //! balancer's check schedule of the container, learned from its checks once it listened
@@ -17,7 +20,7 @@ use std::{borrow::Cow, collections::VecDeque};
 
 use super::probes::{Schedule, on_ticks_before};
 use crate::model::{
-    ContainerIdentity, Emitted, HashMap, HashSet, Mono, SECOND,
+    ContainerIdentity, Emitted, HashMap, HashSet, Mono, Netns, SECOND,
     start::{MAX_REFUSALS_KEPT, Start, StartLoss},
     stop::Lost,
 };
@@ -40,10 +43,23 @@ pub const MAX_WAITING: usize = 65_536;
 /// A refused connect waiting for the listen that tells whose start it was.
 #[derive(Debug, Clone, Copy)]
 struct Waiting {
-    netns: u32,
+    netns: Netns,
     port: u16,
     at: Mono,
     probe: bool,
+}
+
+/// Whether a refusal may be start `s`'s: of its namespace (by cookie where both know it),
+/// after it started, or before in a namespace made for it that the cookies say is the same.
+fn in_start(s: &Start, w: &Waiting) -> bool {
+    if s.netns != Some(w.netns.inum) {
+        return false;
+    }
+    match (s.netns_cookie, w.netns.cookie()) {
+        (Some(a), Some(b)) if a != b => false,
+        (Some(_), Some(_)) if s.fresh_netns => w.at.saturating_add(LOOKBACK) >= s.started_at,
+        _ => w.at >= s.started_at,
+    }
 }
 
 #[derive(Debug, Default)]
@@ -166,7 +182,7 @@ impl Starts {
         &mut self,
         container: &ContainerIdentity,
         at: Mono,
-        netns: Option<u32>,
+        (netns, fresh_netns): (Option<u32>, bool),
         restart: bool,
         schedules: Schedules,
     ) {
@@ -198,6 +214,8 @@ impl Starts {
             container: container.clone(),
             restart,
             netns,
+            netns_cookie: None,
+            fresh_netns,
             started_at: at,
             first_listen_at: None,
             first_accept_at: None,
@@ -213,23 +231,18 @@ impl Starts {
     }
 
     /// A connect refused at `port` of namespace `netns`; `probe`: a health check.
-    pub fn refused(&mut self, netns: u32, port: u16, at: Mono, probe: bool) {
+    pub fn refused(&mut self, netns: Netns, port: u16, at: Mono, probe: bool) {
+        let w = Waiting {
+            netns,
+            port,
+            at,
+            probe,
+        };
         // Reported after the listen it preceded: that start's at once.
         if let Some(s) = self.records.iter_mut().find(|s| {
-            !s.settled
-                && s.netns == Some(netns)
-                && at >= s.started_at
-                && s.ports.iter().any(|(p, l)| *p == port && at <= *l)
+            !s.settled && in_start(s, &w) && s.ports.iter().any(|(p, l)| *p == port && at <= *l)
         }) {
-            count(
-                s,
-                Waiting {
-                    netns,
-                    port,
-                    at,
-                    probe,
-                },
-            );
+            count(s, w);
             return;
         }
         if self.waiting.len() >= MAX_WAITING
@@ -237,33 +250,35 @@ impl Starts {
         {
             self.waiting_dropped += 1;
             for s in self.records.iter_mut() {
-                if !s.settled && s.netns == Some(old.netns) {
+                if !s.settled && s.netns == Some(old.netns.inum) {
                     s.refusals_lost += 1;
                 }
             }
         }
-        self.waiting.push_back(Waiting {
-            netns,
-            port,
-            at,
-            probe,
-        });
+        self.waiting.push_back(w);
     }
 
-    /// The container `key` listened on `port` at `at`.
-    pub fn listened(&mut self, key: &str, port: u16, at: Mono) {
+    /// The container `key` listened on `port` at `at`, in namespace `netns` (the listener's
+    /// own record: its cookie is the container's namespace's).
+    pub fn listened(&mut self, key: &str, port: u16, at: Mono, netns: Netns) {
         let Some(s) = self.open_mut(key) else {
             return;
         };
+        if netns.inum != 0 && s.netns.is_none_or(|ns| ns == netns.inum) {
+            s.netns = Some(netns.inum);
+            s.netns_cookie = s.netns_cookie.or(netns.cookie());
+        }
         if s.ports.iter().any(|(p, _)| *p == port) {
             return;
         }
         s.ports.push((port, at));
         s.first_listen_at.get_or_insert(at);
-        let (netns, from) = (s.netns, s.started_at);
+        let Some(start) = self.open_index(key).and_then(|i| self.records.get(i)) else {
+            return;
+        };
         let mut mine = Vec::new();
         self.waiting.retain(|w| {
-            let taken = Some(w.netns) == netns && w.port == port && w.at >= from && w.at <= at;
+            let taken = in_start(start, w) && w.port == port && w.at <= at;
             if taken {
                 mine.push(*w);
             }
@@ -322,11 +337,13 @@ impl Starts {
             .filter(|r| !r.settled)
             .filter_map(|r| Some((r.netns?, r.started_at)))
             .collect();
+        // Kept while a start that may take it is open (`in_start`: from `LOOKBACK` before
+        // the start, in a namespace made for it).
         self.waiting.retain(|w| {
             now <= w.at.saturating_add(LOOKBACK)
                 || open
                     .iter()
-                    .any(|(ns, from)| *ns == w.netns && w.at >= *from)
+                    .any(|(ns, from)| *ns == w.netns.inum && w.at.saturating_add(LOOKBACK) >= *from)
         });
         let due: Vec<usize> = (0..self.records.len())
             .filter(|&i| {
@@ -382,20 +399,20 @@ mod tests {
         let mut s = Starts::new(MAX_STARTS);
         let c = web();
         // Before the start: another run's, not this one's.
-        s.refused(NS, 8080, 900 * MS, false);
+        s.refused(Netns::by_inode(NS), 8080, 900 * MS, false);
         // Found by a scan after its first refusals: they are its own.
-        s.refused(NS, 8080, 1100 * MS, false);
-        s.started(&c, 1000 * MS, Some(NS), false, NONE);
-        s.refused(NS, 8080, 1200 * MS, false);
-        s.refused(NS, 8080, 1300 * MS, true);
-        s.refused(NS, 9999, 1400 * MS, false);
-        s.refused(NS + 1, 8080, 1500 * MS, false);
-        s.refused(NS, 8080, 2900 * MS, false);
-        s.listened(&c.id, 8080, 3000 * MS);
+        s.refused(Netns::by_inode(NS), 8080, 1100 * MS, false);
+        s.started(&c, 1000 * MS, (Some(NS), false), false, NONE);
+        s.refused(Netns::by_inode(NS), 8080, 1200 * MS, false);
+        s.refused(Netns::by_inode(NS), 8080, 1300 * MS, true);
+        s.refused(Netns::by_inode(NS), 9999, 1400 * MS, false);
+        s.refused(Netns::by_inode(NS + 1), 8080, 1500 * MS, false);
+        s.refused(Netns::by_inode(NS), 8080, 2900 * MS, false);
+        s.listened(&c.id, 8080, 3000 * MS, Netns::by_inode(NS));
         // Held by the enricher past the listen: still before it.
-        s.refused(NS, 8080, 2950 * MS, false);
+        s.refused(Netns::by_inode(NS), 8080, 2950 * MS, false);
         // After the listen (a backlog full, a listener bound elsewhere): no start's loss.
-        s.refused(NS, 8080, 3100 * MS, false);
+        s.refused(Netns::by_inode(NS), 8080, 3100 * MS, false);
         s.accepted(&c.id, 3050 * MS);
         let r = s.starts()[0].clone();
         assert_eq!(r.loss.refused_before_listen, 4);
@@ -421,18 +438,65 @@ mod tests {
     }
 
     #[test]
+    fn a_start_in_a_namespace_made_for_it_takes_its_refusals_by_cookie_and_none_of_another() {
+        let mut s = Starts::new(MAX_STARTS);
+        let c = web();
+        const T: Mono = 10 * SECOND;
+        let (old, new) = (Netns::new(NS, 41), Netns::new(NS, 57));
+        // The namespace is set up before the PID 1 starts (at 1 s): its refusals from then
+        // are this start's; the stopped container's namespace, whose inode it reused, refused
+        // too (seen late) and so did a namespace long gone.
+        s.refused(new, 8080, T + 700 * MS, false);
+        s.refused(old, 8080, T + 800 * MS, false);
+        s.refused(new, 8080, T + 1000 * MS - LOOKBACK - MS, false);
+        s.started(&c, T + 1000 * MS, (Some(NS), true), false, NONE);
+        s.refused(new, 8080, T + 1200 * MS, false);
+        s.refused(old, 8080, T + 1300 * MS, false);
+        s.listened(&c.id, 8080, T + 2000 * MS, new);
+        // Held by the enricher past the listen.
+        s.refused(new, 8080, T + 1900 * MS, true);
+        s.refused(old, 8080, T + 1950 * MS, false);
+        let r = &s.starts()[0];
+        assert_eq!(r.netns_cookie, Some(57));
+        assert_eq!(r.refused_at, vec![T + 700 * MS, T + 1200 * MS]);
+        assert_eq!(
+            (r.loss.refused_before_listen, r.loss.probes.refused),
+            (2, 1)
+        );
+        // Without cookies (a kernel that has none), by inode from the PID 1's start.
+        let mut s = Starts::new(MAX_STARTS);
+        let by_inode = Netns::by_inode(NS);
+        s.refused(by_inode, 8080, T + 700 * MS, false);
+        s.started(&c, T + 1000 * MS, (Some(NS), true), false, NONE);
+        s.refused(by_inode, 8080, T + 1300 * MS, false);
+        s.listened(&c.id, 8080, T + 2000 * MS, by_inode);
+        let r = &s.starts()[0];
+        assert_eq!(
+            (r.netns_cookie, r.refused_at.clone()),
+            (None, vec![T + 1300 * MS])
+        );
+        // A namespace not made for it (a sidecar's, a restart in place): from its start on.
+        let mut s = Starts::new(MAX_STARTS);
+        s.refused(new, 8080, T + 700 * MS, false);
+        s.started(&c, T + 1000 * MS, (Some(NS), false), true, NONE);
+        s.refused(new, 8080, T + 1300 * MS, false);
+        s.listened(&c.id, 8080, T + 2000 * MS, new);
+        assert_eq!(s.starts()[0].refused_at, vec![T + 1300 * MS]);
+    }
+
+    #[test]
     fn a_restart_in_place_is_a_new_start_and_a_stop_ends_one() {
         let mut s = Starts::new(MAX_STARTS);
         let c = web();
-        s.started(&c, 0, Some(NS), false, NONE);
-        s.listened(&c.id, 8080, 10 * MS);
-        s.started(&c, 5000 * MS, Some(NS), true, NONE);
+        s.started(&c, 0, (Some(NS), false), false, NONE);
+        s.listened(&c.id, 8080, 10 * MS, Netns::by_inode(NS));
+        s.started(&c, 5000 * MS, (Some(NS), false), true, NONE);
         let e = s.take_emitted();
         assert!(
             matches!(e.as_slice(), [Emitted::StartSettled { .. }]),
             "the old one settles"
         );
-        s.refused(NS, 8080, 5100 * MS, false);
+        s.refused(Netns::by_inode(NS), 8080, 5100 * MS, false);
         s.stopped(&c.id, NONE);
         let ids: Vec<(String, bool, bool)> = s
             .starts()
@@ -454,7 +518,7 @@ mod tests {
     fn a_start_that_never_listens_settles_and_the_cap_keeps_open_ones() {
         let mut s = Starts::new(MAX_STARTS);
         let c = web();
-        s.started(&c, 0, Some(NS), false, NONE);
+        s.started(&c, 0, (Some(NS), false), false, NONE);
         s.tick(GIVE_UP - 1, NONE);
         assert!(s.take_emitted().is_empty());
         s.tick(GIVE_UP, NONE);
@@ -462,7 +526,7 @@ mod tests {
         for i in 0..MAX_STARTS as u64 + 5 {
             let mut other = web();
             other.id = format!("{i:064}");
-            s.started(&other, i, Some(NS), false, NONE);
+            s.started(&other, i, (Some(NS), false), false, NONE);
         }
         assert_eq!(
             s.starts().len(),
@@ -481,14 +545,14 @@ mod tests {
             c
         };
         for i in 0..50 {
-            s.started(&run(i), i * SECOND, Some(NS), false, NONE);
+            s.started(&run(i), i * SECOND, (Some(NS), false), false, NONE);
             s.tick(i * SECOND + GIVE_UP, NONE);
         }
         assert_eq!(s.starts().len(), 3);
         assert_eq!(s.dropped, 47);
         assert!(s.seen.len() <= 4, "{} containers remembered", s.seen.len());
         // A container whose records are all gone starts counting again, its id free.
-        s.started(&run(0), 100 * SECOND, Some(NS), false, NONE);
+        s.started(&run(0), 100 * SECOND, (Some(NS), false), false, NONE);
         assert!(s.starts().last().unwrap().id.ends_with("-start-1"));
     }
 
@@ -496,16 +560,16 @@ mod tests {
     fn refusals_on_a_balancers_check_ticks_are_its_probes_when_the_start_settles() {
         let mut s = Starts::new(MAX_STARTS);
         let c = web();
-        s.started(&c, 0, Some(NS), false, NONE);
+        s.started(&c, 0, (Some(NS), false), false, NONE);
         // Checks every second from 0.5 s, refused until the listen at 3.2 s; requests refused
         // at 1.51 s and 2.0 s.
         for at in [500, 1510, 2000, 2500] {
-            s.refused(NS, 8080, at * MS, false);
+            s.refused(Netns::by_inode(NS), 8080, at * MS, false);
         }
         // A check told at once (a schedule known from an earlier run) on the 1.5 s tick: the
         // request 10 ms after it is no check.
-        s.refused(NS, 8080, 1500 * MS, true);
-        s.listened(&c.id, 8080, 3200 * MS);
+        s.refused(Netns::by_inode(NS), 8080, 1500 * MS, true);
+        s.listened(&c.id, 8080, 3200 * MS, Netns::by_inode(NS));
         assert_eq!(
             s.starts()[0].loss.refused_before_listen,
             4,

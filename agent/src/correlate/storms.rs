@@ -1,7 +1,10 @@
 //! Reconnect storms: after a workload's container stops (or restarts in place), its clients
 //! come back at once to the replacement(s). Per listener port, a storm is the run of arrivals
 //! that starts after the stop and ends after a quiet second once its queue has drained (the
-//! longest waits are accepted last, seconds after the last arrival); it records how many came back, how
+//! longest waits are accepted last, seconds after the last arrival). Clients that come back
+//! later (refused until the replacement listened, backing off, their SYNs dropped by a full
+//! queue) resume it: one return, one record, updated (`take_updated`) while the stop is
+//! watched. It records how many came back, how
 //! fast, how long they waited in the accept queue, the accept rate the service sustained
 //! while connections queued (its capacity), and the reconnect window it would have needed:
 //! clients ÷ that rate. Pure: fed listener facts, procfs samples and a clock.
@@ -55,8 +58,10 @@ impl Default for Config {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Open {
+    /// A record of it was reported: its next end updates that one.
+    reported: bool,
     stop_id: String,
     container: String,
     arrivals: Vec<Mono>,
@@ -87,6 +92,10 @@ pub struct Storms {
     watching: BTreeMap<Workload, (String, Mono, String)>,
     /// Storms in progress, per workload and port.
     open: BTreeMap<(Workload, u16), Open>,
+    /// Storms gone quiet, resumed by the next arrival after the same stop.
+    resting: BTreeMap<(Workload, u16), Open>,
+    /// Reported storms that resumed and ended again since the last `take_updated`.
+    updated: Vec<Storm>,
     /// The latest namespace counters per container (name), the baseline of the next storm:
     /// its workload, the counters, and the ticks since they were sampled.
     counters: BTreeMap<String, (Workload, ListenCounters, u32)>,
@@ -112,6 +121,12 @@ impl Storms {
 
     pub fn storms(&self) -> &[Storm] {
         &self.done
+    }
+
+    /// Records already reported whose storm resumed and ended again since the last call
+    /// (their records in `storms` are updated in place).
+    pub fn take_updated(&mut self) -> Vec<Storm> {
+        std::mem::take(&mut self.updated)
     }
 
     /// A container of `workload` began stopping (or exited) at `at`.
@@ -142,11 +157,20 @@ impl Storms {
             .collect()
     }
 
+    /// `container` of `workload` started in a network namespace made for it: its listen
+    /// counters started at 0, the baseline of a storm on it before its first sample (which may
+    /// come after the first arrival).
+    pub fn fresh_netns(&mut self, workload: &Workload, container: &str) {
+        let zero = ListenCounters::default();
+        self.counters
+            .insert(container.to_string(), (workload.clone(), zero, 0));
+    }
+
     /// A sample of `container`'s network namespace counters.
     pub fn netns_counters(&mut self, workload: &Workload, container: &str, c: ListenCounters) {
         self.counters
             .insert(container.to_string(), (workload.clone(), c, 0));
-        for ((w, _), o) in self.open.iter_mut() {
+        for ((w, _), o) in self.open.iter_mut().chain(self.resting.iter_mut()) {
             if w == workload
                 && o.container == container
                 && let Some((_, latest)) = &mut o.counters
@@ -171,15 +195,19 @@ impl Storms {
             return;
         }
         let stop_id = stop_id.clone();
-        let open = self
-            .open
-            .entry((workload.clone(), port))
-            .or_insert_with(|| Open {
-                stop_id,
-                container: container.to_string(),
-                counters: self.counters.get(container).map(|(_, c, _)| (*c, *c)),
-                ..Default::default()
-            });
+        let key = (workload.clone(), port);
+        if !self.open.contains_key(&key)
+            && let Some(o) = self.resting.remove(&key)
+            && o.stop_id == stop_id
+        {
+            self.open.insert(key.clone(), o);
+        }
+        let open = self.open.entry(key).or_insert_with(|| Open {
+            stop_id,
+            container: container.to_string(),
+            counters: self.counters.get(container).map(|(_, c, _)| (*c, *c)),
+            ..Default::default()
+        });
         // In time order: an arrival the kernel held (`--hold`) may come after later ones.
         let i = open.arrivals.partition_point(|a| *a <= at);
         open.arrivals.insert(i, at);
@@ -225,10 +253,11 @@ impl Storms {
             .collect();
         let mut out = Vec::new();
         for key in ended {
-            let Some(o) = self.open.remove(&key) else {
+            let Some(mut o) = self.open.remove(&key) else {
                 continue;
             };
             if (o.arrivals.len() as u64) < self.config.min_clients {
+                self.resting.insert(key, o);
                 continue;
             }
             // The clients' first connections within this return.
@@ -243,20 +272,52 @@ impl Storms {
                         .collect()
                 })
                 .unwrap_or_default();
-            let ((namespace, workload), port) = key;
-            let storm = summarize(namespace, workload, port, o, &firsts);
-            if self.done.len() >= self.config.kept {
-                self.done.remove(0); // storms are rare: a shift per one at the cap
-                self.dropped += 1;
+            let ((namespace, workload), port) = key.clone();
+            let storm = summarize(namespace, workload, port, o.clone(), &firsts);
+            let same = |s: &Storm| {
+                (&s.stop_id, &s.namespace, &s.workload, s.port)
+                    == (
+                        &storm.stop_id,
+                        &storm.namespace,
+                        &storm.workload,
+                        storm.port,
+                    )
+            };
+            match self
+                .done
+                .iter_mut()
+                .rev()
+                .find(|s| same(s))
+                .filter(|_| o.reported)
+            {
+                Some(s) => {
+                    *s = storm.clone();
+                    self.updated.push(storm);
+                }
+                None => {
+                    if self.done.len() >= self.config.kept {
+                        self.done.remove(0); // storms are rare: a shift per one at the cap
+                        self.dropped += 1;
+                    }
+                    self.done.push(storm.clone());
+                    out.push(storm);
+                }
             }
-            self.done.push(storm.clone());
-            out.push(storm);
+            o.reported = true;
+            self.resting.insert(key, o);
         }
         self.watching
             .retain(|_, (_, since, _)| now <= *since + self.config.watch);
         let (watching, open) = (&self.watching, &self.open);
         self.firsts
             .retain(|w, _| watching.contains_key(w) || open.keys().any(|(o, _)| o == w));
+        // A quiet storm rests while its stop is watched (not after another stop).
+        let watching = &self.watching;
+        self.resting.retain(|(w, _), o| {
+            watching
+                .get(w)
+                .is_some_and(|(stop_id, ..)| *stop_id == o.stop_id)
+        });
         // A storm's baseline is the sample before its first arrival, which can come before the
         // fast sampling after a stop has run: keep every container's latest sample (all are
         // sampled every 10 s, and once when found), also while a container of its workload is
@@ -671,6 +732,69 @@ mod tests {
             (st.stop_id.as_str(), st.netns_listen_overflows),
             ("web-2-1", Some(1))
         );
+    }
+
+    #[test]
+    fn a_replacement_in_a_new_namespace_is_baselined_at_zero_before_its_first_sample() {
+        let mut s = Storms::new(Config::default());
+        s.stopped(web(), "old-1", "web-1", T0);
+        // Started in a namespace made for it; its clients arrive before any sample of it.
+        s.fresh_netns(&web(), "web-2");
+        for i in 0..20 {
+            s.arrival(&web(), "web-2", 8080, T0 + SECOND + i * MS);
+        }
+        let c = ListenCounters {
+            overflows: 17,
+            drops: 19,
+        };
+        s.netns_counters(&web(), "web-2", c);
+        let st = &s.tick(T0 + 3 * SECOND)[0];
+        assert_eq!(
+            (st.netns_listen_overflows, st.netns_listen_drops),
+            (Some(17), Some(19))
+        );
+        // Not made for it (and never sampled): unknown, not a guess.
+        let mut s = Storms::new(Config::default());
+        s.stopped(web(), "old-1", "web-1", T0);
+        for i in 0..20 {
+            s.arrival(&web(), "web-3", 8080, T0 + SECOND + i * MS);
+        }
+        s.netns_counters(&web(), "web-3", c);
+        assert_eq!(s.tick(T0 + 3 * SECOND)[0].netns_listen_overflows, None);
+    }
+
+    #[test]
+    fn a_return_with_quiet_spells_is_one_record_updated_as_it_resumes() {
+        // Clients refused until the replacement listened come back in waves (their backoff),
+        // a few before a long pause: 5, then 40 after 3 s, then 30 after 6 s more.
+        let mut s = Storms::new(Config::default());
+        s.stopped(web(), "old-1", "web-1", T0);
+        let wave = |s: &mut Storms, at: Mono, n: u64| {
+            for i in 0..n {
+                s.arrival(&web(), "web-2", 8080, at + i * MS);
+                s.accept_wait(&web(), 8080, 0.0, at + i * MS);
+            }
+        };
+        wave(&mut s, T0 + SECOND, 5);
+        assert!(s.tick(T0 + 3 * SECOND).is_empty(), "too few, so far");
+        wave(&mut s, T0 + 4 * SECOND, 40);
+        let first = s.tick(T0 + 6 * SECOND);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].clients, 45, "the few before the pause too");
+        assert!(s.take_updated().is_empty());
+        wave(&mut s, T0 + 12 * SECOND, 30);
+        assert!(s.tick(T0 + 14 * SECOND).is_empty(), "no second record");
+        let updated = s.take_updated();
+        assert_eq!(updated.len(), 1);
+        let st = &updated[0];
+        assert_eq!((st.clients, st.first_arrival), (75, T0 + SECOND));
+        assert!((st.seconds_to_95_percent - 11.0).abs() < 0.1, "{st:?}");
+        assert_eq!(s.storms(), std::slice::from_ref(st), "updated in place");
+        // After the stop's watch, or another stop of the workload: a new record.
+        s.stopped(web(), "web-2-1", "web-2", T0 + 20 * SECOND);
+        wave(&mut s, T0 + 21 * SECOND, 20);
+        assert_eq!(s.tick(T0 + 23 * SECOND).len(), 1);
+        assert_eq!(s.storms().len(), 2);
     }
 
     #[test]

@@ -112,6 +112,7 @@ fn no_handler_sigterm_cuts_inflight_and_exits_at_once() {
         O::ListenerOpened {
             key: key(),
             addr: addr(),
+            netns: Default::default(),
         },
     ); // already known: no duplicate
     t.observe(

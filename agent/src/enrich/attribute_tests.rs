@@ -16,7 +16,7 @@ use crate::{
     },
     capture::hooks::signal_generate::Delivery,
     model::{
-        ExitInfo, Fact, HashSet, Observation as O, ResetDirection, TcpState, UpstreamStep,
+        ExitInfo, Fact, HashSet, Netns, Observation as O, ResetDirection, TcpState, UpstreamStep,
         stop::IgnoredSignal,
     },
 };
@@ -142,6 +142,7 @@ fn meta(tgid: u32, netns: u32, cgroup_id: u64) -> Meta {
         comm: "x".into(),
         cgroup_id,
         netns,
+        netns_cookie: 0,
     }
 }
 
@@ -360,7 +361,7 @@ fn a_syn_to_a_closed_listener_is_refused_only_in_that_namespace() {
     assert!(
         matches!(flushed.as_slice(), [
             O::Refused { key, at: 1, upstream: None },
-            O::RefusedAt { container, netns: NS, port: 9999, at: 1, upstream: None },
+            O::RefusedAt { container, netns: Netns { inum: NS, cookie: 0 }, port: 9999, at: 1, upstream: None },
         ] if key.as_str() == ID && container.id == ID),
         "{flushed:#?}"
     );
@@ -1804,4 +1805,126 @@ fn a_pods_address_and_namespace_are_its_apps_never_its_sandboxs() {
             "sandbox first: {sandbox_first}"
         );
     }
+}
+
+/// A replacement at the same address whose namespace reused the stopped container's inode
+/// (podman: the old container stopped, the new one started): its RSTs are its own, told apart
+/// by the namespace cookie. Without cookies (a kernel that has none) only the inode tells,
+/// and they are the old container's.
+#[test]
+fn a_replacements_refusals_and_resets_are_its_own_though_its_namespace_reused_the_inode() {
+    const NEW_ID: &str = "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210";
+    let (old_cookie, new_cookie) = (41, 57);
+    let run = |cookies: bool| {
+        let cookie = |c: u64| if cookies { c } else { 0 };
+        let mut e = enricher();
+        e.scan();
+        // The old server closes its listener (the close's record carries its namespace's
+        // cookie), exits, and its cgroup goes.
+        let mut closed = state(
+            0xf1,
+            NS,
+            "TCP_LISTEN",
+            "TCP_CLOSE",
+            conn("0.0.0.0:8080", "0.0.0.0:0"),
+            TcpCounters::default(),
+        );
+        if let Event::StateChange(s) = &mut closed {
+            s.meta.netns_cookie = cookie(old_cookie);
+        }
+        e.on_event(&closed);
+        e.host_mut().procs.retain(|p| p.pid == 50);
+        let exit = Event::Exit(Exit {
+            meta: meta(101, NS, 777),
+            status: ExitStatus::Exited(0),
+        });
+        e.on_event(&exit);
+        let rmdir = Event::CgroupRemoved(CgroupRemoved {
+            meta: meta(0, HOST_NS, 0),
+            id: 777,
+            hierarchy: 0,
+            level: 2,
+            path: path(),
+        });
+        e.on_event(&rmdir);
+        // The replacement's namespace, at the same inode, answers a SYN and a late FIN of an
+        // old connection before its server listens, and before a scan knows it.
+        let rst = |ts: u64, ns_cookie: u64, port: u16, answers_syn: bool| {
+            let mut m = meta(0, NS, 0);
+            m.ts_ns = ts;
+            m.netns_cookie = cookie(ns_cookie);
+            Event::ResetSent(ResetSent {
+                meta: m,
+                skaddr: 0,
+                conn: conn("10.88.0.5:8080", &format!("10.88.0.1:{port}")),
+                state: None,
+                reason: named("NO_SOCKET"),
+                answers_syn: Some(answers_syn),
+            })
+        };
+        let mut obs = e.on_event(&rst(1_000, new_cookie, 40_001, true));
+        obs.extend(e.on_event(&rst(2_000, new_cookie, 40_002, false)));
+        let new_path = format!("/libpod_parent/libpod-{NEW_ID}");
+        let new_proc = |pid, ppid, comm: &str, ns_pid| ProcInfo {
+            cgroup_path: Some(new_path.clone()),
+            ..proc(pid, ppid, comm, ns_pid, true)
+        };
+        e.host_mut().procs.push(new_proc(200, 80, "catatonit", 1));
+        e.host_mut().procs.push(new_proc(201, 200, "node", 2));
+        e.host_mut().start_times.push((200, 500));
+        obs.extend(e.scan());
+        obs.extend(e.on_event(&rst(3_000, new_cookie, 40_003, true)));
+        obs.extend(e.flush(u64::MAX / 2));
+        (obs, e.resets_by_inode())
+    };
+    let whose = |obs: &[O]| -> Vec<(&'static str, String)> {
+        obs.iter()
+            .filter_map(|o| match o {
+                O::Reset { container, .. } => Some(("reset", container.id.clone())),
+                O::Refused { key, .. } => Some(("refused", key.to_string())),
+                O::RefusedAt {
+                    container, netns, ..
+                } => {
+                    assert_eq!(netns.inum, NS);
+                    Some(("refused_at", container.id.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let new = |k: &'static str| (k, NEW_ID.to_string());
+    let old = |k: &'static str| (k, ID.to_string());
+    let (obs, by_inode) = run(true);
+    assert_eq!(by_inode, 0);
+    assert!(
+        obs.iter().any(
+            |o| matches!(o, O::Started { identity, fresh_netns: true, .. } if identity.id == NEW_ID)
+        ),
+        "{obs:#?}"
+    );
+    // Each RST the replacement's, the refusals its start's (`RefusedAt`), none the old stop's.
+    assert_eq!(
+        whose(&obs),
+        [
+            new("reset"),
+            new("reset"),
+            new("reset"),
+            new("refused_at"),
+            new("refused_at")
+        ],
+        "{obs:#?}"
+    );
+    // By inode alone they are the old container's: its stop's refusals, its resets, counted.
+    let (obs, by_inode) = run(false);
+    assert_eq!(by_inode, 3);
+    assert_eq!(
+        whose(&obs),
+        [
+            old("reset"),
+            old("reset"),
+            old("reset"),
+            old("refused"),
+            old("refused")
+        ]
+    );
 }

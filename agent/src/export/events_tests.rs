@@ -144,6 +144,8 @@ async fn only_settled_records_of_pods_with_loss_are_announced_and_a_start_too() 
         container: container("web-3"),
         restart: false,
         netns: None,
+        netns_cookie: None,
+        fresh_netns: false,
         started_at: SECOND,
         first_listen_at: Some(3 * SECOND),
         first_accept_at: None,

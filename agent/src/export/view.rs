@@ -218,6 +218,10 @@ pub struct StartView {
     /// Start → first listen.
     pub listen_after_seconds: Option<f64>,
     pub loss: StartLossView,
+    /// Its refusals were matched to its network namespace by inode alone (the kernel's records
+    /// carry no namespace cookie before 5.12): a namespace that reused a stopped container's
+    /// inode could not be told from it.
+    pub netns_by_inode: bool,
     /// Ports it listened on, in order.
     pub ports: Vec<u16>,
     /// The pod's Ready condition (Kubernetes API); null when unknown.

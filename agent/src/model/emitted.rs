@@ -82,4 +82,7 @@ pub enum Emitted {
     ListenSample(Box<ListenSample>),
     /// A reconnect storm ended.
     Storm(Box<Storm>),
+    /// A storm already reported resumed (more of the same stop's clients came back after a
+    /// quiet spell) and ended again: its record, updated (one return, one record).
+    StormUpdated(Box<Storm>),
 }

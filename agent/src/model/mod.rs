@@ -7,6 +7,7 @@ pub mod deploy;
 pub mod emitted;
 pub mod identity;
 pub mod loss;
+pub mod netns;
 pub mod observation;
 pub mod start;
 pub mod state;
@@ -20,6 +21,7 @@ pub use identity::{
     ContainerIdentity, ExitInfo, PROBERS, Proxy, SANDBOX_NAME, Sender, StopPolicy, Workload,
 };
 pub use loss::{Loss, LossKind, ProbeLoss, ResetDirection};
+pub use netns::Netns;
 pub use observation::{Fact, ListenCounters, ListenSample, Observation, UpstreamStep};
 pub use tcp::TcpState;
 

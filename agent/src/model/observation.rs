@@ -6,7 +6,7 @@ use std::{
 };
 
 use super::{
-    ContainerIdentity, ExitInfo, Mono, Proxy, ResetDirection, Sender, activity::Activity,
+    ContainerIdentity, ExitInfo, Mono, Netns, Proxy, ResetDirection, Sender, activity::Activity,
     stop::IgnoredSignal,
 };
 
@@ -75,12 +75,15 @@ pub enum Observation {
         inbound: Vec<u64>,
     },
     /// It started while the agent ran: a new container, or one restarted in place
-    /// (`restart`). `at`: when its PID 1 started; `netns`: its network namespace.
+    /// (`restart`). `at`: when its PID 1 started; `netns`: its network namespace's inode;
+    /// `fresh_netns`: the namespace was made for it (no other container but a pod's sandbox
+    /// in it), so its listen counters started at 0.
     Started {
         identity: Arc<ContainerIdentity>,
         at: Mono,
         netns: Option<u32>,
         restart: bool,
+        fresh_netns: bool,
     },
     /// A stop signal from outside the container.
     Signal {
@@ -95,9 +98,12 @@ pub enum Observation {
         key: ContainerKey,
         exit: ExitInfo,
     },
+    /// Its process listened at `addr`, in namespace `netns` (the listener's own record: its
+    /// cookie where the kernel has one).
     ListenerOpened {
         key: ContainerKey,
         addr: SocketAddr,
+        netns: Netns,
     },
     ListenerClosed {
         key: ContainerKey,
@@ -152,7 +158,7 @@ pub enum Observation {
     /// the pod as a whole (name ""). `upstream` as for `Refused`.
     RefusedAt {
         container: Arc<ContainerIdentity>,
-        netns: u32,
+        netns: Netns,
         port: u16,
         at: Mono,
         upstream: Option<u64>,

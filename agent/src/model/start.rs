@@ -37,7 +37,16 @@ pub struct Start {
     pub container: ContainerIdentity,
     /// Restarted in place (same container, new PID 1).
     pub restart: bool,
+    /// Its network namespace's inode (from procfs) and cookie (from its first listen's own
+    /// record; None where the kernel has none: refusals are then matched by inode and time
+    /// only, and a namespace that reused a stopped container's inode cannot be told from it).
     pub netns: Option<u32>,
+    #[serde(default)]
+    pub netns_cookie: Option<u64>,
+    /// The namespace was made for it (no other container but a pod's sandbox in it): refusals
+    /// it sent before the PID 1 started (a runtime sets the network up first) are its too.
+    #[serde(default)]
+    pub fresh_netns: bool,
     pub started_at: Mono,
     pub first_listen_at: Option<Mono>,
     pub first_accept_at: Option<Mono>,

@@ -39,7 +39,8 @@ pub struct ListenerMetrics {
     netns_listen_overflows: Family<ContainerLabels, Counter>,
     netns_listen_drops: Family<ContainerLabels, Counter>,
     /// The kernel's absolute counters as last seen, to add only their growth.
-    netns_seen: Mutex<HashMap<ContainerLabels, ListenCounters>>,
+    /// Each series' last sample, and the container (id) it was of.
+    netns_seen: Mutex<HashMap<ContainerLabels, (String, ListenCounters)>>,
     /// Listeners whose queue gauges were set last time, to remove the ones that went away.
     queues_seen: Mutex<HashSet<PortLabels>>,
     /// Each listener's per-connection series, resolved once (see [`Handles`]).
@@ -221,8 +222,8 @@ impl ListenerMetrics {
         }
     }
 
-    /// A reconnect storm ended.
-    pub fn storm(&self, s: &Storm) {
+    /// A reconnect storm ended (`new`), or one already counted resumed and ended again.
+    pub fn storm(&self, s: &Storm, new: bool) {
         let c = ContainerIdentity {
             namespace: s.namespace.clone(),
             workload: s.workload.clone(),
@@ -232,7 +233,9 @@ impl ListenerMetrics {
         let Some(l) = self.port_labels(&c, s.port, "drainwatch_reconnect_storms") else {
             return;
         };
-        self.cap.series(&self.storms, &l).inc();
+        if new {
+            self.cap.series(&self.storms, &l).inc();
+        }
         self.cap
             .series(&self.storm_peak_rate, &l)
             .set(s.peak_arrivals_per_second);
@@ -255,8 +258,12 @@ impl ListenerMetrics {
             if !self.cap.admit(&l, "drainwatch_netns_listen_overflows") {
                 continue;
             }
-            let before = seen.insert(l.clone(), *now).unwrap_or_default();
-            // A counter that went down belongs to a new namespace under the same names.
+            // Another container under the same names (a replacement that took its name) has a
+            // namespace of its own, counted from 0; so has one whose counter went down.
+            let before = match seen.insert(l.clone(), (c.id.clone(), *now)) {
+                Some((id, before)) if id == c.id => before,
+                _ => ListenCounters::default(),
+            };
             let grew = |b: u64, n: u64| if n >= b { n - b } else { n };
             self.cap
                 .series(&self.netns_listen_overflows, &l)
@@ -405,6 +412,31 @@ mod tests {
     }
 
     #[test]
+    fn a_storm_resumed_updates_its_gauges_and_counts_once() {
+        use crate::model::{Emitted, storm::Storm};
+        let m = Telemetry::new("k");
+        let storm = |clients, window| Storm {
+            workload: "web".into(),
+            container: "web-2".into(),
+            port: 8080,
+            clients,
+            seconds_to_95_percent: window,
+            ..Default::default()
+        };
+        m.record(&Emitted::Storm(Box::new(storm(45, 3.0))));
+        m.record(&Emitted::StormUpdated(Box::new(storm(75, 11.0))));
+        let labels = "{namespace=\"\",workload=\"web\",container=\"web-2\",port=\"8080\"}";
+        let text = m.encode_prometheus().unwrap();
+        assert!(
+            text.contains(&format!("drainwatch_reconnect_storms_total{labels} 1")),
+            "{text}"
+        );
+        assert!(text.contains(&format!(
+            "drainwatch_reconnect_storm_window_seconds{labels} 11"
+        )));
+    }
+
+    #[test]
     fn namespace_listen_counters_add_the_kernels_growth() {
         let m = Telemetry::new("k");
         let c = ContainerIdentity {
@@ -429,6 +461,21 @@ mod tests {
         let text = m.encode_prometheus().unwrap();
         assert!(text.contains(&format!(
             "drainwatch_netns_listen_overflows_total{labels} 12"
+        )));
+        // A replacement that took the name (another container) counts from 0, even past the
+        // old one's last value.
+        let new = ContainerIdentity {
+            id: "replacement".into(),
+            ..c.clone()
+        };
+        let counters = ListenCounters {
+            overflows: 17,
+            drops: 17,
+        };
+        m.listeners.netns_listen_counters(&[(new, counters)]);
+        let text = m.encode_prometheus().unwrap();
+        assert!(text.contains(&format!(
+            "drainwatch_netns_listen_overflows_total{labels} 29"
         )));
     }
 }

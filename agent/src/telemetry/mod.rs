@@ -133,7 +133,8 @@ impl Telemetry {
                     .accept_queues(&sample.queues, sample.complete);
                 self.listeners.netns_listen_counters(&sample.netns);
             }
-            Emitted::Storm(storm) => self.listeners.storm(storm),
+            Emitted::Storm(storm) => self.listeners.storm(storm, true),
+            Emitted::StormUpdated(storm) => self.listeners.storm(storm, false),
         }
     }
 

@@ -13,6 +13,7 @@ pub struct StartMetrics {
     refused_before_listen: Family<ContainerLabels, Counter>,
     probes_refused: Family<ContainerLabels, Counter>,
     unowned_resets: Counter,
+    resets_by_inode: Counter,
     unseen_containers: Counter,
 }
 
@@ -23,6 +24,7 @@ impl StartMetrics {
             refused_before_listen: Family::default(),
             probes_refused: Family::default(),
             unowned_resets: Counter::default(),
+            resets_by_inode: Counter::default(),
             unseen_containers: Counter::default(),
         };
         registry.register(
@@ -39,6 +41,11 @@ impl StartMetrics {
             "drainwatch_resets_unattributed",
             "RSTs and refused connects of network namespaces in which no container was found within 3 s: missing from every container's series",
             m.unowned_resets.clone(),
+        );
+        registry.register(
+            "drainwatch_resets_by_netns_inode",
+            "RSTs and refused connects attributed to a container by its network namespace's inode alone, their records carrying no namespace cookie (kernels before 5.12): a replacement whose namespace reused a stopped container's inode cannot be told from it",
+            m.resets_by_inode.clone(),
         );
         registry.register(
             "drainwatch_containers_unseen",
@@ -73,6 +80,10 @@ impl StartMetrics {
     /// The enricher's running count of RSTs it gave up on.
     pub fn set_unowned_resets(&self, total: u64) {
         raise_to(&self.unowned_resets, total);
+    }
+
+    pub fn set_resets_by_inode(&self, total: u64) {
+        raise_to(&self.resets_by_inode, total);
     }
 
     pub fn set_unseen_containers(&self, total: u64) {

@@ -173,6 +173,7 @@ fn header(kind: EventKind, tgid: u32, netns: u32) -> Header {
         tgid,
         netns,
         comm: [0; 16],
+        netns_cookie: u64::from(netns),
     }
 }
 

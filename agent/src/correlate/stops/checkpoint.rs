@@ -209,6 +209,7 @@ mod tests {
                 at: 6 * SECOND,
                 netns: None,
                 restart: false,
+                fresh_netns: false,
             },
         );
         t.on_exit(9 * SECOND, "abcdef0123456789", exit_0);

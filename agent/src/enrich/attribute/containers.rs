@@ -251,6 +251,9 @@ impl<H: HostView> Enricher<H> {
             tracing::debug!(container = %c.identity.name, from = ?c.main_pid, to = pid, "main process");
             c.main_pid = Some(pid);
             c.shim_as_main = false;
+            if netns.is_some_and(|n| c.netns != Some(n)) {
+                c.netns_cookie = 0;
+            }
             c.netns = netns.or(c.netns);
             c.listener_inodes.clear();
             c.listening_seen = None;
@@ -290,7 +293,7 @@ impl<H: HostView> Enricher<H> {
                 .listeners
                 .closed
                 .iter()
-                .filter(|(_, (k, _))| k.as_str() == key)
+                .filter(|(_, (k, ..))| k.as_str() == key)
                 .map(|(at, _)| *at)
                 .collect();
             if let (Some(since), Some(c)) = (run_started, self.containers.get(key)) {
@@ -298,10 +301,10 @@ impl<H: HostView> Enricher<H> {
                 self.refusals.reassign(key, since, &identity);
             }
             for at in closed {
-                if let Some((k, _)) = self.listeners.closed.remove(&at) {
+                if let Some((k, _, cookie)) = self.listeners.closed.remove(&at) {
                     self.listeners
                         .reserved
-                        .insert(at, (k, run_started.unwrap_or(0)));
+                        .insert(at, (k, run_started.unwrap_or(0), cookie));
                 }
             }
         }
@@ -339,9 +342,10 @@ impl<H: HostView> Enricher<H> {
                 .filter(|s| own.contains(&s.inode))
                 .collect();
             for s in socks.iter().filter(|s| s.listening) {
+                // Found by a scan: its namespace's cookie is not known yet.
                 self.listeners
                     .open
-                    .insert((ns, s.local.port()), (shared.clone(), s.local));
+                    .insert((ns, s.local.port()), (shared.clone(), s.local, 0));
                 listeners.push(s.local);
             }
             let ports: HashSet<u16> = listeners.iter().map(SocketAddr::port).collect();
@@ -355,6 +359,17 @@ impl<H: HostView> Enricher<H> {
             }
         }
         let shared_identity = Arc::new(identity.clone());
+        // A namespace made for it (no other container but a sandbox in it, no earlier run of
+        // its own) counted nothing before it.
+        let fresh_netns = !restart
+            && netns.is_some_and(|ns| {
+                !self.containers.values().any(|c| {
+                    c.netns == Some(ns)
+                        && c.gone_at.is_none()
+                        && !c.run_ended
+                        && !c.identity.is_sandbox()
+                })
+            });
         // Started while the agent ran (not found by its first scan): a start record.
         let started = run_started
             .filter(|_| self.scanned)
@@ -363,6 +378,7 @@ impl<H: HostView> Enricher<H> {
                 at,
                 netns,
                 restart,
+                fresh_netns,
             });
         self.containers.insert(
             key.to_string(),
@@ -372,6 +388,7 @@ impl<H: HostView> Enricher<H> {
                 init_pid,
                 shim_as_main: main.is_some_and(|m| m.ns_pid == Some(1) && is_shim(m)),
                 netns,
+                netns_cookie: 0,
                 listener_inodes: HashSet::default(),
                 listening_seen: None,
                 sampled: false,

@@ -1,6 +1,10 @@
 //! Listeners: their opening and closing, the accept path (arrivals, how long accept() kept
 //! a connection waiting, overflows) and samples of accept-queue depths and the namespace's
 //! listen counters from procfs.
+//!
+//! Listeners are kept by (namespace inode, port), each with the cookie of its namespace where
+//! a record of the listener itself gave it (its `listen()` or its close; a scan cannot): a
+//! record of another namespace at a reused inode (a replacement's) never matches it.
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -12,23 +16,44 @@ use crate::{
         netstat::{NetstatError, parse_listen_counters},
     },
     model::{
-        ContainerIdentity, Fact, HashMap, HashSet, Mono, Observation, Workload,
-        observation::ListenSample,
+        ContainerIdentity, Fact, HashMap, HashSet, Mono, Netns, Observation, Workload,
+        netns::cookies_agree, observation::ListenSample,
     },
 };
 
-/// Containers' listening sockets by (network namespace, port).
+/// Containers' listening sockets by (network namespace inode, port); the last member of each
+/// entry is its namespace's cookie (0: unknown).
 #[derive(Debug, Default)]
 pub(super) struct Listeners {
     /// Open listeners: owner and address.
-    pub(super) open: HashMap<(u32, u16), (Key, SocketAddr)>,
+    pub(super) open: HashMap<(u32, u16), (Key, SocketAddr, u64)>,
     /// Listeners that were closed: former owner, and when.
-    pub(super) closed: HashMap<(u32, u16), (Key, Mono)>,
+    pub(super) closed: HashMap<(u32, u16), (Key, Mono, u64)>,
     /// Listeners a container closed in an earlier run, and when its new run started (it
     /// restarted in place): a refusal there from then on is its start's, not its stop's.
-    pub(super) reserved: HashMap<(u32, u16), (Key, Mono)>,
+    pub(super) reserved: HashMap<(u32, u16), (Key, Mono, u64)>,
     /// Accept-queue limits of listeners opened while the agent ran.
     pub(super) backlog_limits: HashMap<(u32, u16), u32>,
+}
+
+impl Listeners {
+    /// The open listener at `port` of `ns`, unless it is another namespace's at the inode.
+    pub(super) fn open_at(&self, ns: Netns, port: u16) -> Option<&(Key, SocketAddr, u64)> {
+        let e = self.open.get(&(ns.inum, port))?;
+        cookies_agree(e.2, ns.cookie).then_some(e)
+    }
+
+    /// The closed listener at `port` of `ns`, likewise.
+    pub(super) fn closed_at(&self, ns: Netns, port: u16) -> Option<&(Key, Mono, u64)> {
+        let e = self.closed.get(&(ns.inum, port))?;
+        cookies_agree(e.2, ns.cookie).then_some(e)
+    }
+
+    /// The reserved listener at `port` of `ns`, likewise.
+    pub(super) fn reserved_at(&self, ns: Netns, port: u16) -> Option<&(Key, Mono, u64)> {
+        let e = self.reserved.get(&(ns.inum, port))?;
+        cookies_agree(e.2, ns.cookie).then_some(e)
+    }
 }
 
 impl<H: HostView> Enricher<H> {
@@ -38,52 +63,72 @@ impl<H: HostView> Enricher<H> {
         conn: Endpoints,
         out: &mut Vec<Observation>,
     ) {
-        let ns = s.meta.netns;
+        let ns = s.meta.ns();
+        let at = (ns.inum, conn.local.port());
         if let Some(limit) = s.max_ack_backlog {
-            self.listeners
-                .backlog_limits
-                .insert((ns, conn.local.port()), limit);
+            self.listeners.backlog_limits.insert(at, limit);
         }
         if let Some(key) = self.container_of_task(s.meta.tgid, s.meta.cgroup_id, out) {
+            // Its own process's listen(): the socket's namespace is the container's.
+            self.learn_cookie(&key, ns);
             let key = Key::new(key);
             self.listeners
                 .open
-                .insert((ns, conn.local.port()), (key.clone(), conn.local));
-            self.listeners.closed.remove(&(ns, conn.local.port()));
-            self.listeners.reserved.remove(&(ns, conn.local.port()));
+                .insert(at, (key.clone(), conn.local, ns.cookie));
+            self.listeners.closed.remove(&at);
+            self.listeners.reserved.remove(&at);
             out.push(Observation::ListenerOpened {
                 key,
                 addr: conn.local,
+                netns: ns,
             });
         }
     }
 
     pub(super) fn listener_closed(
         &mut self,
-        ns: u32,
+        ns: Netns,
         conn: Endpoints,
         at: Mono,
         out: &mut Vec<Observation>,
     ) {
-        self.listeners
-            .backlog_limits
-            .remove(&(ns, conn.local.port()));
-        if let Some((key, addr)) = self.listeners.open.remove(&(ns, conn.local.port())) {
+        let port = conn.local.port();
+        self.listeners.backlog_limits.remove(&(ns.inum, port));
+        // An entry of another namespace at the inode is one whose close was never seen: the
+        // namespace is gone, the entry stays as it was.
+        if self.listeners.open_at(ns, port).is_none() {
+            return;
+        }
+        if let Some((key, addr, cookie)) = self.listeners.open.remove(&(ns.inum, port)) {
+            // The close's record knows the namespace's cookie where a scan could not.
+            self.learn_cookie(&key, ns);
+            let cookie = if cookie == 0 { ns.cookie } else { cookie };
             self.listeners
                 .closed
-                .insert((ns, addr.port()), (key.clone(), at));
+                .insert((ns.inum, addr.port()), (key.clone(), at, cookie));
             out.push(Observation::ListenerClosed { key, addr });
+        }
+    }
+
+    /// A record of `ns` made by the container `key`'s own processes or listeners: its
+    /// namespace's cookie, if not known yet (see `model::netns`).
+    pub(super) fn learn_cookie(&mut self, key: &str, ns: Netns) {
+        if let Some(c) = self.containers.get_mut(key)
+            && c.netns_cookie == 0
+            && c.netns == Some(ns.inum)
+        {
+            c.netns_cookie = ns.cookie;
         }
     }
 
     /// The container whose listener on `port` took an arrival at `at`: the open one, or one
     /// closed after it (an arrival held in the kernel, `--hold`, comes with its connection's
     /// next record, which may follow its listener's close: a cut at exit).
-    pub(super) fn arrival_owner(&self, ns: u32, port: u16, at: Mono) -> Option<Key> {
-        if let Some((key, _)) = self.listeners.open.get(&(ns, port)) {
+    pub(super) fn arrival_owner(&self, ns: Netns, port: u16, at: Mono) -> Option<Key> {
+        if let Some((key, ..)) = self.listeners.open_at(ns, port) {
             return Some(key.clone());
         }
-        let (key, closed_at) = self.listeners.closed.get(&(ns, port))?;
+        let (key, closed_at, _) = self.listeners.closed_at(ns, port)?;
         (at < *closed_at).then(|| key.clone())
     }
 
@@ -110,6 +155,9 @@ impl<H: HostView> Enricher<H> {
         let Some((key, at, port)) = self.sockets.take_queued(a.skaddr) else {
             return;
         };
+        // Its own connection: the namespace is the container's (the accept hooks leave the
+        // cookie out; an accept the kernel held comes with its connection's, which has it).
+        self.learn_cookie(&key, a.meta.ns());
         let Some(waited) = a.meta.ts_ns.checked_sub(at) else {
             return;
         };
@@ -121,7 +169,7 @@ impl<H: HostView> Enricher<H> {
         let Some(port) = o.listener.map(|l| l.port()) else {
             return;
         };
-        if let Some((key, _)) = self.listeners.open.get(&(o.meta.netns, port)) {
+        if let Some((key, ..)) = self.listeners.open_at(o.meta.ns(), port) {
             self.listener_fact(key, port, Fact::Overflow, out);
         }
     }

@@ -55,6 +55,10 @@ struct Container {
     /// scan looks for the entrypoint the shim starts.
     shim_as_main: bool,
     netns: Option<u32>,
+    /// Its namespace's cookie (0: not known yet), from a record of its own processes or
+    /// listeners (procfs shows the inode only): tells its namespace from a later one that
+    /// reuses the inode (see `model::netns`).
+    netns_cookie: u64,
     /// Its listening sockets' inodes, as its descriptors last said.
     listener_inodes: HashSet<u64>,
     /// Every listening inode of its namespace (sorted) when its descriptors were last read.
@@ -183,13 +187,13 @@ impl<H: HostView> Enricher<H> {
         self.by_cgroup.retain(|_, k| !expired.contains(k));
         self.listeners
             .open
-            .retain(|_, (k, _)| !expired.contains(k.as_str()));
+            .retain(|_, (k, ..)| !expired.contains(k.as_str()));
         self.listeners
             .closed
-            .retain(|_, (k, _)| !expired.contains(k.as_str()));
+            .retain(|_, (k, ..)| !expired.contains(k.as_str()));
         self.listeners
             .reserved
-            .retain(|_, (k, _)| !expired.contains(k.as_str()));
+            .retain(|_, (k, ..)| !expired.contains(k.as_str()));
         self.by_ip.retain(|_, k| !expired.contains(k.as_str()));
         self.sockets
             .recent

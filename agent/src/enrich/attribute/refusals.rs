@@ -9,7 +9,7 @@
 use super::Key;
 use std::{collections::VecDeque, net::SocketAddr, sync::Arc};
 
-use crate::model::{ContainerIdentity, Mono, Observation};
+use crate::model::{ContainerIdentity, Mono, Netns, Observation};
 
 /// How long a refusal waits for the attempt's own RST, in event time.
 const HOLD: Mono = 50_000_000;
@@ -22,9 +22,9 @@ const MAX_PENDING: usize = 4096;
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Target {
     /// At a listening address (namespace, port) the container (this key) had closed.
-    Former(Key, u32, u16),
+    Former(Key, Netns, u16),
     /// At (namespace, port) of this container (or pod as a whole) that was no such address.
-    Port(Arc<ContainerIdentity>, u32, u16),
+    Port(Arc<ContainerIdentity>, Netns, u16),
 }
 
 #[derive(Debug)]
@@ -146,13 +146,13 @@ mod tests {
         r.refused(
             100 * MS,
             addr(40_001),
-            Target::Former(Key::new("c1".into()), 1, 8080),
+            Target::Former(Key::new("c1".into()), Netns::by_inode(1), 8080),
             &mut out,
         );
         r.refused(
             101 * MS,
             addr(40_002),
-            Target::Former(Key::new("c1".into()), 1, 8080),
+            Target::Former(Key::new("c1".into()), Netns::by_inode(1), 8080),
             &mut out,
         );
         assert!(out.is_empty());
@@ -193,7 +193,7 @@ mod tests {
         r.refused(
             0,
             addr(1),
-            Target::Former(Key::new("c1".into()), 1, 8080),
+            Target::Former(Key::new("c1".into()), Netns::by_inode(1), 8080),
             &mut out,
         );
         r.flush(999 * MS, &mut out);
@@ -205,7 +205,7 @@ mod tests {
             r.refused(
                 2000 * MS,
                 addr(p),
-                Target::Former(Key::new("c1".into()), 1, 8080),
+                Target::Former(Key::new("c1".into()), Netns::by_inode(1), 8080),
                 &mut out,
             );
         }

@@ -11,6 +11,10 @@
 //! scan, which runs every second) waits in `Unowned` for the next scan, up to `UNOWNED_WAIT` of
 //! event time; what is still unowned then, or past the cap, is counted as dropped.
 //!
+//! Namespaces are told apart by cookie where the kernel has one (`model::netns`): a RST from a
+//! replacement's namespace that reused a stopped container's inode is the replacement's (its
+//! start's refusals, its own resets), never the stopped container's.
+//!
 //! A RST answering a SYN (no ACK) is a refused connect: at a listening address the container
 //! had closed it is its stop's loss (`Observation::Refused`, held in `refusals` for the
 //! attempt's own side); elsewhere a counted refusal (`Observation::RefusedAt`). Where the
@@ -23,7 +27,9 @@ use crate::model::state::make_room_in_set;
 use crate::{
     capture::event::{ResetReceived, ResetSent},
     enrich::host::HostView,
-    model::{ContainerIdentity, Mono, Observation, ResetDirection, TcpState},
+    model::{
+        ContainerIdentity, Mono, Netns, Observation, ResetDirection, TcpState, netns::cookies_agree,
+    },
 };
 
 /// How long a RST of an unknown namespace waits for a scan to find its container.
@@ -64,11 +70,13 @@ pub(super) struct Unowned {
     waiting: VecDeque<Rst>,
     /// Given up on: their namespace's container was never found in time.
     pub(super) dropped: u64,
+    /// Attributed by namespace with no cookie in their records (by inode alone).
+    pub(super) by_inode: u64,
 }
 
 impl<H: HostView> Enricher<H> {
     pub(super) fn reset_sent(&mut self, r: &ResetSent, out: &mut Vec<Observation>) {
-        let ns = r.meta.netns;
+        let ns = r.meta.ns();
         let owner = self.owner(r.skaddr, ns, local_port(&r.conn));
         if matches!(owner, Owner::NotYet) {
             self.wait_for_owner(Rst::Sent(r.clone()));
@@ -78,16 +86,16 @@ impl<H: HostView> Enricher<H> {
             .reason
             .as_ref()
             .map_or_else(|| "unknown".into(), ToString::to_string);
-        Self::reset(&owner, ResetDirection::Sent, reason, out);
+        self.reset(&owner, ns, ResetDirection::Sent, reason, out);
         let Some(conn) = r.conn.filter(|_| r.skaddr == 0) else {
             return;
         };
         let port = conn.local.port();
         // A refusal at an ended container's former address: restarted since?
-        if let Some((key, _)) = self.listeners.closed.get(&(ns, port)).cloned() {
+        if let Some((key, ..)) = self.listeners.closed_at(ns, port).cloned() {
             self.recheck_ended(&key, r.meta.ts_ns, out);
         }
-        let open = self.listeners.open.contains_key(&(ns, port));
+        let open = self.listeners.open_at(ns, port).is_some();
         let at = r.meta.ts_ns;
         let restarted = |key: &String| {
             self.containers
@@ -97,14 +105,13 @@ impl<H: HostView> Enricher<H> {
         };
         let former = self
             .listeners
-            .closed
-            .get(&(ns, port))
-            .map(|(k, _)| k)
+            .closed_at(ns, port)
+            .map(|(k, ..)| k)
             .filter(|k| !open && !restarted(k))
             .cloned()
             .or_else(|| {
                 // Before its new run started, though seen after: the old run's stop's.
-                let (key, since) = self.listeners.reserved.get(&(ns, port))?;
+                let (key, since, _) = self.listeners.reserved_at(ns, port)?;
                 (at < *since).then(|| key.clone())
             });
         let target = match (former, r.answers_syn) {
@@ -137,29 +144,40 @@ impl<H: HostView> Enricher<H> {
     }
 
     fn count_received(&mut self, r: &ResetReceived, out: &mut Vec<Observation>) {
-        let owner = self.owner(r.skaddr, r.meta.netns, local_port(&r.conn));
+        let owner = self.owner(r.skaddr, r.meta.ns(), local_port(&r.conn));
         if matches!(owner, Owner::NotYet) {
             self.wait_for_owner(Rst::Received(r.clone()));
             return;
         }
-        Self::reset(&owner, ResetDirection::Received, "none".into(), out);
+        self.reset(
+            &owner,
+            r.meta.ns(),
+            ResetDirection::Received,
+            "none".into(),
+            out,
+        );
     }
 
-    fn owner(&self, skaddr: u64, ns: u32, port: Option<u16>) -> Owner {
+    fn owner(&self, skaddr: u64, ns: Netns, port: Option<u16>) -> Owner {
         if let Some(c) = self.connection_owner(skaddr) {
             return Owner::Connection(c);
         }
         if let Some(c) = self.port_owner(ns, port) {
             return Owner::Namespace(c);
         }
-        if ns != 0 && self.host_netns != Some(ns) {
+        if ns.inum != 0 && self.host_netns != Some(ns.inum) {
             Owner::NotYet
         } else {
             Owner::Nobody
         }
     }
 
-    fn owned(&self, skaddr: u64, ns: u32, conn: &Option<crate::capture::event::Endpoints>) -> bool {
+    fn owned(
+        &self,
+        skaddr: u64,
+        ns: Netns,
+        conn: &Option<crate::capture::event::Endpoints>,
+    ) -> bool {
         !matches!(self.owner(skaddr, ns, local_port(conn)), Owner::NotYet)
     }
 
@@ -180,10 +198,10 @@ impl<H: HostView> Enricher<H> {
         let waiting = std::mem::take(&mut self.unowned_rsts.waiting);
         for r in waiting {
             match &r {
-                Rst::Sent(s) if self.owned(s.skaddr, s.meta.netns, &s.conn) => {
+                Rst::Sent(s) if self.owned(s.skaddr, s.meta.ns(), &s.conn) => {
                     self.reset_sent(s, out)
                 }
-                Rst::Received(s) if self.owned(s.skaddr, s.meta.netns, &s.conn) => {
+                Rst::Received(s) if self.owned(s.skaddr, s.meta.ns(), &s.conn) => {
                     self.count_received(s, out)
                 }
                 _ if now > r.at().saturating_add(UNOWNED_WAIT) => self.unowned_rsts.dropped += 1,
@@ -197,7 +215,23 @@ impl<H: HostView> Enricher<H> {
         self.unowned_rsts.dropped
     }
 
-    fn reset(owner: &Owner, direction: ResetDirection, reason: String, out: &mut Vec<Observation>) {
+    /// RSTs attributed by their namespace's inode alone since the agent started (no cookie in
+    /// their records: see `model::netns`).
+    pub fn resets_by_inode(&self) -> u64 {
+        self.unowned_rsts.by_inode
+    }
+
+    fn reset(
+        &mut self,
+        owner: &Owner,
+        ns: Netns,
+        direction: ResetDirection,
+        reason: String,
+        out: &mut Vec<Observation>,
+    ) {
+        if matches!(owner, Owner::Namespace(_)) && ns.cookie == 0 {
+            self.unowned_rsts.by_inode += 1;
+        }
         let (container, on_connection) = match owner {
             Owner::Connection(c) => (Arc::clone(c), true),
             Owner::Namespace(c) => (Arc::clone(c), false),
@@ -213,30 +247,50 @@ impl<H: HostView> Enricher<H> {
 
     /// Who answers for a packet of namespace `ns` at local `port` that no followed
     /// connection claims (see the module's rule).
-    pub(super) fn port_owner(&self, ns: u32, port: Option<u16>) -> Option<Arc<ContainerIdentity>> {
+    pub(super) fn port_owner(
+        &self,
+        ns: Netns,
+        port: Option<u16>,
+    ) -> Option<Arc<ContainerIdentity>> {
         let identity = |key: &str| self.containers.get(key).map(|c| Arc::clone(&c.identity));
         if let Some(port) = port {
-            if let Some((key, _)) = self.listeners.open.get(&(ns, port)) {
+            if let Some((key, ..)) = self.listeners.open_at(ns, port) {
                 return identity(key.as_str());
             }
-            if let Some((key, _)) = self.listeners.closed.get(&(ns, port)) {
+            if let Some((key, ..)) = self.listeners.closed_at(ns, port) {
                 return identity(key);
             }
-            if let Some((key, _)) = self.listeners.reserved.get(&(ns, port)) {
+            if let Some((key, ..)) = self.listeners.reserved_at(ns, port) {
                 return identity(key);
             }
         }
-        if self.host_netns == Some(ns) {
+        if self.host_netns == Some(ns.inum) {
             return None;
         }
+        // The containers whose namespace this may be: by cookie where theirs is known, those
+        // not known yet only where none is known to have it.
+        let exact = ns.cookie != 0
+            && self
+                .containers
+                .values()
+                .any(|c| c.netns == Some(ns.inum) && c.netns_cookie == ns.cookie);
+        let of_ns = |c: &super::Container| {
+            c.netns == Some(ns.inum)
+                && if exact {
+                    c.netns_cookie == ns.cookie
+                } else {
+                    cookies_agree(c.netns_cookie, ns.cookie)
+                }
+        };
         // Running members first: a gone container's namespace may be reused. A pod's sandbox
         // answers for nothing while an app of its pod is known: alone, it is the pod's whole.
         let members = |running: bool, sandbox: bool| -> Vec<&super::Container> {
             self.containers
                 .values()
-                .filter(|c| c.netns == Some(ns) && (!running || c.gone_at.is_none()))
-                .filter(|c| sandbox || !c.identity.is_sandbox())
                 .map(|c| &**c)
+                .filter(|c| of_ns(c))
+                .filter(|c| !running || c.gone_at.is_none())
+                .filter(|c| sandbox || !c.identity.is_sandbox())
                 .collect()
         };
         let members = [(true, false), (false, false), (true, true), (false, true)]

@@ -155,9 +155,12 @@ impl<H: HostView> Enricher<H> {
         }
         match (old, new) {
             (Some(Close), Some(Listen)) => self.listener_opened(s, conn, out),
-            (Some(Listen), Some(Close)) => self.listener_closed(ns, conn, s.meta.ts_ns, out),
+            (Some(Listen), Some(Close)) => {
+                self.listener_closed(s.meta.ns(), conn, s.meta.ts_ns, out)
+            }
             (Some(SynRecv), Some(Established)) => {
-                let Some(key) = self.arrival_owner(ns, conn.local.port(), s.meta.ts_ns) else {
+                let Some(key) = self.arrival_owner(s.meta.ns(), conn.local.port(), s.meta.ts_ns)
+                else {
                     return;
                 };
                 let queued = Some((s.meta.ts_ns, conn.local.port()));

@@ -106,18 +106,19 @@ impl<H: HostView> Enricher<H> {
     /// its former owner (so that attempts refused there name the same backend).
     pub(super) fn backend_of(&self, remote: SocketAddr) -> Option<Key> {
         let key = self.by_ip.get(&remote.ip())?;
-        let Some(ns) = self.containers.get(key.as_str()).and_then(|c| c.netns) else {
+        let Some(ns) = self.containers.get(key.as_str()).and_then(|c| {
+            let inum = c.netns?;
+            Some(crate::model::Netns::new(inum, c.netns_cookie))
+        }) else {
             return Some(key.clone());
         };
-        let at = (ns, remote.port());
-        if let Some((k, _)) = self.listeners.open.get(&at) {
+        if let Some((k, ..)) = self.listeners.open_at(ns, remote.port()) {
             return Some(k.clone());
         }
         Some(
             self.listeners
-                .closed
-                .get(&at)
-                .map_or(key, |(k, _)| k)
+                .closed_at(ns, remote.port())
+                .map_or(key, |(k, ..)| k)
                 .clone(),
         )
     }

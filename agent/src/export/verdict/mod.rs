@@ -694,6 +694,23 @@ mod tests {
             stop(&s).text,
             "drained cleanly in 0.5 s: nothing lost; may be incomplete: 2 kernel events were lost on the way while it was open (drainwatch_events_lost_total); may be incomplete: the eBPF programs lost part of what it reads 3 times while it was open (drainwatch_ebpf_faults_total)"
         );
+        let mut by_inode = StartView {
+            listen_after_seconds: Some(1.0),
+            netns_by_inode: true,
+            ..Default::default()
+        };
+        assert!(
+            !super::start(&by_inode).text.contains("by inode"),
+            "nothing refused"
+        );
+        by_inode.loss.refused_before_listen = 3;
+        assert!(
+            super::start(&by_inode)
+                .text
+                .ends_with("some may be a stopped container's at the same address"),
+            "{}",
+            super::start(&by_inode).text
+        );
         let start = StartView {
             ebpf_faults: 1,
             ..Default::default()

@@ -12,6 +12,11 @@ pub fn start(start: &StartView) -> Verdict {
     for note in lost_notes(start.events_lost, start.ebpf_faults) {
         v.text += &format!("; {note}");
     }
+    let loss = &start.loss;
+    if start.netns_by_inode && loss.refused_before_listen + loss.probes.refused > 0 {
+        v.text += "; refusals matched to its network namespace by inode alone (no namespace \
+            cookie before Linux 5.12): some may be a stopped container's at the same address";
+    }
     v
 }
 

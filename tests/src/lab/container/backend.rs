@@ -84,11 +84,15 @@ impl Backend {
         };
         // From here on, `b`'s Drop removes whatever was created if a step panics.
         let label = format!("drainwatch.lab={}", std::process::id());
-        if opts.netns_holder && !opts.host_network {
+        let fixed_ip = opts.ip.map(|ip| ip.to_string());
+        if opts.netns_holder && !opts.host_network && opts.netns.is_none() {
             let holder = format!("{container}-net");
             let mut args = vec!["run", "-d", "--name", &holder, "--label", &label];
             args.extend(ULIMITS);
             args.extend(NO_RESOLVER);
+            if let Some(ip) = &fixed_ip {
+                args.extend(["--ip", ip]);
+            }
             // Bounded: a holder outlives no run by more than a day even if never removed.
             args.extend([IMAGE, "/bin/busybox", "sleep", "86400"]);
             podman(&args).unwrap_or_else(|e| panic!("starting the network holder: {e}"));
@@ -97,9 +101,10 @@ impl Backend {
         let (py, mounts) = python();
         let script = format!("{}:/lab/backend.py:ro", backend_script().display());
         let logs = format!("{}:/lab/log", log_dir.display());
-        let network = match &b.holder {
-            Some(h) => Some(format!("container:{h}")),
-            None => opts.host_network.then(|| "host".to_string()),
+        let network = match (&b.holder, &opts.netns) {
+            (Some(h), _) => Some(format!("container:{h}")),
+            (None, Some(path)) => Some(format!("ns:{path}")),
+            (None, None) => opts.host_network.then(|| "host".to_string()),
         };
         let port = opts.port.to_string();
         let drain = opts.drain_delay.map(|d| d.as_secs_f64().to_string());
@@ -134,6 +139,12 @@ impl Backend {
         match &network {
             Some(n) => args.extend(["--network", n]),
             None => args.extend(NO_RESOLVER),
+        }
+        if let (None, Some(ip)) = (&network, &fixed_ip) {
+            args.extend(["--ip", ip]);
+        }
+        for s in &opts.sysctls {
+            args.extend(["--sysctl", s]);
         }
         for m in &mounts {
             args.extend(["-v", m]);
@@ -179,6 +190,8 @@ impl Backend {
 
         b.ip = if opts.host_network {
             Ipv4Addr::LOCALHOST
+        } else if let (Some(_), Some(ip)) = (&opts.netns, opts.ip) {
+            ip
         } else {
             let ip_of = b.holder.clone().unwrap_or_else(|| container.clone());
             let ip =

@@ -126,6 +126,15 @@ pub struct BackendOpts {
     pub listen_delay: Option<Duration>,
     /// `Stream`: the streams' lifetimes, events and drain.
     pub stream: Option<StreamOpts>,
+    /// `--ip`: the address on podman's bridge (a replacement at a stopped container's
+    /// address); that of the network holder when there is one. With `netns`, the address the
+    /// lab gave that namespace.
+    pub ip: Option<Ipv4Addr>,
+    /// A network namespace the lab made (a path, `--network ns:<path>`), as a CNI plugin makes
+    /// a pod's: no holder then.
+    pub netns: Option<String>,
+    /// `--sysctl k=v` of its own network namespace (none with a holder's).
+    pub sysctls: Vec<String>,
 }
 
 /// How a `Stream` backend ends its streams (see `backend.py`).
@@ -179,6 +188,9 @@ impl Default for BackendOpts {
             name_prefix: None,
             listen_delay: None,
             stream: None,
+            ip: None,
+            netns: None,
+            sysctls: Vec::new(),
         }
     }
 }
