@@ -1709,15 +1709,19 @@ fn a_held_arrival_is_no_second_connection_and_keeps_the_listener_it_arrived_at()
             Default::default(),
         )
     };
-    // The scan's connection, by its handshake: an arrival, not a second connection.
+    // The scan's connection, by its handshake: an arrival, by the scan's id (not a second
+    // connection), with its peer (a client's return is matched by it).
     let obs = e.on_event(&at(50, arrival(0xbeef, scanned)));
     assert!(
         matches!(
             obs.as_slice(),
-            [O::Listener {
-                fact: Fact::Arrival,
-                ..
-            }]
+            [
+                O::InboundEstablished { sock, peer, .. },
+                O::Listener {
+                    fact: Fact::Arrival,
+                    ..
+                }
+            ] if *sock == seeded && *peer == "10.88.0.1".parse::<std::net::IpAddr>().unwrap()
         ),
         "{obs:#?}"
     );

@@ -226,6 +226,18 @@ impl StormCase {
         mine[0].clone()
     }
 
+    /// The start records of the old container (a restart in place starts it again).
+    pub fn old_starts(&self) -> Vec<Value> {
+        let (_, starts) = api(&self.agent, "/api/v1/starts");
+        starts
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|s| s["container"]["id"] == self.lab.old.id.as_str())
+            .cloned()
+            .collect()
+    }
+
     /// The client-side accept wait quantile `q` and the agent's `key`.
     /// The accept wait's quantile `q` from the server's own log (its `accept()` returned,
     /// carried in the greeting, minus the client's `connect()` returned), and the agent's.

@@ -165,17 +165,19 @@ impl<H: HostView> Enricher<H> {
                 };
                 let queued = Some((s.meta.ts_ns, conn.local.port()));
                 let seed = self.sockets.seed_id(ns, conn.local, conn.remote);
-                if self.sockets.adopt(seed, s.skaddr) {
-                    // A scan found it first (its arrival was held in the kernel, or waited in
-                    // the queue): the tracker knows it by the scan's id already.
+                let adopted = self.sockets.adopt(seed, s.skaddr);
+                // A scan may have found it first (its arrival was held in the kernel, or
+                // waited in the queue): the tracker knows it by the scan's id, and learns
+                // of its handshake all the same (when it came; a client's return).
+                out.push(Observation::InboundEstablished {
+                    key: key.clone(),
+                    sock: if adopted { seed } else { s.skaddr },
+                    upstream: self.upstream_of(conn),
+                    peer: conn.remote.ip(),
+                });
+                if adopted {
                     self.sockets.passing.entry(s.skaddr).or_default().queued = queued;
                 } else {
-                    out.push(Observation::InboundEstablished {
-                        key: key.clone(),
-                        sock: s.skaddr,
-                        upstream: self.upstream_of(conn),
-                        peer: conn.remote.ip(),
-                    });
                     make_room(
                         &mut self.sockets.tracked,
                         MAX_INBOUND,
