@@ -25,7 +25,7 @@ use crate::cgroup_v2_root;
 const PORT: u16 = 8080;
 
 pub fn run(r: &mut Runner, facts: &Facts) {
-    if !r.wanted("agent_startup") && !r.wanted("container_stop") {
+    if !r.wanted("agent_startup") && !LAYOUTS.iter().any(|l| r.wanted(l.check)) {
         return;
     }
     let log = std::env::temp_dir().join(format!("dw-matrix-agent-{}.log", std::process::id()));
@@ -34,12 +34,16 @@ pub fn run(r: &mut Runner, facts: &Facts) {
         Err(p) => {
             let msg = super::message(&*p);
             r.check("agent_startup", || panic!("{msg}"));
-            r.check("container_stop", || panic!("the agent did not start"));
+            for l in &LAYOUTS {
+                r.check(l.check, || panic!("the agent did not start"));
+            }
             return;
         }
     };
     r.check("agent_startup", || startup(&agent, &log, facts));
-    r.check("container_stop", || container_stop(&agent));
+    for l in &LAYOUTS {
+        r.check(l.check, || container_stop(&agent, l));
+    }
     drop(agent);
     let _ = std::fs::remove_file(&log);
 }
@@ -129,17 +133,80 @@ fn container_id() -> String {
         .collect()
 }
 
-fn container_stop(agent: &Agent) -> String {
-    let id = container_id();
-    let cgroup = cgroup_v2_root().join("docker").join(&id);
-    std::fs::create_dir_all(&cgroup).expect("mkdir the container's cgroup");
-    let result = std::panic::catch_unwind(|| stop_in(agent, &id, &cgroup));
-    let _ = std::fs::remove_dir(&cgroup);
-    let _ = std::fs::remove_dir(cgroup.parent().expect("parent"));
+/// A random pod uid, as the API server makes them (a UUID).
+fn pod_uid() -> String {
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        fastrand::u32(..),
+        fastrand::u16(..),
+        fastrand::u16(..),
+        fastrand::u16(..),
+        fastrand::u64(..1 << 48)
+    )
+}
+
+/// Where a runtime puts a container's cgroup, as nodes lay them out: Docker's own, and the
+/// kubelet's systemd driver (the default on pure cgroup v2 nodes) with containerd's and
+/// CRI-O's scopes. The QEMU kernels mount cgroup2 alone at `/sys/fs/cgroup`, as those nodes
+/// do; this machine's hybrid mount runs them in its unified hierarchy.
+pub struct Layout {
+    /// The check's name.
+    pub check: &'static str,
+    /// What the stop record's `container.runtime` says.
+    runtime: &'static str,
+    /// The cgroup's path below the v2 root, from the container id and the pod uid.
+    path: fn(&str, &str) -> Vec<String>,
+}
+
+/// The kubelet's systemd-driver slices of a BestEffort pod (its uid's dashes as
+/// underscores, as systemd unit names need), then the runtime's scope.
+fn kubepods(uid: &str, scope: String) -> Vec<String> {
+    vec![
+        "kubepods.slice".into(),
+        "kubepods-besteffort.slice".into(),
+        format!("kubepods-besteffort-pod{}.slice", uid.replace('-', "_")),
+        scope,
+    ]
+}
+
+pub const LAYOUTS: [Layout; 3] = [
+    Layout {
+        check: "container_stop",
+        runtime: "docker",
+        path: |id, _| vec!["docker".into(), id.into()],
+    },
+    Layout {
+        check: "container_stop_kubelet_containerd",
+        runtime: "containerd",
+        path: |id, uid| kubepods(uid, format!("cri-containerd-{id}.scope")),
+    },
+    Layout {
+        check: "container_stop_kubelet_crio",
+        runtime: "cri-o",
+        path: |id, uid| kubepods(uid, format!("crio-{id}.scope")),
+    },
+];
+
+fn container_stop(agent: &Agent, layout: &Layout) -> String {
+    let (id, uid) = (container_id(), pod_uid());
+    let mut cgroup = cgroup_v2_root();
+    // Only the directories made here are removed (a node's own kubepods.slice stays).
+    let mut made = Vec::new();
+    for part in (layout.path)(&id, &uid) {
+        cgroup.push(part);
+        if !cgroup.exists() {
+            std::fs::create_dir(&cgroup).expect("mkdir the container's cgroup");
+            made.push(cgroup.clone());
+        }
+    }
+    let result = std::panic::catch_unwind(|| stop_in(agent, &id, &cgroup, layout));
+    for dir in made.iter().rev() {
+        let _ = std::fs::remove_dir(dir);
+    }
     result.unwrap_or_else(|p| std::panic::resume_unwind(p))
 }
 
-fn stop_in(agent: &Agent, id: &str, cgroup: &std::path::Path) -> String {
+fn stop_in(agent: &Agent, id: &str, cgroup: &std::path::Path, layout: &Layout) -> String {
     let mut server = spawn_server(cgroup);
     let pid = server.id();
     let mut out = BufReader::new(server.stdout.take().expect("server stdout"));
@@ -188,7 +255,8 @@ fn stop_in(agent: &Agent, id: &str, cgroup: &std::path::Path) -> String {
     let stop: StopView = serde_json::from_value(stop_record(agent, id)).expect("a stop record");
     let want_listener = format!("127.0.0.1:{PORT}");
     let s = &stop;
-    assert_eq!(s.container.runtime, "docker", "{s:#?}");
+    assert_eq!(s.container.id, id, "{s:#?}");
+    assert_eq!(s.container.runtime, layout.runtime, "{s:#?}");
     assert_eq!(s.outcome, Some(Outcome::ExitAtOnce), "{s:#?}");
     assert_eq!(
         (s.exit_code, s.exit_signal),
@@ -215,7 +283,8 @@ fn stop_in(agent: &Agent, id: &str, cgroup: &std::path::Path) -> String {
     assert_eq!(listeners, [want_listener.as_str()], "{s:#?}");
     assert!(s.listeners[0].closed_at.is_some(), "{s:#?}");
     format!(
-        "docker/{} pid {pid}: exit 143 on SIGTERM from pid {}, 1 in-flight request from {client_addr} cut, listener {want_listener} closed, cgroup removed",
+        "{} {} pid {pid}: exit 143 on SIGTERM from pid {}, 1 in-flight request from {client_addr} cut, listener {want_listener} closed, cgroup removed",
+        layout.runtime,
         &id[..12],
         std::process::id()
     )

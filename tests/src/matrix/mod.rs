@@ -245,6 +245,19 @@ pub fn kernel_release() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// How this machine mounts cgroups, from its mount table: v2 alone (as systemd-driven nodes
+/// run) or v2 beside v1 hierarchies (hybrid).
+fn cgroup_mode() -> &'static str {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let fs = |t: &str| mounts.lines().any(|l| l.split_whitespace().nth(2) == Some(t));
+    match (fs("cgroup2"), fs("cgroup")) {
+        (true, false) => "v2 only",
+        (true, true) => "hybrid (v1 and v2)",
+        (false, true) => "v1 only",
+        (false, false) => "none mounted",
+    }
+}
+
 /// Runs the whole matrix on the running kernel with the agent binary at `agent`; prints every
 /// line as it goes; returns (passed, total).
 pub fn run(filter: Option<String>) -> (usize, usize) {
@@ -252,6 +265,7 @@ pub fn run(filter: Option<String>) -> (usize, usize) {
     let release = kernel_release();
     let facts = expect::Facts::read();
     println!("DWK-KERNEL {release} {}", json!(facts));
+    println!("DWK-CGROUPS {}", cgroup_mode());
     let t = std::time::Instant::now();
     let mut loaded = Vec::new();
     // DWK_VARIANTS=a,b loads only those plans (for a quick look at one of them).

@@ -73,8 +73,12 @@ pub fn section(rows: &[Row]) -> String {
             .iter()
             .filter_map(|(sig, h, _)| h.as_ref().map(|h| format!("{sig}: `{h}`")))
             .collect();
+        let cgroups = r
+            .cgroups
+            .as_ref()
+            .map_or(String::new(), |c| format!("; cgroups {c}"));
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {}/{} {} |\n",
+            "| {} | {} | {}{cgroups} | {} | {} | {}/{} {} |\n",
             r.release,
             r.nodes,
             r.source,
