@@ -260,15 +260,22 @@ impl Storms {
                 self.resting.insert(key, o);
                 continue;
             }
-            // The clients' first connections within this return.
+            // The clients' first attempts within this return: from its stop on (a client
+            // refused before the first arrival made its first attempt then) to its last
+            // arrival.
             let (first, last) = (o.arrivals[0], o.arrivals[o.arrivals.len() - 1]);
+            let since = self
+                .watching
+                .get(&key.0)
+                .filter(|(stop_id, ..)| *stop_id == o.stop_id)
+                .map_or(first, |(_, since, _)| (*since).min(first));
             let firsts: Vec<Mono> = self
                 .firsts
                 .get(&key.0)
                 .map(|f| {
                     f.iter()
                         .copied()
-                        .filter(|a| (first..=last).contains(a))
+                        .filter(|a| (since..=last).contains(a))
                         .collect()
                 })
                 .unwrap_or_default();
@@ -505,6 +512,29 @@ mod tests {
             (st.clients, st.connections, st.first_attempts_seconds),
             (200, 200, None)
         );
+    }
+
+    #[test]
+    fn a_client_refused_before_the_first_arrival_made_its_first_attempt_then() {
+        // 100 clients back over 0.5 s from +0.3 s; the replacement listens at +0.6 s, so the
+        // first 60 were refused and connect again 1 s later (their first connection), the
+        // other 40 connect at once. Their first attempts spread over 0.5 s, not 1.2 s.
+        let mut s = Storms::new(Config::default());
+        s.stopped(web(), "old-1", "web-1", T0);
+        let attempts: Vec<Mono> = (0..100u64).map(|i| T0 + 300 * MS + 5 * MS * i).collect();
+        let mut arrivals = Vec::new();
+        for &at in &attempts {
+            s.first_attempt(&web(), at);
+            arrivals.push(if at < T0 + 600 * MS { at + SECOND } else { at });
+        }
+        arrivals.sort_unstable();
+        for at in arrivals {
+            s.arrival(&web(), "web-2", 8080, at);
+        }
+        let st = &s.tick(T0 + 20 * SECOND)[0];
+        assert_eq!((st.clients, st.connections), (100, 100));
+        let spread = st.first_attempts_seconds.unwrap();
+        assert!((spread - 0.495).abs() < 0.001, "{spread}");
     }
 
     #[test]

@@ -13,6 +13,8 @@ use crate::model::{
 };
 
 const T0: Mono = 1_000 * SECOND;
+/// A refused attempt's source: no client of the tests' connections (10.88.0.1).
+const PEER: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 88, 0, 200));
 
 fn ms(n: u64) -> Mono {
     T0 + n * 1_000_000
@@ -128,6 +130,7 @@ fn no_handler_sigterm_cuts_inflight_and_exits_at_once() {
             key: key(),
             at: ms(300),
             upstream: None,
+            peer: PEER,
         },
     );
     t.observe(ms(600), O::CgroupRemoved { key: key() });
@@ -179,6 +182,7 @@ fn closing_the_listener_first_refuses_what_routing_still_sends() {
                 key: key(),
                 at: ms(500 + i * 500),
                 upstream: None,
+                peer: PEER,
             },
         );
     }
@@ -484,6 +488,7 @@ fn duplicates_and_out_of_order_events_do_not_double_count() {
             key: std::sync::Arc::new("unknown".into()),
             at: ms(9),
             upstream: None,
+            peer: PEER,
         },
     );
     let s = only_stop(&t);
@@ -621,6 +626,7 @@ fn a_container_restarted_in_place_gets_a_new_record_for_its_next_stop() {
             key: key(),
             at: ms(1500),
             upstream: None,
+            peer: PEER,
         },
     );
     assert_eq!(t.stops()[0].loss.refused, 1);
@@ -853,6 +859,7 @@ fn loss_events_keep_their_times_and_routing_lag_counts_refused_attempts() {
                 key: key(),
                 at: ms(at),
                 upstream: None,
+                peer: PEER,
             },
         );
     }
@@ -932,6 +939,7 @@ fn a_cut_of_a_connection_found_by_a_scan_has_no_age_and_events_are_capped() {
                 key: key(),
                 at: ms(20 + i),
                 upstream: None,
+                peer: PEER,
             },
         );
     }
@@ -1250,6 +1258,7 @@ fn the_kubelets_failed_probes_are_apart_from_requests_and_decide_nothing() {
                 key: key(),
                 at: ms(at),
                 upstream: Some(sock),
+                peer: PEER,
             },
         );
     }
@@ -1371,6 +1380,7 @@ fn a_balancers_checks_are_learned_and_only_the_attempt_on_the_tick_is_a_probe() 
                 key: key(),
                 at,
                 upstream: Some(sock),
+                peer: PEER,
             },
         );
     }
@@ -1476,6 +1486,7 @@ fn a_request_refused_just_before_the_check_on_its_tick_is_the_request() {
                 key: key(),
                 at,
                 upstream: Some(sock),
+                peer: PEER,
             },
         );
     }
@@ -2294,4 +2305,71 @@ fn a_request_the_exit_cut_stays_a_cut_and_its_clients_return_is_a_first_connecti
     // Both clients came back: two first connections for the storm.
     let back: Vec<_> = t.take_returns().map(|(_, at)| at).collect();
     assert_eq!(back, [ms(900), ms(950)]);
+}
+
+#[test]
+fn a_client_refused_by_a_replacement_not_listening_yet_came_back_at_its_refusal() {
+    // Two quiet sessions from .7 cut by the exit; the replacement's namespace refuses one
+    // client (it does not listen yet), which connects later; the other connects at once.
+    let mut t = running(2);
+    t.observe(
+        ms(100),
+        O::Exit {
+            key: key(),
+            exit: killed_by(SIGKILL),
+        },
+    );
+    // Accepted by a dual-stack listener: the peers are IPv4-mapped, the RST's plain IPv4.
+    for sock in [1, 2] {
+        let mut close = closed_from(sock, [10, 88, 0, 7]);
+        if let O::InboundClosed { peer, .. } = &mut close {
+            *peer = std::net::Ipv4Addr::new(10, 88, 0, 7)
+                .to_ipv6_mapped()
+                .into();
+        }
+        t.observe(ms(101), close);
+    }
+    let replacement = std::sync::Arc::new(identity("c2", "web"));
+    t.observe(
+        ms(400),
+        O::RefusedAt {
+            container: replacement.clone(),
+            netns: crate::model::Netns::by_inode(9),
+            port: 8080,
+            at: ms(400),
+            upstream: None,
+            peer: [10, 88, 0, 7].into(),
+        },
+    );
+    assert_eq!(
+        t.stops()[0].loss.sessions_cut,
+        1,
+        "the refused client came back"
+    );
+    t.observe(
+        ms(1_300),
+        O::Container {
+            identity: Box::new(identity("c2", "web")),
+            listeners: vec![addr()],
+            inbound: vec![],
+        },
+    );
+    let c2 = crate::model::observation::ContainerKey::new("c2".into());
+    for (at, sock) in [(1_400, 101), (1_500, 102)] {
+        t.observe(
+            ms(at),
+            O::InboundEstablished {
+                key: c2.clone(),
+                sock,
+                upstream: None,
+                peer: [10, 88, 0, 7].into(),
+            },
+        );
+    }
+    let s = &t.stops()[0];
+    assert_eq!((s.loss.sessions_cut, s.loss.idle_closed), (2, 0));
+    // First attempts: the refusal, then the other client's connection (the refused one's
+    // later connection is no second client).
+    let back: Vec<_> = t.take_returns().map(|(_, at)| at).collect();
+    assert_eq!(back, [ms(400), ms(1_400)]);
 }

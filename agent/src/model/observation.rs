@@ -146,11 +146,12 @@ pub enum Observation {
     },
     /// A SYN to a listening address it had closed was answered with RST, at `at`. `upstream`:
     /// the connecting socket, when the attempt was seen from its side too (a process on this
-    /// node).
+    /// node). `peer`: the attempt's source address (a client coming back).
     Refused {
         key: ContainerKey,
         at: Mono,
         upstream: Option<u64>,
+        peer: IpAddr,
     },
     /// A SYN to `port` of namespace `netns`, where it never listened (or listens, at another
     /// address, or listened in an earlier run), answered with RST at `at`: a refused connect,
@@ -162,6 +163,7 @@ pub enum Observation {
         port: u16,
         at: Mono,
         upstream: Option<u64>,
+        peer: IpAddr,
     },
     /// A connection attempt from this node to an address it held, after it was gone;
     /// `upstream` the attempt's socket.

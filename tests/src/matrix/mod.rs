@@ -249,7 +249,11 @@ pub fn kernel_release() -> String {
 /// run) or v2 beside v1 hierarchies (hybrid).
 fn cgroup_mode() -> &'static str {
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    let fs = |t: &str| mounts.lines().any(|l| l.split_whitespace().nth(2) == Some(t));
+    let fs = |t: &str| {
+        mounts
+            .lines()
+            .any(|l| l.split_whitespace().nth(2) == Some(t))
+    };
     match (fs("cgroup2"), fs("cgroup")) {
         (true, false) => "v2 only",
         (true, true) => "hybrid (v1 and v2)",

@@ -72,7 +72,9 @@ impl Tracker {
     /// Feeds one observation made at `now`.
     pub fn observe(&mut self, now: Mono, obs: Observation) {
         self.release_held(now);
-        if let Observation::Refused { key, at, upstream } = &obs
+        if let Observation::Refused {
+            key, at, upstream, ..
+        } = &obs
             && let Some((attempt, until)) = self.probes.refused(*upstream)
             && until > now
         {

@@ -269,12 +269,19 @@ impl Tracker {
         if let Observation::RefusedAt {
             container,
             upstream,
+            peer,
+            at,
             ..
         } = &obs
         {
             // Counted for whoever attribution named: a pod as a whole too, which is never
             // announced (a refusal at a port no container of the pod holds).
             self.refused_elsewhere(container, *upstream);
+            // A client coming back to a replacement that did not listen yet: its first
+            // attempt (a probe is none).
+            if self.probes.peek(*upstream).is_none() && !self.sessions_idle() {
+                self.returned_to(&container.workload_key(), *peer, *at);
+            }
             return;
         }
         if !self.containers.contains_key(key) {
@@ -488,9 +495,15 @@ impl Tracker {
                 ..
             } => self.count(key, LossKind::ResetsSent, Some(reason), now, None),
             Observation::Reset { .. } | Observation::Listener { .. } => {}
-            Observation::Refused { at, upstream, .. } => {
+            Observation::Refused {
+                at, upstream, peer, ..
+            } => {
                 let probe = self.probes.classify(upstream, None);
                 self.refusal(key, at, probe);
+                // A client coming back, refused: its first attempt.
+                if probe.is_none() {
+                    self.session_returned(key, peer, at);
+                }
             }
             Observation::RefusedAt { .. } => {}
             Observation::Unreachable { upstream, .. } => {

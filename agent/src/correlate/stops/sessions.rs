@@ -50,6 +50,11 @@ impl Tracker {
         self.sessions.returns.drain(..)
     }
 
+    /// Whether no close waits for its client (nothing to look up).
+    pub(super) fn sessions_idle(&self) -> bool {
+        self.sessions.held.is_empty()
+    }
+
     /// Closes waiting for their client, and those the cap counted idle early.
     pub fn sessions_waiting(&self) -> (usize, u64) {
         (self.sessions.held.len(), self.sessions.dropped)
@@ -79,31 +84,34 @@ impl Tracker {
         self.sessions.held.push_back(Close {
             key: key.to_string(),
             workload,
-            peer,
+            peer: peer.to_canonical(),
             at,
             age,
             counted,
         });
     }
 
-    /// A client connected to container `key` at `at`: the oldest held close of that client
-    /// on its workload (within the window) was a lost session. Every inbound connection
-    /// passes here: nothing is looked up while nothing is held.
+    /// A client connected to container `key` at `at`, or tried and was refused there: the
+    /// oldest held close of that client on its workload (within the window) was a lost
+    /// session. Every inbound connection passes here: nothing is looked up while nothing is
+    /// held.
     pub(super) fn session_returned(&mut self, key: &str, peer: IpAddr, at: Mono) {
         if self.sessions.held.is_empty() {
             return;
         }
-        let Some(c) = self.containers.get(key) else {
-            return;
-        };
-        let (namespace, workload) = (&c.identity.namespace, &c.identity.workload);
+        if let Some(workload) = self.containers.get(key).map(|c| c.identity.workload_key()) {
+            self.returned_to(&workload, peer, at);
+        }
+    }
+
+    /// A client came back to `workload` at `at` (its first attempt: refused by a replacement
+    /// that did not listen yet, or connected).
+    pub(super) fn returned_to(&mut self, workload: &Workload, peer: IpAddr, at: Mono) {
         let window = self.config.settle;
+        // A dual-stack listener's peers are IPv4-mapped; a RST's are plain IPv4.
+        let peer = peer.to_canonical();
         let Some(i) = self.sessions.held.iter().position(|c| {
-            c.peer == peer
-                && c.workload.1 == *workload
-                && c.workload.0 == *namespace
-                && c.at <= at
-                && at <= c.at + window
+            c.peer == peer && c.workload == *workload && c.at <= at && at <= c.at + window
         }) else {
             return;
         };

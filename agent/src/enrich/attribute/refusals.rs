@@ -117,6 +117,7 @@ fn observation(p: Pending, upstream: Option<u64>) -> Observation {
             key,
             at: p.at,
             upstream,
+            peer: p.client.ip(),
         },
         Target::Port(container, netns, port) => Observation::RefusedAt {
             container,
@@ -124,6 +125,7 @@ fn observation(p: Pending, upstream: Option<u64>) -> Observation {
             port,
             at: p.at,
             upstream,
+            peer: p.client.ip(),
         },
     }
 }
@@ -163,7 +165,8 @@ mod tests {
             [Observation::Refused {
                 key: Key::new("c1".into()),
                 at: 101 * MS,
-                upstream: Some(0xa)
+                upstream: Some(0xa),
+                peer: addr(40_002).ip(),
             }]
         );
         out.clear();
@@ -177,7 +180,8 @@ mod tests {
             [Observation::Refused {
                 key: Key::new("c1".into()),
                 at: 100 * MS,
-                upstream: None
+                upstream: None,
+                peer: addr(40_001).ip(),
             }]
         );
         // An attempt whose refusal is gone or never was: nothing.
