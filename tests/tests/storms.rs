@@ -162,6 +162,9 @@ fn a_restart_in_place_storm_belongs_to_the_restarted_container() {
     // by the old namespace (its listener closed at the exit, the namespace not yet gone) or by
     // the restart's new one before its listen. Each is on the record of the namespace that
     // sent it, the stop's or the restart's start record; which one depends on the timing.
+    // Not all yet: the old namespace's refusals after the agent adopted the restarted
+    // container (which settles the old stop) are on neither record (printed; issue 42 item 4,
+    // a settled record is never amended). None is counted twice.
     assert!(run.refused() > 0, "some came back during the restart");
     let on_stop = stop["loss"]["refused"].as_u64().expect("loss.refused");
     let starts = c.old_starts();
@@ -169,15 +172,15 @@ fn a_restart_in_place_storm_belongs_to_the_restarted_container() {
         .iter()
         .map(|s| s["loss"]["refused_before_listen"].as_u64().unwrap_or(0))
         .sum();
+    let clients = run.refused() as u64;
     println!(
-        "refused: clients {}, stop record {on_stop}, restart's start record {on_start} ({} start \
-         records)",
-        run.refused(),
-        starts.len()
+        "refused: clients {clients}, stop record {on_stop}, restart's start record {on_start} \
+         ({} start records), on neither {}",
+        starts.len(),
+        clients.saturating_sub(on_stop + on_start)
     );
-    assert_eq!(
-        on_stop + on_start,
-        run.refused() as u64,
+    assert!(
+        on_stop + on_start > 0 && on_stop + on_start <= clients,
         "the refusals the clients met, on the stop or the restart's start record"
     );
 }
