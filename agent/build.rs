@@ -50,10 +50,38 @@ fn main() -> anyhow::Result<()> {
         .args(["-Z", "build-std=core", "--target-dir"])
         .arg(&target_dir)
         .current_dir(root)
-        // The outer build's compiler (clippy-driver under `cargo clippy`) is not the nightly's.
-        .env_remove("RUSTC")
-        .env_remove("RUSTC_WORKSPACE_WRAPPER")
         .env("CARGO_ENCODED_RUSTFLAGS", rustflags(&arch));
+    // What cargo sets for this script is not for the nested build: aya-ebpf's build scripts rerun
+    // when HOST changes (then aya-ebpf, the programs and this agent are rebuilt), and the outer
+    // compiler (clippy-driver under `cargo clippy`) is not the nightly's. The nested build sees
+    // the environment `cargo xtask test`'s eBPF clippy run sees.
+    for (key, _) in env::vars_os() {
+        let key = key.to_string_lossy();
+        if matches!(
+            &*key,
+            "HOST"
+                | "TARGET"
+                | "OUT_DIR"
+                | "PROFILE"
+                | "OPT_LEVEL"
+                | "DEBUG"
+                | "NUM_JOBS"
+                | "RUSTC"
+                | "RUSTDOC"
+                | "RUSTC_LINKER"
+                | "RUSTC_WORKSPACE_WRAPPER"
+        ) || [
+            "CARGO_CFG_",
+            "CARGO_FEATURE_",
+            "CARGO_PKG_",
+            "CARGO_MANIFEST_",
+        ]
+        .iter()
+        .any(|p| key.starts_with(p))
+        {
+            cargo.env_remove(&*key);
+        }
+    }
     let out = cargo.output().with_context(|| {
         format!(
             "could not start {cargo:?} (`cargo xtask setup --for run` installs rustup's nightly)"
