@@ -13,13 +13,22 @@
 use std::{
     env,
     ffi::OsString,
+    fs,
     path::{Path, PathBuf},
     process::Command,
 };
 
 use anyhow::{Context as _, anyhow, bail};
 
-fn main() -> anyhow::Result<()> {
+fn main() {
+    // Not `main() -> Result`: that would print a backtrace under RUST_BACKTRACE.
+    if let Err(e) = build() {
+        eprintln!("{e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn build() -> anyhow::Result<()> {
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").context("CARGO_MANIFEST_DIR")?);
     let root = manifest
         .parent()
@@ -84,7 +93,8 @@ fn main() -> anyhow::Result<()> {
     }
     let out = cargo.output().with_context(|| {
         format!(
-            "could not start {cargo:?} (`cargo xtask setup --for run` installs rustup's nightly)"
+            "could not start `{}` (`cargo xtask setup --for run` installs the nightly)",
+            shown(&cargo)
         )
     })?;
     // With --quiet, cargo's stderr is only what rustc and build scripts said.
@@ -93,15 +103,16 @@ fn main() -> anyhow::Result<()> {
         // cargo shows a failed build script's stderr in full.
         eprintln!("{said}");
         bail!(
-            "building the eBPF programs failed ({}): {cargo:?}",
-            out.status
+            "building the eBPF programs failed ({}): {}",
+            out.status,
+            shown(&cargo)
         );
     }
-    for line in said.lines() {
+    for line in said.trim_end().lines() {
         println!("cargo:warning={line}");
     }
     let object = target_dir.join(target).join("release/drainwatch");
-    std::fs::copy(&object, out_dir.join("drainwatch"))
+    fs::copy(&object, out_dir.join("drainwatch"))
         .with_context(|| format!("copying {}", object.display()))?;
     Ok(())
 }
@@ -131,4 +142,13 @@ fn bpf_target_dir(out_dir: &Path) -> PathBuf {
         target_dir = target_dir.parent().unwrap_or(target_dir);
     }
     target_dir.join("bpf")
+}
+
+/// The command as typed, without its environment.
+fn shown(cmd: &Command) -> String {
+    let args = cmd.get_args().map(|a| a.to_string_lossy());
+    std::iter::once(cmd.get_program().to_string_lossy())
+        .chain(args)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
