@@ -9,7 +9,7 @@ use std::{
 
 use clap::Args;
 
-use crate::{cargo, exit_code, repo_root, secs, setup, show, target_dir};
+use crate::{cargo, exit_code, repo_root, secs, setup, show, target_dir, without_run_env};
 
 #[derive(Args)]
 pub struct TestArgs {
@@ -122,6 +122,7 @@ fn clippy_ebpf(root: &Path) -> Command {
         arch
     };
     let mut cmd = Command::new("rustup");
+    without_run_env(&mut cmd);
     cmd.current_dir(root)
         .args(["run", "nightly", "cargo", "clippy", "--release"])
         .args(["-p", "drainwatch-ebpf", "--target", "bpfel-unknown-none"])
