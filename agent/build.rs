@@ -4,8 +4,9 @@
 //! This is what aya-build 0.2 does, with two differences. aya-build forwards the nested cargo's
 //! whole output as `cargo:warning=` lines (some forty `Compiling ...` warnings on a fresh
 //! build); here it runs with `--quiet` and only what rustc said (warnings, errors) is shown. And
-//! aya-build builds into this script's OUT_DIR, whose name changes with the agent's feature set
-//! and profile, so every such change rebuilt core and the programs from scratch; here the eBPF
+//! aya-build builds into this script's OUT_DIR, whose name changes with the profile and with
+//! this script's own build (its dependencies' features, the toolchain), and each new one rebuilt
+//! core and the programs from scratch (about a minute); here the eBPF
 //! crate has one target dir per architecture, `<target>/bpf/<arch>` (`bpf_target_arch` differs),
 //! shared by every agent build and by the eBPF clippy run of `cargo xtask test`, which passes
 //! the same flags.
