@@ -50,14 +50,14 @@ pub fn on() -> bool {
 /// The arrival of `sk`, now: held (true), or to be sent (a hot namespace, the map full).
 #[inline(always)]
 pub fn arrive(sk: u64, netns: u32, tuple: &Tuple) -> bool {
-    if unsafe { HOT_NETNS.get(&netns) }.is_some() {
+    if unsafe { HOT_NETNS.get(netns) }.is_some() {
         return false;
     }
     let mut e = zeroed::<HoldEntry>();
     e.held.arrived_ns = unsafe { bpf_ktime_get_ns() };
     e.netns = netns;
     e.tuple = *tuple;
-    if HOLD.insert(&sk, &e, u64::from(BPF_ANY)).is_err() {
+    if HOLD.insert(sk, e, u64::from(BPF_ANY)).is_err() {
         fault(EventKind::InetSockSetState, FaultKind::HoldFull);
         return false;
     }
@@ -67,7 +67,7 @@ pub fn arrive(sk: u64, netns: u32, tuple: &Tuple) -> bool {
 /// accept() took `sk`: noted in its held entry (true), or it has none (the accept is sent).
 #[inline(always)]
 pub fn accept(sk: u64) -> bool {
-    let Some(h) = HOLD.get_ptr_mut(&sk) else {
+    let Some(h) = HOLD.get_ptr_mut(sk) else {
         return false;
     };
     unsafe {
@@ -76,16 +76,16 @@ pub fn accept(sk: u64) -> bool {
     }
     // The peer's FIN or RST may have taken the entry on another CPU meanwhile, with or without
     // this accept: then the accept is sent too (the agent takes a connection's accept once).
-    unsafe { HOLD.get(&sk) }.is_some()
+    unsafe { HOLD.get(sk) }.is_some()
 }
 
 /// What was held for `sk`, taken (`arrived_ns` 0: nothing).
 #[inline(always)]
 pub fn take(sk: u64) -> Held {
-    if let Some(e) = unsafe { HOLD.get(&sk) } {
+    if let Some(e) = unsafe { HOLD.get(sk) } {
         let h = e.held;
         // Only the program whose removal succeeds carries it: never twice.
-        if HOLD.remove(&sk).is_ok() {
+        if HOLD.remove(sk).is_ok() {
             return h;
         }
     }

@@ -13,7 +13,7 @@ const HEAD_WORDS: usize = 8;
 /// within one word; a little-endian load, as the kernel's own).
 #[inline(always)]
 fn head_field(head: &[u64; HEAD_WORDS], off: u32, size: u32) -> Option<u64> {
-    if off == NO_OFFSET || off % size != 0 || off + size > (HEAD_WORDS * 8) as u32 {
+    if off == NO_OFFSET || !off.is_multiple_of(size) || off + size > (HEAD_WORDS * 8) as u32 {
         return None;
     }
     // A match, not an index: the verifier then sees only constant stack offsets.

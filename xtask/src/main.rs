@@ -175,8 +175,8 @@ enum Cmd {
     /// 6.12 in QEMU) and on this machine's; the README's kernel table
     #[command(
         long_about = "The kernel matrix: the agent and its kernel-facing checks on every kernel of the matrix.\n\n\
-        Builds the agent and the runner (`cargo build --release -p drainwatch -p drainwatch-tests \
-        --bin drainwatch --bin kernel-matrix`), downloads (once, into target/kernels/, with a \
+        Builds the agent and the runner (`cargo build --release -p drainwatch`, then \
+        `-p drainwatch-tests --bin kernel-matrix`), downloads (once, into target/kernels/, with a \
         private apt state) Debian's cloud kernels 5.10 (bullseye), 6.1 (bookworm) and 6.12 \
         (trixie), writes an initramfs (busybox, the agent, the runner, their libraries), boots \
         each under QEMU (TCG, one CPU, nice 15) and runs the runner on this machine's own kernel \
@@ -334,7 +334,26 @@ fn target_dir(root: &Path) -> PathBuf {
 fn cargo(root: &Path) -> Command {
     let mut cmd = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cmd.current_dir(root);
+    without_run_env(&mut cmd);
     cmd
+}
+
+/// Takes out what `cargo run` set for xtask itself (`CARGO_PKG_NAME=xtask`, ...). ring's build
+/// script reruns when CARGO_PKG_* or OUT_DIR differ from its last build, and ring's rebuild
+/// takes rustls, kube-client and the agent with it: a `cargo build` typed in a shell and one
+/// run by xtask (`cargo xtask run`, `test`, the image test's) rebuilt them for each other.
+fn without_run_env(cmd: &mut Command) {
+    for (key, _) in env::vars_os() {
+        let key = key.to_string_lossy();
+        if matches!(
+            &*key,
+            "OUT_DIR" | "CARGO_CRATE_NAME" | "CARGO_BIN_NAME" | "CARGO_PRIMARY_PACKAGE"
+        ) || key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_MANIFEST_")
+        {
+            cmd.env_remove(&*key);
+        }
+    }
 }
 
 /// `cmd` as it would be typed in a shell (for progress and error lines).

@@ -54,7 +54,14 @@ pub fn run_for(purpose: Purpose) -> Result<(), ()> {
         step("containerd service", containers::containerd_service)?;
     }
     step("rust nightly", toolchain::nightly)?;
-    step("rust-src", toolchain::rust_src)?;
+    step("rust-src", || {
+        toolchain::nightly_component("rust-src", "for -Z build-std=core")
+    })?;
+    if lab {
+        step("nightly clippy", || {
+            toolchain::nightly_component("clippy", "the eBPF crate's lints")
+        })?;
+    }
     step("bpf-linker", toolchain::bpf_linker)?;
     if lab {
         step("pip", packages::pip)?;

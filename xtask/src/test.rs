@@ -2,13 +2,14 @@
 
 use std::{
     ffi::OsString,
+    path::Path,
     process::{Command, ExitCode},
     time::{Duration, Instant},
 };
 
 use clap::Args;
 
-use crate::{cargo, exit_code, repo_root, secs, setup, show};
+use crate::{cargo, exit_code, repo_root, secs, setup, show, target_dir, without_run_env};
 
 #[derive(Args)]
 pub struct TestArgs {
@@ -40,6 +41,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
     clippy
         .args(["clippy", "--workspace", "--all-targets"])
         .args(["--exclude", "drainwatch-ebpf", "--", "-D", "warnings"]);
+    let mut clippy_ebpf = clippy_ebpf(&root);
     let mut build = cargo(&root);
     build.args(["build", "--release", "-p", "drainwatch"]);
     let mut unit = cargo(&root);
@@ -75,6 +77,7 @@ pub fn run(args: &TestArgs) -> ExitCode {
     let mut results: Vec<(&str, Phase)> = vec![
         ("fmt", phase("fmt", &mut fmt)),
         ("clippy", phase("clippy", &mut clippy)),
+        ("clippy-ebpf", phase("clippy-ebpf", &mut clippy_ebpf)),
         ("build", phase("build", &mut build)),
     ];
     let build_ok = results.iter().all(|(_, r)| matches!(r, Phase::Passed(_)));
@@ -106,6 +109,37 @@ pub fn run(args: &TestArgs) -> ExitCode {
         }
     }
     code.unwrap_or(ExitCode::SUCCESS)
+}
+
+/// Clippy on the eBPF crate as agent/build.rs builds it: the nightly, the BPF target, core built
+/// from source, the same flags and target dir (`target/bpf/<arch>`: its dependencies are
+/// checked once, and the build's are left alone).
+fn clippy_ebpf(root: &Path) -> Command {
+    let arch = std::env::consts::ARCH;
+    let arch = if arch.starts_with("riscv64") {
+        "riscv64"
+    } else {
+        arch
+    };
+    let mut cmd = Command::new("rustup");
+    without_run_env(&mut cmd);
+    cmd.current_dir(root)
+        .args(["run", "nightly", "cargo", "clippy", "--release"])
+        .args(["-p", "drainwatch-ebpf", "--target", "bpfel-unknown-none"])
+        .args(["-Z", "build-std=core", "--target-dir"])
+        .arg(target_dir(root).join("bpf").join(arch))
+        .args(["--", "-D", "warnings"])
+        // As agent/build.rs's nested build (HOST would rerun aya-ebpf's build scripts).
+        .env_remove("HOST")
+        .env_remove("TARGET")
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env(
+            "RUSTFLAGS",
+            format!("--cfg=bpf_target_arch=\"{arch}\" -Cdebuginfo=2 -Clink-arg=--btf"),
+        );
+    cmd
 }
 
 pub fn phase(name: &str, cmd: &mut Command) -> Phase {

@@ -122,19 +122,21 @@ pub(super) fn nightly() -> Result<String> {
     ))
 }
 
-pub(super) fn rust_src() -> Result<String> {
+/// A component of the nightly: rust-src (for `-Z build-std=core`) or clippy (the eBPF crate's
+/// lint run in `cargo xtask test`; the pinned nightly is installed with the minimal profile).
+pub(super) fn nightly_component(component: &str, what_for: &str) -> Result<String> {
     let installed =
         capture(rustup().args(["component", "list", "--toolchain", "nightly", "--installed"]))
             .context("`rustup component list --toolchain nightly --installed` failed")?;
-    if installed.lines().any(|l| l.trim().starts_with("rust-src")) {
+    if installed.lines().any(|l| l.trim().starts_with(component)) {
         return Ok("present on nightly".into());
     }
     say(
-        "rust-src",
-        "adding rust-src to nightly (for -Z build-std=core)",
+        component,
+        &format!("adding {component} to nightly ({what_for})"),
     );
-    run_cmd(rustup().args(["component", "add", "rust-src", "--toolchain", "nightly"]))
-        .context("rustup could not add rust-src to the nightly toolchain")?;
+    run_cmd(rustup().args(["component", "add", component, "--toolchain", "nightly"]))
+        .with_context(|| format!("rustup could not add {component} to the nightly toolchain"))?;
     Ok("added to nightly".into())
 }
 
