@@ -30,6 +30,7 @@ Modes
                   (work longer than the grace period gets the container SIGKILLed: exit 137)
   crash           no handler; exits by itself with code 1 (no signal) --crash-after seconds
                   after start, or at the CLOCK_MONOTONIC nanosecond written to --crash-at-file
+                  (--crash-code 0: its work done, a normal exit)
   stream          server-sent events: GET /events answers 200 text/event-stream and sends
                   "data: N" every --event-ms ms; at its lifetime after it opened, a final
                   "event: rotate" and the server closes the stream (a write timeout, a token's
@@ -376,7 +377,7 @@ class Server:
         if left > 0:
             time.sleep(left / 1e9)
         self.events.line("crash", now_ns())
-        self.exit(1)
+        self.exit(self.args.crash_code)
 
 
 def main():
@@ -389,6 +390,7 @@ def main():
     ap.add_argument("--drain-delay", type=float, default=None)
     ap.add_argument("--crash-after", type=float, default=None)
     ap.add_argument("--crash-at-file", default=None)
+    ap.add_argument("--crash-code", type=int, default=1)
     ap.add_argument("--backlog", type=int, default=256)
     ap.add_argument("--workers", type=int, default=10, help="gate: concurrent authorisations")
     ap.add_argument("--auth-ms", type=float, default=20.0, help="gate: work per connect")

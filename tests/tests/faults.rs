@@ -273,6 +273,45 @@ fn a_stop_signal_sent_while_the_agent_was_down_makes_an_incomplete_record_never_
     );
 }
 
+/// The false positive of the test above: a container whose work is done exits 0 by itself, no
+/// signal sent, the agent up all along (no state directory, no gap). A normal exit: complete,
+/// no gap, never a crash. Ground truth: podman's exit code and the backend's own log.
+#[test]
+fn a_container_that_exits_0_on_its_own_is_a_normal_exit_never_a_crash() {
+    let agent = Agent::start(&["--stop-settle-seconds", "2"]);
+    let opts = BackendOpts {
+        crash_after: Some(Duration::from_secs(3)),
+        crash_code: Some(0),
+        ..BackendOpts::default()
+    };
+    let s1 = Backend::start("done", Mode::Crash, opts);
+    assert_eq!(s1.exit_code(), 0, "podman: it exited 0");
+    let events = s1.events();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == "exit" && e.detail.trim() == "0")
+            && !events.iter().any(|e| e.kind == "sigterm"),
+        "its own log: exit 0, no SIGTERM: {events:?}"
+    );
+    stop_record(&agent, &s1.id);
+    wait_for("its stop settles", Duration::from_secs(20), || {
+        drainwatch_tests::agent::current_stop(&agent, &s1.id).is_some_and(|s| s["settled"] == true)
+    });
+    let stop = drainwatch_tests::agent::current_stop(&agent, &s1.id).expect("its record");
+    println!("drainwatch: {stop:#}");
+    assert_eq!(stop["outcome"], "exited", "{stop:#}");
+    assert_eq!(stop["exit_code"], 0, "{stop:#}");
+    assert!(stop["sigterm_at"].is_null() && stop["sigkill_at"].is_null());
+    assert_eq!(stop["complete"], true, "{stop:#}");
+    assert!(stop["agent_gap"].is_null(), "{stop:#}");
+    let verdict = stop["verdict"].as_str().unwrap_or_default();
+    assert!(
+        verdict.contains("a normal exit") && !verdict.contains("crash,"),
+        "{verdict}"
+    );
+}
+
 #[test]
 fn a_stop_whose_exit_event_was_lost_settles_incomplete() {
     // The test hook drops every exit event in the reader, counted as lost in the ring buffer.

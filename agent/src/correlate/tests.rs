@@ -518,6 +518,7 @@ fn unreachable_counts_only_after_the_container_is_gone_and_stops_settle() {
         ms(10),
         O::Unreachable {
             key: key(),
+            at: ms(10),
             upstream: None,
         },
     ); // still there: not unreachable
@@ -533,6 +534,7 @@ fn unreachable_counts_only_after_the_container_is_gone_and_stops_settle() {
         ms(2000),
         O::Unreachable {
             key: key(),
+            at: ms(2000),
             upstream: None,
         },
     );
@@ -540,6 +542,7 @@ fn unreachable_counts_only_after_the_container_is_gone_and_stops_settle() {
         ms(4000),
         O::Unreachable {
             key: key(),
+            at: ms(4000),
             upstream: None,
         },
     );
@@ -554,6 +557,7 @@ fn unreachable_counts_only_after_the_container_is_gone_and_stops_settle() {
         ms(20_000),
         O::Unreachable {
             key: key(),
+            at: ms(20_000),
             upstream: None,
         },
     );
@@ -806,6 +810,44 @@ fn stops_of_one_workload_within_ten_minutes_are_one_deploy() {
         .collect();
     assert_eq!(summary, [("web", 1, 1), ("api", 1, 1), ("web", 3, 0)]);
     assert_eq!(d[2].outcomes.get(&Outcome::Drained), Some(&3));
+}
+
+#[test]
+fn an_unreachable_attempt_moves_the_routing_lag_to_its_syn_not_to_the_give_up() {
+    let mut t = running(0);
+    t.observe(
+        ms(0),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+            ignored: None,
+        },
+    );
+    t.observe(
+        ms(500),
+        O::Exit {
+            key: key(),
+            exit: killed_by(SIGTERM),
+        },
+    );
+    // The client's last SYN at 1.2 s, to the vanished address; it gave up 2 s later.
+    t.observe(
+        ms(3200),
+        O::Unreachable {
+            key: key(),
+            at: ms(1200),
+            upstream: None,
+        },
+    );
+    let s = only_stop(&t);
+    assert_eq!(s.loss.unreachable, 1);
+    assert_eq!(s.last_routed_at, Some(ms(1200)));
+    assert_eq!(s.routing_lag_seconds(), Some(1.2));
+    assert_eq!(
+        s.events.iter().map(|e| (e.at, e.kind)).collect::<Vec<_>>(),
+        [(ms(1200), LossKind::Unreachable)]
+    );
 }
 
 #[test]
@@ -2056,6 +2098,7 @@ fn a_pods_sandbox_is_a_line_on_its_apps_stop_never_a_stop() {
         ms(400),
         O::Unreachable {
             key: app.clone(),
+            at: ms(400),
             upstream: None,
         },
     );

@@ -492,6 +492,168 @@ fn a_refusal_seen_from_the_attempts_side_names_a_proxys_socket_only() {
     assert!(e.flush(u64::MAX / 2).is_empty(), "each counted once");
 }
 
+/// `ev` as if it happened at `ts` (kernel monotonic ns).
+fn stamped(mut ev: Event, ts: u64) -> Event {
+    match &mut ev {
+        Event::StateChange(c) => c.meta.ts_ns = ts,
+        Event::ResetSent(r) => r.meta.ts_ns = ts,
+        Event::ResetReceived(r) => r.meta.ts_ns = ts,
+        _ => {}
+    }
+    ev
+}
+
+#[test]
+fn failed_attempts_are_dated_at_their_syn_not_when_the_client_gave_up() {
+    const S: u64 = 1_000_000_000;
+    let mut e = enricher();
+    e.scan();
+    let step = |sk, old, new, local: &str, remote: &str, ts| {
+        stamped(
+            state(
+                sk,
+                HOST_NS,
+                old,
+                new,
+                conn(local, remote),
+                TcpCounters::default(),
+            ),
+            ts,
+        )
+    };
+    // SYN at 10 s to the vanished address; the client gave up 2 s later (its connect timeout).
+    e.on_event(&step(
+        0xc1,
+        "TCP_CLOSE",
+        "TCP_SYN_SENT",
+        "10.88.0.1:0",
+        "10.88.0.5:8080",
+        10 * S,
+    ));
+    let obs = e.on_event(&step(
+        0xc1,
+        "TCP_SYN_SENT",
+        "TCP_CLOSE",
+        "10.88.0.1:40001",
+        "10.88.0.5:8080",
+        12 * S,
+    ));
+    assert!(
+        matches!(obs.as_slice(), [O::Unreachable { key, at, .. }] if key.as_str() == ID && *at == 10 * S),
+        "{obs:#?}"
+    );
+    // Its SYN unseen: dated when it failed, as before.
+    let obs = e.on_event(&step(
+        0xc2,
+        "TCP_SYN_SENT",
+        "TCP_CLOSE",
+        "10.88.0.1:40002",
+        "10.88.0.5:8080",
+        13 * S,
+    ));
+    assert!(matches!(obs.as_slice(), [O::Unreachable { at, .. }] if *at == 13 * S));
+    // A connect that succeeds leaves nothing behind; nor does one to an address that is no
+    // container's (loopback: its later steps may never come).
+    e.on_event(&step(
+        0xc3,
+        "TCP_CLOSE",
+        "TCP_SYN_SENT",
+        "10.88.0.1:0",
+        "10.88.0.5:8080",
+        14 * S,
+    ));
+    e.on_event(&step(
+        0xc3,
+        "TCP_SYN_SENT",
+        "TCP_ESTABLISHED",
+        "10.88.0.1:40003",
+        "10.88.0.5:8080",
+        14 * S + 1,
+    ));
+    e.on_event(&step(
+        0xc4,
+        "TCP_CLOSE",
+        "TCP_SYN_SENT",
+        "127.0.0.1:0",
+        "127.0.0.1:8080",
+        15 * S,
+    ));
+    let connecting = |e: &crate::enrich::Enricher<_>| {
+        e.state()
+            .into_iter()
+            .find(|s| s.map == crate::model::state::StateMap::Connecting)
+            .map(|s| (s.entries, s.dropped))
+    };
+    assert_eq!(connecting(&e), Some((0, 0)));
+    // An entry whose socket's next step was lost is not believed minutes later.
+    e.on_event(&step(
+        0xc5,
+        "TCP_CLOSE",
+        "TCP_SYN_SENT",
+        "10.88.0.1:0",
+        "10.88.0.5:8080",
+        20 * S,
+    ));
+    let obs = e.on_event(&step(
+        0xc5,
+        "TCP_SYN_SENT",
+        "TCP_CLOSE",
+        "10.88.0.1:40005",
+        "10.88.0.5:8080",
+        400 * S,
+    ));
+    assert!(matches!(obs.as_slice(), [O::Unreachable { at, .. }] if *at == 400 * S));
+
+    // A refused attempt whose first SYN went unanswered: the RST answered its retransmission
+    // 1 s later; the attempt is dated at its SYN.
+    let closed = state(
+        0xf1,
+        NS,
+        "TCP_LISTEN",
+        "TCP_CLOSE",
+        conn("0.0.0.0:8080", "0.0.0.0:0"),
+        TcpCounters::default(),
+    );
+    e.on_event(&stamped(closed, 30 * S));
+    e.on_event(&step(
+        0xd1,
+        "TCP_CLOSE",
+        "TCP_SYN_SENT",
+        "0.0.0.0:0",
+        "10.88.0.5:8080",
+        31 * S,
+    ));
+    let sent = Event::ResetSent(ResetSent {
+        meta: meta(0, NS, 0),
+        skaddr: 0,
+        conn: conn("10.88.0.5:8080", "10.88.0.1:41234"),
+        state: None,
+        reason: named("NO_SOCKET"),
+        answers_syn: Some(true),
+    });
+    e.on_event(&stamped(sent, 32 * S));
+    let received = Event::ResetReceived(crate::capture::event::ResetReceived {
+        meta: meta(0, HOST_NS, 0),
+        skaddr: 0xd1,
+        sock_cookie: 0,
+        conn: conn("10.88.0.1:41234", "10.88.0.5:8080"),
+        state: tcp("TCP_SYN_SENT"),
+    });
+    e.on_event(&stamped(received, 32 * S + 1));
+    let obs = e.on_event(&step(
+        0xd1,
+        "TCP_SYN_SENT",
+        "TCP_CLOSE",
+        "10.88.0.1:41234",
+        "10.88.0.5:8080",
+        32 * S + 2,
+    ));
+    assert!(
+        matches!(obs.as_slice(), [O::Refused { at, .. }] if *at == 31 * S),
+        "{obs:#?}"
+    );
+}
+
 #[test]
 fn inbound_connections_close_by_container_or_by_peer() {
     let mut e = enricher();

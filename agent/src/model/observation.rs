@@ -144,9 +144,11 @@ pub enum Observation {
         reason: String,
         on_connection: bool,
     },
-    /// A SYN to a listening address it had closed was answered with RST, at `at`. `upstream`:
-    /// the connecting socket, when the attempt was seen from its side too (a process on this
-    /// node). `peer`: the attempt's source address (a client coming back).
+    /// A SYN to a listening address it had closed was answered with RST. `upstream`: the
+    /// connecting socket, when the attempt was seen from its side too (a process on this
+    /// node). `at`: the attempt's SYN when its socket was seen (CLOSE → SYN_SENT), else the
+    /// RST (microseconds after the SYN it answers, later only after SYN retransmits).
+    /// `peer`: the attempt's source address (a client coming back).
     Refused {
         key: ContainerKey,
         at: Mono,
@@ -166,9 +168,11 @@ pub enum Observation {
         peer: IpAddr,
     },
     /// A connection attempt from this node to an address it held, after it was gone;
-    /// `upstream` the attempt's socket.
+    /// `upstream` the attempt's socket. `at`: its SYN (the socket's CLOSE → SYN_SENT), not
+    /// when the client gave up on it (a connect timeout, or ARP's failure seconds later).
     Unreachable {
         key: ContainerKey,
+        at: Mono,
         upstream: Option<u64>,
     },
     CgroupRemoved {

@@ -18,6 +18,9 @@ pub enum StateMap {
     InboundSockets,
     /// Connect attempts answered with RST, until their socket closes.
     RefusedAttempts,
+    /// Connects to containers' addresses from their SYN to their next step (a failed one is
+    /// dated at its SYN; a drop only dates it when it failed instead).
+    Connecting,
     /// Processes known to be in no container, until they exit.
     NotContainers,
     /// Connections the exit closed, waiting for their client's return (a lost session).
@@ -25,7 +28,7 @@ pub enum StateMap {
 }
 
 impl StateMap {
-    pub const ALL: [StateMap; 9] = [
+    pub const ALL: [StateMap; 10] = [
         StateMap::Stops,
         StateMap::Starts,
         StateMap::Storms,
@@ -33,6 +36,7 @@ impl StateMap {
         StateMap::Upstreams,
         StateMap::InboundSockets,
         StateMap::RefusedAttempts,
+        StateMap::Connecting,
         StateMap::NotContainers,
         StateMap::SessionsWaiting,
     ];
@@ -46,6 +50,7 @@ impl StateMap {
             StateMap::Upstreams => "upstreams",
             StateMap::InboundSockets => "inbound_sockets",
             StateMap::RefusedAttempts => "refused_attempts",
+            StateMap::Connecting => "connecting",
             StateMap::NotContainers => "not_containers",
             StateMap::SessionsWaiting => "sessions_waiting",
         }

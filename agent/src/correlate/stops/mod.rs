@@ -506,7 +506,7 @@ impl Tracker {
                 }
             }
             Observation::RefusedAt { .. } => {}
-            Observation::Unreachable { upstream, .. } => {
+            Observation::Unreachable { at, upstream, .. } => {
                 let gone = self
                     .containers
                     .get(key)
@@ -519,7 +519,9 @@ impl Tracker {
                         LossKind::Unreachable,
                         LossKind::ProbeUnreachable,
                     );
-                    self.count(key, kind, None, now, None);
+                    // At its SYN: when routing sent it here (the routing lag), not when the
+                    // client gave up on it.
+                    self.count(key, kind, None, at, None);
                 }
             }
             Observation::CgroupRemoved { .. } => {

@@ -91,6 +91,8 @@ type Key = crate::model::observation::ContainerKey;
 const MAX_UPSTREAMS: usize = 65_536;
 const MAX_INBOUND: usize = 262_144;
 const MAX_REFUSED_ATTEMPTS: usize = 65_536;
+/// Connects to containers in flight (from their SYN to their next step).
+const MAX_CONNECTING: usize = 65_536;
 const MAX_NOT_CONTAINERS: usize = 65_536;
 /// Unseen containers remembered, so that each (and each of its hierarchies' removals) counts
 /// once.
@@ -102,6 +104,7 @@ struct Dropped {
     upstreams: u64,
     inbound: u64,
     refused_attempts: u64,
+    connecting: u64,
     not_containers: u64,
 }
 
@@ -228,6 +231,12 @@ impl<H: HostView> Enricher<H> {
                 self.sockets.refused_attempts.len(),
                 MAX_REFUSED_ATTEMPTS,
                 d.refused_attempts,
+            ),
+            stat(
+                StateMap::Connecting,
+                self.sockets.connecting.len(),
+                MAX_CONNECTING,
+                d.connecting,
             ),
             stat(
                 StateMap::NotContainers,

@@ -70,16 +70,19 @@ impl Refusals {
     }
 
     /// The attempt's side: the socket bound to `client` was answered with RST; `upstream`
-    /// when it was a followed proxy's or prober's.
+    /// when it was a followed proxy's or prober's, `syn_at` when its SYN was seen: the
+    /// attempt's time (the RST may answer a retransmitted SYN, seconds later).
     pub(super) fn attempt_refused(
         &mut self,
         client: SocketAddr,
         upstream: Option<u64>,
+        syn_at: Option<Mono>,
         out: &mut Vec<Observation>,
     ) {
         if let Some(i) = self.pending.iter().position(|p| p.client == client)
-            && let Some(p) = self.pending.remove(i)
+            && let Some(mut p) = self.pending.remove(i)
         {
+            p.at = syn_at.map_or(p.at, |syn| syn.min(p.at));
             out.push(observation(p, upstream));
         }
     }
@@ -159,7 +162,7 @@ mod tests {
         );
         assert!(out.is_empty());
         // The second attempt's socket saw its RST: joined, with the refusal's own time.
-        r.attempt_refused(addr(40_002), Some(0xa), &mut out);
+        r.attempt_refused(addr(40_002), Some(0xa), None, &mut out);
         assert_eq!(
             out,
             [Observation::Refused {
@@ -186,7 +189,7 @@ mod tests {
         );
         // An attempt whose refusal is gone or never was: nothing.
         out.clear();
-        r.attempt_refused(addr(40_001), Some(0xb), &mut out);
+        r.attempt_refused(addr(40_001), Some(0xb), None, &mut out);
         assert!(out.is_empty());
     }
 

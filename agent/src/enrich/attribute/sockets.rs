@@ -4,7 +4,7 @@
 
 use std::{collections::VecDeque, net::SocketAddr, sync::Arc};
 
-use super::{Enricher, Key, MAX_INBOUND};
+use super::{Enricher, Key, MAX_CONNECTING, MAX_INBOUND};
 use crate::model::state::make_room;
 use crate::{
     capture::{
@@ -18,6 +18,11 @@ use crate::{
 };
 
 use TcpState::{Close, CloseWait, Established, Listen, SynRecv, SynSent};
+
+/// The longest a connect attempt is believed to have been in flight: past the kernel's SYN
+/// retry time (127 s with the default `tcp_syn_retries` of 6), an entry is taken for one
+/// whose socket's next step was lost.
+const MAX_ATTEMPT: Mono = 300 * crate::model::SECOND;
 
 /// A TCP socket the enricher follows: an inbound connection to a container's listener, by the
 /// container it belongs to. One per open connection, so kept small (8 bytes; 16 with its map
@@ -52,6 +57,9 @@ pub(super) struct Sockets {
     pub(super) adopted: HashMap<u64, u64>,
     /// Connect attempts answered with RST: refused (counted from the RST), not unreachable.
     pub(super) refused_attempts: HashSet<u64>,
+    /// Connects to containers' addresses in flight: when each sent its SYN (CLOSE →
+    /// SYN_SENT), by kernel address, until its next step. A failed attempt is dated by it.
+    pub(super) connecting: HashMap<u64, Mono>,
     /// Connections closed recently, for a RST the kernel sends after the state change.
     pub(super) recent: HashMap<u64, Key>,
     pub(super) recent_order: VecDeque<u64>,
@@ -147,6 +155,7 @@ impl<H: HostView> Enricher<H> {
         let ns = s.meta.netns;
         let Some(conn) = s.conn else { return };
         self.jiffies.observe(s.meta.ts_ns, s.counters.now);
+        let syn_at = self.connect_step(s, conn);
         if self.on_upstream(s, conn, out) {
             return;
         }
@@ -200,13 +209,15 @@ impl<H: HostView> Enricher<H> {
                     .take()
                     .filter(|a| *a == s.skaddr);
                 if self.sockets.refused_attempts.remove(&s.skaddr) {
-                    self.refusals.attempt_refused(conn.local, upstream, out);
+                    self.refusals
+                        .attempt_refused(conn.local, upstream, syn_at, out);
                     return;
                 }
                 // The container that listened on the port it was sent to (a pod's containers
-                // share the address).
+                // share the address). Dated at its SYN, else (its SYN unseen) now.
                 if let Some(key) = self.backend_of(conn.remote) {
-                    out.push(Observation::Unreachable { key, upstream });
+                    let at = syn_at.unwrap_or(s.meta.ts_ns);
+                    out.push(Observation::Unreachable { key, at, upstream });
                 }
             }
             (Some(Established), Some(CloseWait)) => self.peer_done(s.skaddr, ns, conn),
@@ -247,6 +258,37 @@ impl<H: HostView> Enricher<H> {
                 });
             }
             _ => {}
+        }
+    }
+
+    /// Follows a connect to a container's address from its SYN: notes when it was sent
+    /// (CLOSE → SYN_SENT) and, at the socket's next step, returns that time once. Only
+    /// connects to containers' addresses are noted (every later step of those reaches the
+    /// agent; a loopback connect's may not: the kernel's lean filter drops them). An entry
+    /// whose next step was lost stays until its address connects again or the cap evicts it
+    /// (counted); one older than any SYN retry time is not believed.
+    fn connect_step(&mut self, s: &StateChange, conn: Endpoints) -> Option<Mono> {
+        match (s.old, s.new) {
+            (Some(Close), Some(SynSent)) => {
+                if self.by_ip.contains_key(&conn.remote.ip()) {
+                    make_room(
+                        &mut self.sockets.connecting,
+                        MAX_CONNECTING,
+                        &s.skaddr,
+                        &mut self.dropped.connecting,
+                    );
+                    self.sockets.connecting.insert(s.skaddr, s.meta.ts_ns);
+                } else {
+                    // A reused address's old entry is not this connect's.
+                    self.sockets.connecting.remove(&s.skaddr);
+                }
+                None
+            }
+            (Some(SynSent), _) => {
+                let at = self.sockets.connecting.remove(&s.skaddr)?;
+                (at <= s.meta.ts_ns && s.meta.ts_ns - at <= MAX_ATTEMPT).then_some(at)
+            }
+            _ => None,
         }
     }
 

@@ -109,6 +109,7 @@ impl Backend {
         let port = opts.port.to_string();
         let drain = opts.drain_delay.map(|d| d.as_secs_f64().to_string());
         let crash_after = opts.crash_after.map(|d| d.as_secs_f64().to_string());
+        let crash_code = opts.crash_code.map(|c| c.to_string());
         let labels: Vec<String> = opts
             .labels
             .iter()
@@ -179,6 +180,9 @@ impl Backend {
             args.extend(["--crash-at-file", "/lab/log/crash-at"]);
             if let Some(c) = &crash_after {
                 args.extend(["--crash-after", c]);
+            }
+            if let Some(c) = &crash_code {
+                args.extend(["--crash-code", c]);
             }
         }
         let id = podman(&args).unwrap_or_else(|e| panic!("starting backend {name}: {e}"));
@@ -352,7 +356,7 @@ impl Backend {
         }
     }
 
-    /// Arms a `Crash` backend to exit with code 1 at `at` (written to its crash-at file, which
+    /// Arms a `Crash` backend to exit (code 1, or its `crash_code`) at `at` (written to its crash-at file, which
     /// the server polls every 10 ms: arm it at least 50 ms ahead).
     pub fn crash_at(&self, at: Instant) {
         assert_eq!(self.mode, Mode::Crash, "crash_at needs a Crash backend");

@@ -107,6 +107,9 @@ pub struct BackendOpts {
     pub drain_delay: Option<Duration>,
     /// `--crash-after` for `Crash`: seconds after start. [`Backend::crash_at`] works regardless.
     pub crash_after: Option<Duration>,
+    /// `--crash-code` for `Crash`: the code it exits with (1 by default; 0 is a normal exit,
+    /// its work done).
+    pub crash_code: Option<i32>,
     /// Bound on waiting for the server to listen and answer /health.
     pub ready_timeout: Duration,
     /// Container labels (`--label k=v`), e.g. `com.docker.compose.service`, the workload name
@@ -179,6 +182,7 @@ impl Default for BackendOpts {
             host_network: false,
             drain_delay: None,
             crash_after: None,
+            crash_code: None,
             ready_timeout: Duration::from_secs(10),
             labels: Vec::new(),
             backlog: None,
