@@ -44,8 +44,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{- /* The rollout gates: one per kind of loss a stop can cost (agent/src/model/loss.rs), and
 SIGKILL (stops killed at the end of their grace period). `counter`: a per-container stop
-counter the agent creates at 0 when it finds the container; `proxy`: counted per proxy, whose
-series may appear already counted (see dashboards/alerts.yaml); `killed`: stops by outcome. */}}
+counter the agent creates at 0 when it finds the container; `proxy`: counted per proxy, a series
+that appears already counted at its first duplicate; `killed`: stops by outcome. */}}
 {{- define "drainwatch.gates" -}}
 - {name: requests-cut, metric: drainwatch_stop_inflight_cut_total, form: counter, what: "requests the stops cut"}
 - {name: streams-cut, metric: drainwatch_stop_streams_cut_total, form: counter, what: "live streams the stops cut"}
@@ -58,7 +58,10 @@ series may appear already counted (see dashboards/alerts.yaml); `killed`: stops 
 
 {{- /* A gate's query: the count within the window, rounded (increase() extrapolates to the
 window's edges; the counts are whole), 0 when there is no series (a query without a value is an
-error to Argo Rollouts and halts Flagger). */}}
+error to Argo Rollouts and halts Flagger). A proxy's series new in the window adds its first
+value, which increase() ignores (it has no sample before it); the range also keeps the series
+of containers the agent forgot within the window. Fails safe: with Prometheus's storage younger
+than the window, a proxy's duplicates from before it count too. */}}
 {{- define "drainwatch.gateQuery" -}}
 {{- $sel := printf "job=%q, namespace=%q, workload%s%s" .job .namespace .match .workload }}
 {{- $m := .gate.metric }}
@@ -67,13 +70,10 @@ round(sum(increase({{ $m }}{ {{- $sel -}} }[{{ .window }}]))) or vector(0)
 {{- else if eq .gate.form "killed" -}}
 round(sum(increase({{ $m }}{ {{- $sel -}} , outcome="killed_at_deadline"}[{{ .window }}]))) or vector(0)
 {{- else -}}
-round(sum(
-    (increase({{ $m }}{ {{- $sel -}} }[{{ .window }}]) and {{ $m }}{ {{- $sel -}} } offset {{ .window }})
-  or
-    (
-        ({{ $m }}{ {{- $sel -}} } unless {{ $m }}{ {{- $sel -}} } offset {{ .window }})
-      and on (instance) (drainwatch_build_info{job={{ .job | quote }}} offset {{ .window }})
-    )
-)) or vector(0)
+round(
+    (sum(increase({{ $m }}{ {{- $sel -}} }[{{ .window }}])) or vector(0))
+  +
+    (sum(min_over_time({{ $m }}{ {{- $sel -}} }[{{ .window }}]) unless {{ $m }}{ {{- $sel -}} } offset {{ .window }}) or vector(0))
+)
 {{- end }}
 {{- end }}

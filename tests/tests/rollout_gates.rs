@@ -1,0 +1,542 @@
+//! The rollout gates: the chart's Argo Rollouts AnalysisTemplate and Flagger MetricTemplates,
+//! and `drainwatch report --gate`.
+//!
+//! The templates are validated against the projects' own CRD schemas, vendored in
+//! tests/schemas/ (their source and commit in each file's `$comment`), strictly: an unknown
+//! field is an error, as the API server's strict field validation makes it. Their queries run
+//! on a real Prometheus: with no data each reads 0 (never "no value", which Argo counts as an
+//! error and Flagger as a halt); after real deploys scraped from the real agent (privileged)
+//! a drained stop passes every gate, and a stop that cut requests and refused connects, and one
+//! SIGKILLed at its deadline, fail the gates of what they cost with the counts the clients saw.
+//! `drainwatch report --gate` says the same from the agent's records, in one line and its exit
+//! code.
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use drainwatch::{export::gate::GateKind, model::LossKind};
+use drainwatch_tests::{
+    agent::{Agent, binary, stop_record},
+    lab::{Lab, Mode, ScenarioRun, ScenarioSpec, Trigger},
+    ops::{helm_render, helm_template, repo, tools_venv, yaml_docs},
+    prometheus::{Prometheus, unix_now},
+};
+use serde_json::{Value, json};
+
+fn gates_on() -> Value {
+    json!({"rolloutGates": {"argoRollouts": {"enabled": true}, "flagger": {"enabled": true}}})
+}
+
+fn rendered(values: &Value) -> Vec<Value> {
+    yaml_docs(&helm_template("drainwatch", "drainwatch", values))
+}
+
+fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+/// The errors of `doc` against a vendored CRD schema (tests/schemas/<file>), made strict:
+/// `additionalProperties: false` wherever the schema lists properties and does not preserve
+/// unknown fields. Also checks apiVersion and kind against the CRD's.
+fn crd_errors(file: &str, doc: &Value) -> Vec<String> {
+    let path = repo().join("tests/schemas").join(file);
+    let vendored: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let crd = &vendored["crd"];
+    let mut errors = Vec::new();
+    let api_version = format!(
+        "{}/{}",
+        crd["group"].as_str().unwrap(),
+        crd["version"].as_str().unwrap()
+    );
+    if doc["apiVersion"] != api_version.as_str() {
+        errors.push(format!(
+            "apiVersion {} is not {api_version}",
+            doc["apiVersion"]
+        ));
+    }
+    let script = r#"
+import json, sys, jsonschema
+def strict(s):
+    if isinstance(s, list):
+        return [strict(x) for x in s]
+    if not isinstance(s, dict):
+        return s
+    s = {k: strict(v) for k, v in s.items()}
+    if "properties" in s and "additionalProperties" not in s and not s.get("x-kubernetes-preserve-unknown-fields"):
+        s["additionalProperties"] = False
+    return s
+schema = strict(json.load(open(sys.argv[1]))["openAPIV3Schema"])
+doc = json.loads(sys.argv[2])
+v = jsonschema.Draft7Validator(schema)
+print(json.dumps(["/".join(map(str, e.absolute_path)) + ": " + e.message for e in v.iter_errors(doc)]))
+"#;
+    let out = Command::new(tools_venv().join("bin/python"))
+        .arg("-c")
+        .arg(script)
+        .arg(&path)
+        .arg(doc.to_string())
+        .output()
+        .expect("python of the deploy tools (jsonschema)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let found: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+    errors.extend(found);
+    errors
+}
+
+const ARGO: &str = "argo-rollouts-analysistemplate.json";
+const FLAGGER: &str = "flagger-metrictemplate.json";
+
+/// The `{{...}}` placeholders of a text.
+fn placeholders(text: &str) -> Vec<String> {
+    text.split("{{")
+        .skip(1)
+        .filter_map(|s| s.split_once("}}").map(|(p, _)| p.trim().to_string()))
+        .collect()
+}
+
+#[test]
+fn the_templates_validate_against_the_argo_rollouts_and_flagger_crds() {
+    // Off by default.
+    let defaults = rendered(&json!({}));
+    for kind in [
+        "AnalysisTemplate",
+        "ClusterAnalysisTemplate",
+        "MetricTemplate",
+    ] {
+        assert!(
+            of_kind(&defaults, kind).is_empty(),
+            "{kind} rendered by default"
+        );
+    }
+    let docs = rendered(&gates_on());
+    let argo = of_kind(&docs, "AnalysisTemplate");
+    assert_eq!(argo.len(), 1);
+    let at = argo[0];
+    assert_eq!(at["metadata"]["name"], "drainwatch-connection-loss");
+    assert_eq!(at["metadata"]["namespace"], "drainwatch");
+    let errors = crd_errors(ARGO, at);
+    assert!(
+        errors.is_empty(),
+        "AnalysisTemplate against Argo Rollouts' CRD: {errors:#?}"
+    );
+    let flagger = of_kind(&docs, "MetricTemplate");
+    assert_eq!(flagger.len(), GateKind::ALL.len());
+    for mt in &flagger {
+        let errors = crd_errors(FLAGGER, mt);
+        assert!(
+            errors.is_empty(),
+            "{} against Flagger's CRD: {errors:#?}",
+            mt["metadata"]["name"]
+        );
+    }
+    // The validation is strict and reads the types: each of these is refused.
+    let mut typo = at.clone();
+    let m = typo["spec"]["metrics"][0].as_object_mut().unwrap();
+    let c = m.remove("successCondition").unwrap();
+    m.insert("successCondtion".into(), c);
+    let mut list_count = at.clone();
+    list_count["spec"]["metrics"][0]["count"] = json!([1]);
+    let mut no_provider = at.clone();
+    no_provider["spec"]["metrics"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("provider");
+    let mut wrong_group = at.clone();
+    wrong_group["apiVersion"] = json!("argoproj.io/v1");
+    for (what, doc) in [
+        ("a misspelt field", typo),
+        ("count as a list", list_count),
+        ("a metric without provider", no_provider),
+        ("another API version", wrong_group),
+    ] {
+        assert!(!crd_errors(ARGO, &doc).is_empty(), "{what} passed");
+    }
+    let mut bad_type = flagger[0].clone();
+    bad_type["spec"]["provider"]["type"] = json!("prometheus2");
+    let mut no_query = flagger[0].clone();
+    no_query["spec"].as_object_mut().unwrap().remove("query");
+    for (what, doc) in [("an unknown provider", bad_type), ("no query", no_query)] {
+        assert!(!crd_errors(FLAGGER, &doc).is_empty(), "{what} passed");
+    }
+
+    // Argo: every placeholder is an arg it declares; only namespace and workload must be given.
+    let args: Vec<&str> = at["spec"]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    let required: Vec<&str> = at["spec"]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a.get("value").is_none())
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(required, ["namespace", "workload"]);
+    for p in placeholders(&at["spec"]["metrics"].to_string()) {
+        let name = p
+            .strip_prefix("args.")
+            .unwrap_or_else(|| panic!("{{{{{p}}}}} is no arg"));
+        assert!(
+            args.contains(&name),
+            "{{{{args.{name}}}}} is not declared: {args:?}"
+        );
+    }
+    // Flagger: only what its MetricTemplateModel offers.
+    for mt in &flagger {
+        for p in placeholders(mt["spec"]["query"].as_str().unwrap()) {
+            assert!(
+                ["namespace", "target", "interval"].contains(&p.as_str()),
+                "{{{{{p}}}}}"
+            );
+        }
+    }
+
+    // The gates are the command's, each a metric in both, and every kind of loss that costs a
+    // user's connection has one.
+    let names: Vec<&str> = at["spec"]["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, GateKind::ALL.map(GateKind::name));
+    for (name, mt) in names.iter().zip(&flagger) {
+        assert_eq!(mt["metadata"]["name"], format!("drainwatch-{name}"));
+        assert!(args.contains(&format!("max-{name}").as_str()));
+    }
+    let queries = at["spec"]["metrics"].to_string();
+    for k in LossKind::ALL.iter().filter(|k| k.info().lost) {
+        assert!(
+            queries.contains(&format!("{}_total{{", k.metric())),
+            "no gate on {k:?}"
+        );
+    }
+    for m in [
+        "drainwatch_retry_duplicates_total{",
+        "outcome=\\\"killed_at_deadline\\\"",
+    ] {
+        assert!(queries.contains(m), "{m}");
+    }
+
+    // A ClusterAnalysisTemplate for every namespace, and other places and settings.
+    let docs = rendered(&json!({"rolloutGates": {
+        "prometheusAddress": "http://prometheus.obs:9090", "window": "30m",
+        "argoRollouts": {"enabled": true, "clusterScope": true, "interval": "", "count": 0},
+        "flagger": {"enabled": true, "namespace": "flagger-system"}}}));
+    let cat = of_kind(&docs, "ClusterAnalysisTemplate");
+    assert_eq!(cat.len(), 1);
+    assert!(cat[0]["metadata"].get("namespace").is_none());
+    let m = &cat[0]["spec"]["metrics"][0];
+    assert!(
+        m.get("interval").is_none() && m.get("count").is_none(),
+        "one measurement: {m}"
+    );
+    assert_eq!(
+        m["provider"]["prometheus"]["address"],
+        "http://prometheus.obs:9090"
+    );
+    assert!(crd_errors(ARGO, cat[0]).is_empty());
+    for mt in of_kind(&docs, "MetricTemplate") {
+        assert_eq!(mt["metadata"]["namespace"], "flagger-system");
+    }
+    let window = cat[0]["spec"]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "window")
+        .unwrap();
+    assert_eq!(window["value"], "30m");
+    let docs = rendered(&json!({"rolloutGates": {"argoRollouts": {"enabled": true, "count": 10}}}));
+    assert_eq!(
+        of_kind(&docs, "AnalysisTemplate")[0]["spec"]["metrics"][0]["count"],
+        10
+    );
+    // The values schema refuses misspelt keys and wrong types.
+    for values in [
+        json!({"rolloutGates": {"argo": {"enabled": true}}}),
+        json!({"rolloutGates": {"window": "ten minutes"}}),
+        json!({"rolloutGates": {"flagger": {"enabled": "yes"}}}),
+        json!({"rolloutGates": {"argoRollouts": {"count": -1}}}),
+    ] {
+        let err = helm_render("drainwatch", "drainwatch", &values)
+            .err()
+            .unwrap_or_else(|| panic!("{values} passed the schema"));
+        assert!(err.contains("- at '"), "{err}");
+    }
+}
+
+/// A gate's query and how it passes.
+struct GateQuery {
+    tool: &'static str,
+    name: String,
+    query: String,
+    /// Argo's successCondition (`result[0] <= N`), its N; Flagger: the thresholdRange max the
+    /// templates document, 0.
+    max: f64,
+}
+
+/// Every gate of both tools, for `workload` (namespace "" outside Kubernetes), with `window`.
+fn gate_queries(namespace: &str, workload: &str, window: &str) -> Vec<GateQuery> {
+    let docs = rendered(&gates_on());
+    let at = of_kind(&docs, "AnalysisTemplate")[0];
+    let arg = |name: &str| -> String {
+        at["spec"]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["name"] == name)
+            .and_then(|a| a["value"].as_str())
+            .unwrap_or_else(|| panic!("arg {name} has a default"))
+            .to_string()
+    };
+    let mut out = Vec::new();
+    for m in at["spec"]["metrics"].as_array().unwrap() {
+        let name = m["name"].as_str().unwrap().to_string();
+        let cond = m["successCondition"].as_str().unwrap();
+        assert_eq!(cond, format!("result[0] <= {{{{args.max-{name}}}}}"));
+        let max: f64 = arg(&format!("max-{name}")).parse().unwrap();
+        assert_eq!(max, 0.0, "zero by default");
+        assert_eq!(m["failureLimit"], 0);
+        let query = m["provider"]["prometheus"]["query"]
+            .as_str()
+            .unwrap()
+            .replace("{{args.namespace}}", namespace)
+            .replace("{{args.workload}}", workload)
+            .replace("{{args.window}}", window);
+        out.push(GateQuery {
+            tool: "argo",
+            name,
+            query,
+            max,
+        });
+    }
+    for mt in of_kind(&docs, "MetricTemplate") {
+        let name = mt["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("drainwatch-")
+            .to_string();
+        let query = mt["spec"]["query"]
+            .as_str()
+            .unwrap()
+            .replace("{{ namespace }}", namespace)
+            .replace("{{ target }}", workload)
+            .replace("{{ interval }}", window);
+        out.push(GateQuery {
+            tool: "flagger",
+            name,
+            query,
+            max: 0.0,
+        });
+    }
+    out
+}
+
+/// A query's one value (the gates always return exactly one).
+fn one_value(prom: &Prometheus, q: &GateQuery) -> f64 {
+    let result = prom.query(&q.query, unix_now());
+    assert_eq!(
+        result.len(),
+        1,
+        "{} {}: one sample, got {result:?} for\n{}",
+        q.tool,
+        q.name,
+        q.query
+    );
+    result[0]["value"][1].as_str().unwrap().parse().unwrap()
+}
+
+#[test]
+fn every_gate_query_reads_zero_without_data() {
+    let prom = Prometheus::start(&[], &[]);
+    let queries = gate_queries("shop", "web", "10m");
+    assert_eq!(queries.len(), 2 * GateKind::ALL.len());
+    for q in &queries {
+        assert_eq!(one_value(&prom, q), 0.0, "{} {}", q.tool, q.name);
+    }
+}
+
+/// `drainwatch report --gate` against the agent: its exit code and its line.
+fn gate_command(agent: &Agent, workload: &str, extra: &[&str]) -> (i32, String) {
+    let out = Command::new(binary())
+        .args([
+            "report",
+            "--agent",
+            &format!("127.0.0.1:{}", agent.port),
+            "--gate",
+            workload,
+            "--since",
+            "10m",
+        ])
+        .args(extra)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        text.lines().count(),
+        1,
+        "one line: {text:?} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text.trim_end().to_string())
+}
+
+struct Deploy {
+    what: &'static str,
+    run: ScenarioRun,
+    stop: Value,
+}
+
+fn deploy(
+    agent: &Agent,
+    what: &'static str,
+    mode: Mode,
+    grace: u32,
+    tune: impl FnOnce(&mut ScenarioSpec),
+) -> Deploy {
+    let mut spec = ScenarioSpec::new(mode, Trigger::Stop { grace_secs: grace });
+    spec.remove_when_down = true;
+    tune(&mut spec);
+    let lab = Lab::setup(spec);
+    let run = lab.run();
+    print!("{}", run.report());
+    let stop = stop_record(agent, &lab.s1.id);
+    Deploy { what, run, stop }
+}
+
+#[test]
+fn real_deploys_pass_or_fail_the_gates_with_what_the_clients_counted() {
+    drainwatch_tests::require_root();
+    let started = Instant::now();
+    let agent = Agent::start(&[]);
+    let prom = Prometheus::start(&[("drainwatch", format!("127.0.0.1:{}", agent.port))], &[]);
+    let wait_for = |q: &str, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while prom.query(q, unix_now()).is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {q} stayed empty for 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
+    wait_for("up{job=\"drainwatch\"} == 1", "the first scrape");
+    let deploys = [
+        deploy(&agent, "drained", Mode::Drain, 10, |_| {}),
+        deploy(&agent, "no SIGTERM handler", Mode::NoHandler, 10, |_| {}),
+        deploy(&agent, "killed at its deadline", Mode::Slow, 7, |s| {
+            s.backend.drain_delay = Some(Duration::from_secs(5));
+            s.long_request_ms = Some(9000);
+        }),
+    ];
+    for d in &deploys {
+        let c = &d.stop["container"];
+        wait_for(
+            &format!(
+                "drainwatch_container_stops_total{{job=\"drainwatch\",container={},outcome={}}} == 1",
+                c["name"], d.stop["outcome"]
+            ),
+            "the settled stop, scraped",
+        );
+    }
+    // Two more scrapes: every count is in Prometheus.
+    std::thread::sleep(Duration::from_secs(2));
+
+    let mut figures = Vec::new();
+    for d in &deploys {
+        let c = &d.stop["container"];
+        let (ns, workload) = (
+            c["namespace"].as_str().unwrap(),
+            c["workload"].as_str().unwrap(),
+        );
+        // What the clients counted (requests cut, connects refused), and how the stop ended.
+        let killed = u64::from(d.stop["outcome"] == "killed_at_deadline");
+        let truth = |name: &str| -> u64 {
+            match name {
+                "requests-cut" => d.run.summary.count("cut") as u64,
+                "refused" => d.run.summary.count("refused") as u64,
+                "sigkills" => killed,
+                _ => 0,
+            }
+        };
+        let expected_outcome = match d.what {
+            "drained" => "drained",
+            "no SIGTERM handler" => "exit_at_once",
+            _ => "killed_at_deadline",
+        };
+        assert_eq!(
+            d.stop["outcome"], expected_outcome,
+            "{}: {:#}",
+            d.what, d.stop
+        );
+        for q in gate_queries(ns, workload, "10m") {
+            let v = one_value(&prom, &q);
+            assert_eq!(
+                v,
+                truth(&q.name) as f64,
+                "{} {} {} of {}:\n{}",
+                d.what,
+                q.tool,
+                q.name,
+                workload,
+                q.query
+            );
+            let passes = v <= q.max;
+            assert_eq!(
+                passes,
+                truth(&q.name) == 0,
+                "{} {} {}",
+                d.what,
+                q.tool,
+                q.name
+            );
+        }
+        let (code, line) = gate_command(&agent, workload, &[]);
+        println!("{}: {line} (exit {code})", d.what);
+        let lost: Vec<(&str, u64)> = GateKind::ALL
+            .map(GateKind::name)
+            .into_iter()
+            .map(|n| (n, truth(n)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        figures.push(format!("{}: {lost:?}", d.what));
+        if lost.is_empty() {
+            assert_eq!(code, 0, "{line}");
+            assert!(
+                line.starts_with(&format!("drainwatch gate PASS {workload}: 1 stop(s)")),
+                "{line}"
+            );
+        } else {
+            assert_eq!(code, 1, "{line}");
+            assert!(
+                line.starts_with(&format!("drainwatch gate FAIL {workload}: 1 stop(s)")),
+                "{line}"
+            );
+            for (name, n) in &lost {
+                assert!(line.contains(&format!("{name} {n} > 0")), "{line}");
+            }
+            // Allowing what it cost passes it.
+            let allow: Vec<String> = lost.iter().map(|(k, n)| format!("{k}={n}")).collect();
+            let mut args = Vec::new();
+            for a in &allow {
+                args.extend(["--allow", a.as_str()]);
+            }
+            let (code, line) = gate_command(&agent, workload, &args);
+            assert_eq!(code, 0, "{line}");
+        }
+    }
+    // The deploys were lossy where they should be: the failing gates were exercised.
+    assert!(deploys[1].run.summary.count("cut") > 0 && deploys[1].run.summary.count("refused") > 0);
+    println!(
+        "figures: {figures:#?}; {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+}
