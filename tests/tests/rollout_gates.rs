@@ -540,3 +540,102 @@ fn real_deploys_pass_or_fail_the_gates_with_what_the_clients_counted() {
         started.elapsed().as_secs_f64()
     );
 }
+
+/// `promtool test rules` on made-up series: each gate counts exactly what the workload's series
+/// counted within the window, whatever their shape.
+#[test]
+fn the_gate_queries_count_exactly_what_each_series_counted_in_the_window() {
+    let series = |metric: &str, labels: &str, values: &str| {
+        json!({"series": format!("{metric}{{job=\"drainwatch\",namespace=\"shop\",{labels}}}"),
+               "values": values})
+    };
+    let cut = "drainwatch_stop_inflight_cut_total";
+    let dup = "drainwatch_retry_duplicates_total";
+    let stops = "drainwatch_container_stops_total";
+    let input = [
+        // Created at 0 when its container was found, 4 at its stop, forgotten at 9m: 4.
+        series(
+            cut,
+            "workload=\"web\",container=\"web\",instance=\"n1\"",
+            "0x5 4x2 stale",
+        ),
+        // 2 before the window (its start: 2m), 5 in it: 3.
+        series(
+            cut,
+            "workload=\"web\",container=\"web\",instance=\"n2\"",
+            "2x4 5x10",
+        ),
+        // Its agent restarted at 7m (a reset): 1 → 7, then 0 → 2: 8.
+        series(
+            cut,
+            "workload=\"web\",container=\"web\",instance=\"n3\"",
+            "1x3 7x2 0 2x5",
+        ),
+        // Another workload; Flagger's target's primary (2, for Flagger only).
+        series(
+            cut,
+            "workload=\"cart\",container=\"cart\",instance=\"n1\"",
+            "0 9x10",
+        ),
+        series(
+            cut,
+            "workload=\"web-primary\",container=\"web\",instance=\"n4\"",
+            "0x5 2x6",
+        ),
+        // A proxy's series appears already counted at its first duplicate: 3; another: 6 - 2.
+        series(
+            dup,
+            "workload=\"web\",container=\"web\",proxy=\"nginx\",instance=\"n1\"",
+            "_x5 1 1 3 3 stale",
+        ),
+        series(
+            dup,
+            "workload=\"web\",container=\"web\",proxy=\"haproxy\",instance=\"n2\"",
+            "2x4 6x10",
+        ),
+        // One stop killed at its deadline; three drained.
+        series(
+            stops,
+            "workload=\"web\",container=\"web\",outcome=\"killed_at_deadline\",instance=\"n1\"",
+            "0x6 1x2 stale",
+        ),
+        series(
+            stops,
+            "workload=\"web\",container=\"web\",outcome=\"drained\",instance=\"n1\"",
+            "0x6 3x2 stale",
+        ),
+    ];
+    let expected = |tool: &str, gate: &str| -> u64 {
+        match (tool, gate) {
+            ("argo", "requests-cut") => 4 + 3 + 8,
+            ("flagger", "requests-cut") => 4 + 3 + 8 + 2,
+            (_, "retry-duplicates") => 3 + 4,
+            (_, "sigkills") => 1,
+            _ => 0,
+        }
+    };
+    let mut tests = Vec::new();
+    for q in gate_queries("shop", "web", "10m") {
+        // At 12m the window is 2m–12m; at 30m nothing is left in it.
+        for (at, value) in [("12m", expected(q.tool, &q.name)), ("30m", 0)] {
+            tests.push(json!({"expr": q.query, "eval_time": at,
+                "exp_samples": [{"labels": "{}", "value": value}]}));
+        }
+    }
+    let file = std::env::temp_dir().join(format!("drainwatch-gates-{}.yaml", std::process::id()));
+    let doc = json!({"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": input, "promql_expr_test": tests}]});
+    std::fs::write(&file, doc.to_string()).unwrap();
+    let out = Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool");
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
