@@ -1,41 +1,22 @@
-//! The rollout gates: the chart's Argo Rollouts AnalysisTemplate and Flagger MetricTemplates,
-//! and `drainwatch report --gate`.
+//! The rollout gates: the chart's Argo Rollouts AnalysisTemplate and Flagger MetricTemplates.
 //!
 //! The templates are validated against the projects' own CRD schemas, vendored in
 //! tests/schemas/ (their source and commit in each file's `$comment`), strictly: an unknown
 //! field is an error, as the API server's strict field validation makes it. Their queries run
 //! on a real Prometheus: with no data each reads 0 (never "no value", which Argo counts as an
-//! error and Flagger as a halt); after real deploys scraped from the real agent (privileged)
-//! a drained stop passes every gate, and a stop that cut requests and refused connects, and one
-//! SIGKILLed at its deadline, fail the gates of what they cost with the counts the clients saw.
-//! `drainwatch report --gate` says the same from the agent's records, in one line and its exit
-//! code.
+//! error and Flagger as a halt), and on made-up series (`promtool test rules`) each counts
+//! exactly what the workload's series counted within the window. Against real deploys scraped
+//! from the real agent, with `drainwatch report --gate`: tests/tests/prometheus_e2e.rs.
 
-use std::{
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::process::Command;
 
 use drainwatch::{export::gate::GateKind, model::LossKind};
 use drainwatch_tests::{
-    agent::{Agent, binary, stop_record},
-    lab::{Lab, Mode, ScenarioRun, ScenarioSpec, Trigger},
-    ops::{helm_render, helm_template, repo, tools_venv, yaml_docs},
-    prometheus::{Prometheus, unix_now},
+    gates::{gate_queries, gates_on, of_kind, one_value, rendered},
+    ops::{helm_render, repo, tools_venv},
+    prometheus::Prometheus,
 };
 use serde_json::{Value, json};
-
-fn gates_on() -> Value {
-    json!({"rolloutGates": {"argoRollouts": {"enabled": true}, "flagger": {"enabled": true}}})
-}
-
-fn rendered(values: &Value) -> Vec<Value> {
-    yaml_docs(&helm_template("drainwatch", "drainwatch", values))
-}
-
-fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    docs.iter().filter(|d| d["kind"] == kind).collect()
-}
 
 /// The errors of `doc` against a vendored CRD schema (tests/schemas/<file>), made strict:
 /// `additionalProperties: false` wherever the schema lists properties and does not preserve
@@ -273,87 +254,6 @@ fn the_templates_validate_against_the_argo_rollouts_and_flagger_crds() {
     }
 }
 
-/// A gate's query and how it passes.
-struct GateQuery {
-    tool: &'static str,
-    name: String,
-    query: String,
-    /// Argo's successCondition (`result[0] <= N`), its N; Flagger: the thresholdRange max the
-    /// templates document, 0.
-    max: f64,
-}
-
-/// Every gate of both tools, for `workload` (namespace "" outside Kubernetes), with `window`.
-fn gate_queries(namespace: &str, workload: &str, window: &str) -> Vec<GateQuery> {
-    let docs = rendered(&gates_on());
-    let at = of_kind(&docs, "AnalysisTemplate")[0];
-    let arg = |name: &str| -> String {
-        at["spec"]["args"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|a| a["name"] == name)
-            .and_then(|a| a["value"].as_str())
-            .unwrap_or_else(|| panic!("arg {name} has a default"))
-            .to_string()
-    };
-    let mut out = Vec::new();
-    for m in at["spec"]["metrics"].as_array().unwrap() {
-        let name = m["name"].as_str().unwrap().to_string();
-        let cond = m["successCondition"].as_str().unwrap();
-        assert_eq!(cond, format!("result[0] <= {{{{args.max-{name}}}}}"));
-        let max: f64 = arg(&format!("max-{name}")).parse().unwrap();
-        assert_eq!(max, 0.0, "zero by default");
-        assert_eq!(m["failureLimit"], 0);
-        let query = m["provider"]["prometheus"]["query"]
-            .as_str()
-            .unwrap()
-            .replace("{{args.namespace}}", namespace)
-            .replace("{{args.workload}}", workload)
-            .replace("{{args.window}}", window);
-        out.push(GateQuery {
-            tool: "argo",
-            name,
-            query,
-            max,
-        });
-    }
-    for mt in of_kind(&docs, "MetricTemplate") {
-        let name = mt["metadata"]["name"]
-            .as_str()
-            .unwrap()
-            .trim_start_matches("drainwatch-")
-            .to_string();
-        let query = mt["spec"]["query"]
-            .as_str()
-            .unwrap()
-            .replace("{{ namespace }}", namespace)
-            .replace("{{ target }}", workload)
-            .replace("{{ interval }}", window);
-        out.push(GateQuery {
-            tool: "flagger",
-            name,
-            query,
-            max: 0.0,
-        });
-    }
-    out
-}
-
-/// A query's one value (the gates always return exactly one).
-fn one_value(prom: &Prometheus, q: &GateQuery) -> f64 {
-    let result = prom.query(&q.query, unix_now());
-    assert_eq!(
-        result.len(),
-        1,
-        "{} {}: one sample, got {result:?} for\n{}",
-        q.tool,
-        q.name,
-        q.query
-    );
-    result[0]["value"][1].as_str().unwrap().parse().unwrap()
-}
-
 #[test]
 fn every_gate_query_reads_zero_without_data() {
     let prom = Prometheus::start(&[], &[]);
@@ -362,183 +262,6 @@ fn every_gate_query_reads_zero_without_data() {
     for q in &queries {
         assert_eq!(one_value(&prom, q), 0.0, "{} {}", q.tool, q.name);
     }
-}
-
-/// `drainwatch report --gate` against the agent: its exit code and its line.
-fn gate_command(agent: &Agent, workload: &str, extra: &[&str]) -> (i32, String) {
-    let out = Command::new(binary())
-        .args([
-            "report",
-            "--agent",
-            &format!("127.0.0.1:{}", agent.port),
-            "--gate",
-            workload,
-            "--since",
-            "10m",
-        ])
-        .args(extra)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert_eq!(
-        text.lines().count(),
-        1,
-        "one line: {text:?} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text.trim_end().to_string())
-}
-
-struct Deploy {
-    what: &'static str,
-    run: ScenarioRun,
-    stop: Value,
-}
-
-fn deploy(
-    agent: &Agent,
-    what: &'static str,
-    mode: Mode,
-    grace: u32,
-    tune: impl FnOnce(&mut ScenarioSpec),
-) -> Deploy {
-    let mut spec = ScenarioSpec::new(mode, Trigger::Stop { grace_secs: grace });
-    spec.remove_when_down = true;
-    tune(&mut spec);
-    let lab = Lab::setup(spec);
-    let run = lab.run();
-    print!("{}", run.report());
-    let stop = stop_record(agent, &lab.s1.id);
-    Deploy { what, run, stop }
-}
-
-#[test]
-fn real_deploys_pass_or_fail_the_gates_with_what_the_clients_counted() {
-    drainwatch_tests::require_root();
-    let started = Instant::now();
-    let agent = Agent::start(&[]);
-    let prom = Prometheus::start(&[("drainwatch", format!("127.0.0.1:{}", agent.port))], &[]);
-    let wait_for = |q: &str, what: &str| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while prom.query(q, unix_now()).is_empty() {
-            assert!(
-                Instant::now() < deadline,
-                "{what}: {q} stayed empty for 60 s"
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
-    };
-    wait_for("up{job=\"drainwatch\"} == 1", "the first scrape");
-    let deploys = [
-        deploy(&agent, "drained", Mode::Drain, 10, |_| {}),
-        deploy(&agent, "no SIGTERM handler", Mode::NoHandler, 10, |_| {}),
-        deploy(&agent, "killed at its deadline", Mode::Slow, 7, |s| {
-            s.backend.drain_delay = Some(Duration::from_secs(5));
-            s.long_request_ms = Some(9000);
-        }),
-    ];
-    for d in &deploys {
-        let c = &d.stop["container"];
-        wait_for(
-            &format!(
-                "drainwatch_container_stops_total{{job=\"drainwatch\",container={},outcome={}}} == 1",
-                c["name"], d.stop["outcome"]
-            ),
-            "the settled stop, scraped",
-        );
-    }
-    // Two more scrapes: every count is in Prometheus.
-    std::thread::sleep(Duration::from_secs(2));
-
-    let mut figures = Vec::new();
-    for d in &deploys {
-        let c = &d.stop["container"];
-        let (ns, workload) = (
-            c["namespace"].as_str().unwrap(),
-            c["workload"].as_str().unwrap(),
-        );
-        // What the clients counted (requests cut, connects refused), and how the stop ended.
-        let killed = u64::from(d.stop["outcome"] == "killed_at_deadline");
-        let truth = |name: &str| -> u64 {
-            match name {
-                "requests-cut" => d.run.summary.count("cut") as u64,
-                "refused" => d.run.summary.count("refused") as u64,
-                "sigkills" => killed,
-                _ => 0,
-            }
-        };
-        let expected_outcome = match d.what {
-            "drained" => "drained",
-            "no SIGTERM handler" => "exit_at_once",
-            _ => "killed_at_deadline",
-        };
-        assert_eq!(
-            d.stop["outcome"], expected_outcome,
-            "{}: {:#}",
-            d.what, d.stop
-        );
-        for q in gate_queries(ns, workload, "10m") {
-            let v = one_value(&prom, &q);
-            assert_eq!(
-                v,
-                truth(&q.name) as f64,
-                "{} {} {} of {}:\n{}",
-                d.what,
-                q.tool,
-                q.name,
-                workload,
-                q.query
-            );
-            let passes = v <= q.max;
-            assert_eq!(
-                passes,
-                truth(&q.name) == 0,
-                "{} {} {}",
-                d.what,
-                q.tool,
-                q.name
-            );
-        }
-        let (code, line) = gate_command(&agent, workload, &[]);
-        println!("{}: {line} (exit {code})", d.what);
-        let lost: Vec<(&str, u64)> = GateKind::ALL
-            .map(GateKind::name)
-            .into_iter()
-            .map(|n| (n, truth(n)))
-            .filter(|(_, n)| *n > 0)
-            .collect();
-        figures.push(format!("{}: {lost:?}", d.what));
-        if lost.is_empty() {
-            assert_eq!(code, 0, "{line}");
-            assert!(
-                line.starts_with(&format!("drainwatch gate PASS {workload}: 1 stop(s)")),
-                "{line}"
-            );
-        } else {
-            assert_eq!(code, 1, "{line}");
-            assert!(
-                line.starts_with(&format!("drainwatch gate FAIL {workload}: 1 stop(s)")),
-                "{line}"
-            );
-            for (name, n) in &lost {
-                assert!(line.contains(&format!("{name} {n} > 0")), "{line}");
-            }
-            // Allowing what it cost passes it.
-            let allow: Vec<String> = lost.iter().map(|(k, n)| format!("{k}={n}")).collect();
-            let mut args = Vec::new();
-            for a in &allow {
-                args.extend(["--allow", a.as_str()]);
-            }
-            let (code, line) = gate_command(&agent, workload, &args);
-            assert_eq!(code, 0, "{line}");
-        }
-    }
-    // The deploys were lossy where they should be: the failing gates were exercised.
-    assert!(deploys[1].run.summary.count("cut") > 0 && deploys[1].run.summary.count("refused") > 0);
-    println!(
-        "figures: {figures:#?}; {:.0} s",
-        started.elapsed().as_secs_f64()
-    );
 }
 
 /// `promtool test rules` on made-up series: each gate counts exactly what the workload's series
