@@ -335,7 +335,7 @@ fn every_dashboard_query_returns_data_from_real_deploys_and_the_alerts_notice() 
     // deploy passes every gate, and each lossy one fails exactly the gates of what its clients
     // (or nginx's log) counted. Where the record's count differs from theirs (the agent's
     // accuracy, tested exactly in stops.rs and the accuracy campaigns), it is printed.
-    let cases: [(&str, &Value, Vec<(&str, u64)>); 5] = [
+    let cases = [
         ("drained", &drained, vec![]),
         (
             "no SIGTERM handler",
