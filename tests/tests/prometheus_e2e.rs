@@ -7,6 +7,9 @@
 //! annotations, with Grafana's variables filled in) runs against Prometheus's HTTP API and must
 //! return at least one finite value; the deploy loss it shows must equal the stop records; and
 //! the alert rules must have noticed the lost connections and the stop killed at its deadline.
+//! The rollout gates' queries (the chart's AnalysisTemplate and MetricTemplates) and
+//! `drainwatch report --gate` run on the same data: the drained stop passes, each lossy one fails
+//! exactly the gates of what its clients lost.
 //!
 //! Documented exception: `drainwatch_listen_overflows_total` (a full accept queue) needs
 //! connections dropped at a full queue, which no deploy here causes (the listen-overflow test
