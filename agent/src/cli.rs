@@ -277,6 +277,8 @@ pub enum Command {
         cluster: bool,
         #[command(flatten)]
         cluster_opts: ClusterOpts,
+        #[command(flatten)]
+        gate: GateOpts,
         /// Bearer token for an agent run with --auth kube (e.g. from `kubectl create token`).
         /// Prefer the variable: a flag shows in process listings.
         #[arg(long, env = "DRAINWATCH_TOKEN", hide_env_values = true)]
@@ -311,4 +313,23 @@ pub struct ClusterOpts {
     /// agents that check tokens: the API server does not pass the user's own on.
     #[arg(long, env = "DRAINWATCH_AGENT_TOKEN_FILE")]
     pub agent_token_file: Option<PathBuf>,
+}
+
+/// `report --gate`: a rollout gate for pipelines without Argo Rollouts or Flagger.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GateOpts {
+    /// Print one line, PASS or FAIL, for this workload (`<namespace>/<workload>`; outside
+    /// Kubernetes the bare workload) and exit 1 when its stops within --since cut requests,
+    /// streams or sessions, were refused or unreachable, made retry duplicates or ran into
+    /// SIGKILL (beyond --allow), or (with --cluster) an agent did not answer; 0 when they did
+    /// not, 2 when the agents could not be asked.
+    #[arg(long, value_name = "NAMESPACE/WORKLOAD")]
+    pub gate: Option<String>,
+    /// How far back the gate counts stops (e.g. 15m): at least as long as the rollout.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration, requires = "gate")]
+    pub since: std::time::Duration,
+    /// What a gate allows (`<gate>=<count>`, repeatable; 0 otherwise), a gate of
+    /// requests-cut, streams-cut, sessions-cut, refused, unreachable, retry-duplicates, sigkills.
+    #[arg(long, value_name = "GATE=COUNT", requires = "gate")]
+    pub allow: Vec<String>,
 }

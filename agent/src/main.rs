@@ -2,8 +2,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use drainwatch::{
-    cli::{Cli, ClusterOpts, Command, LogFormat},
-    export::{cluster, cluster_kube, report},
+    cli::{Cli, ClusterOpts, Command, GateOpts, LogFormat},
+    export::{cluster, cluster_kube, gate, report},
 };
 use tracing_subscriber::EnvFilter;
 
@@ -14,9 +14,20 @@ fn main() -> ExitCode {
         json,
         cluster,
         cluster_opts,
+        gate,
         token,
     }) = &cli.command
     {
+        if gate.gate.is_some() {
+            let from = cluster.then_some(cluster_opts);
+            return gate_report(
+                gate,
+                from,
+                agent,
+                token.as_deref(),
+                cli.deploy_window_seconds,
+            );
+        }
         if *cluster {
             return cluster_report(cluster_opts, cli.deploy_window_seconds, *json);
         }
@@ -65,17 +76,15 @@ fn main() -> ExitCode {
     }
 }
 
-/// `drainwatch report --cluster`: 0 when every agent answered, 1 when some did not (named in
-/// the output and on stderr), 2 when none could be asked.
-fn cluster_report(o: &ClusterOpts, window_seconds: u64, json: bool) -> ExitCode {
+/// Every agent's records through the API server, merged.
+fn ask_cluster(o: &ClusterOpts, window_seconds: u64) -> Result<cluster::ClusterReport, String> {
     let token = match &o.agent_token_file {
-        Some(path) => match std::fs::read_to_string(path) {
-            Ok(t) => Some(t.trim().to_string()),
-            Err(e) => {
-                eprintln!("drainwatch report: cannot read {}: {e}", path.display());
-                return ExitCode::from(2);
-            }
-        },
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+                .trim()
+                .to_string(),
+        ),
         None => None,
     };
     let target = cluster_kube::Target {
@@ -86,15 +95,61 @@ fn cluster_report(o: &ClusterOpts, window_seconds: u64, json: bool) -> ExitCode 
         agent_token: token,
         window: std::time::Duration::from_secs(window_seconds),
     };
-    let report = tokio::runtime::Builder::new_current_thread()
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())
         .and_then(|rt| {
             rt.block_on(cluster_kube::run(&target))
                 .map_err(|e| e.to_string())
-        });
-    let report = match report {
+        })
+}
+
+/// `drainwatch report --gate`: one line on stdout; 0 passed, 1 failed, 2 the agents could not
+/// be asked.
+fn gate_report(
+    o: &GateOpts,
+    cluster: Option<&ClusterOpts>,
+    agent: &str,
+    token: Option<&str>,
+    window_seconds: u64,
+) -> ExitCode {
+    let fail = |e: String| {
+        eprintln!("drainwatch report --gate: {e}");
+        ExitCode::from(2)
+    };
+    let g = match gate::Gate::parse(o.gate.as_deref().unwrap_or_default(), o.since, &o.allow) {
+        Ok(g) => g,
+        Err(e) => return fail(e.to_string()),
+    };
+    let (stops, unanswered) = match cluster {
+        Some(c) => match ask_cluster(c, window_seconds) {
+            Ok(r) => {
+                if let Some(line) = cluster::missing(&r) {
+                    eprintln!("drainwatch report --gate: {line}");
+                }
+                (r.stops, r.unanswered.len())
+            }
+            Err(e) => return fail(e),
+        },
+        None => match report::fetch(agent, "/api/v1/stops", token) {
+            Ok(stops) => (stops, 0),
+            Err(e) => return fail(e.to_string()),
+        },
+    };
+    let result = gate::evaluate(&g, &stops, unanswered, std::time::SystemTime::now());
+    println!("{}", result.line());
+    if result.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+/// `drainwatch report --cluster`: 0 when every agent answered, 1 when some did not (named in
+/// the output and on stderr), 2 when none could be asked.
+fn cluster_report(o: &ClusterOpts, window_seconds: u64, json: bool) -> ExitCode {
+    let report = match ask_cluster(o, window_seconds) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("drainwatch report --cluster: {e}");

@@ -6,6 +6,7 @@
 pub mod accuracy;
 pub mod agent;
 pub mod browser;
+pub mod gates;
 pub mod kube_api;
 pub mod matrix;
 pub mod ops;

@@ -149,6 +149,29 @@ fn the_binary_merges_two_nodes_and_names_the_third_that_did_not_answer() {
         "{text}"
     );
     assert!(text.contains("  nodes: node-a, node-b\n"), "{text}");
+
+    // The gate over every node: one line, the two nodes' stops (1 request cut each), and the
+    // third's missing stops fail it on their own.
+    for (since, stops, cut) in [
+        ("30d", 2, "requests-cut 2 > 0"),
+        ("1m", 0, "requests-cut 0,"),
+    ] {
+        let out = report(port, &["--gate", "shop/web", "--since", since]);
+        let line = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{line}");
+        assert_eq!(line.lines().count(), 1, "{line}");
+        assert!(
+            line.starts_with(&format!(
+                "drainwatch gate FAIL shop/web: {stops} stop(s) in the last "
+            )),
+            "{line}"
+        );
+        assert!(line.contains(cut), "{line}");
+        assert!(
+            line.ends_with("; 1 agent(s) did not answer: their nodes' stops are missing\n"),
+            "{line}"
+        );
+    }
 }
 
 #[test]

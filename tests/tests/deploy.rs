@@ -20,8 +20,14 @@ use serde_json::{Value, json};
 /// schemas for, and the chart's kubeVersion floor.
 const KUBE_VERSIONS: [&str; 2] = ["1.25", "1.37"];
 
-/// The custom resources kubernetes-validate has no schema for.
-const CUSTOM_KINDS: [&str; 2] = ["PodMonitor", "PrometheusRule"];
+/// The custom resources kubernetes-validate has no schema for (the rollout gates' are validated
+/// against their CRDs in tests/tests/rollout_gates.rs).
+const CUSTOM_KINDS: [&str; 4] = [
+    "PodMonitor",
+    "PrometheusRule",
+    "AnalysisTemplate",
+    "MetricTemplate",
+];
 
 /// Runs kubernetes-validate --strict on `file`; fails on any error, and on a warning about
 /// anything but the custom resources (printed as the documented exception). Returns how many
@@ -143,6 +149,9 @@ fn the_rendered_chart_validates_with_defaults_and_with_every_option() {
             "namespace": "monitoring"}], "allowedHosts": ["drainwatch.drainwatch.svc"]},
         "networkPolicy": {"namespaceSelector": {"matchLabels": {"team": "sre"}},
             "apiServerCIDRs": ["10.0.0.0/24", "fd00::/64"]},
+        "rolloutGates": {"prometheusAddress": "http://prometheus.monitoring:9090",
+            "window": "15m", "argoRollouts": {"enabled": true, "namespace": "shop"},
+            "flagger": {"enabled": true, "namespace": "shop"}},
     });
     let all_off = json!({"rbac": {"create": false}, "serviceAccount": {"create": false},
         "service": {"enabled": false}, "auth": {"enabled": false},
@@ -151,7 +160,8 @@ fn the_rendered_chart_validates_with_defaults_and_with_every_option() {
     for (what, values, kinds) in [
         ("defaults", json!({}), 9),
         ("Prometheus Operator objects on", all_on(), 14),
-        ("every option", every_option, 17),
+        // The gates: an AnalysisTemplate and 7 MetricTemplates.
+        ("every option", every_option, 25),
         ("auth without /metrics", auth_without_metrics, 9),
         ("everything optional off", all_off, 1),
     ] {

@@ -7,6 +7,9 @@
 //! annotations, with Grafana's variables filled in) runs against Prometheus's HTTP API and must
 //! return at least one finite value; the deploy loss it shows must equal the stop records; and
 //! the alert rules must have noticed the lost connections and the stop killed at its deadline.
+//! The rollout gates' queries (the chart's AnalysisTemplate and MetricTemplates) and
+//! `drainwatch report --gate` run on the same data: the drained stop passes, each lossy one fails
+//! exactly the gates of what its clients lost.
 //!
 //! Documented exception: `drainwatch_listen_overflows_total` (a full accept queue) needs
 //! connections dropped at a full queue, which no deploy here causes (the listen-overflow test
@@ -16,9 +19,10 @@ use std::time::{Duration, Instant};
 
 use drainwatch_tests::{
     agent::{Agent, stop_record},
+    gates::{gate_command, gate_queries, one_value, record_count},
     lab::{
         Lab, Method, Mode, Replace, RetryLab, RetrySpec, ScenarioSpec, SseLab, SseSpec, StormLab,
-        StormSpec, Trigger,
+        StormSpec, Summary, Trigger,
     },
     ops::repo,
     prometheus::{Prometheus, unix_now},
@@ -81,20 +85,20 @@ fn values(result: &[Value]) -> Vec<f64> {
         .collect()
 }
 
-/// One deploy-stop scenario of the HAProxy lab; its stop record.
+/// One deploy-stop scenario of the HAProxy lab; its stop record and what its clients counted.
 fn stop_scenario(
     agent: &Agent,
     mode: Mode,
     grace: u32,
     tune: impl FnOnce(&mut ScenarioSpec),
-) -> Value {
+) -> (Value, Summary) {
     let mut spec = ScenarioSpec::new(mode, Trigger::Stop { grace_secs: grace });
     spec.remove_when_down = true;
     tune(&mut spec);
     let lab = Lab::setup(spec);
     let run = lab.run();
     print!("{}", run.report());
-    stop_record(agent, &lab.s1.id)
+    (stop_record(agent, &lab.s1.id), run.summary)
 }
 
 fn container(stop: &Value) -> (String, String) {
@@ -129,9 +133,9 @@ fn every_dashboard_query_returns_data_from_real_deploys_and_the_alerts_notice() 
     };
     wait_for("up{job=\"drainwatch\"} == 1", "the first scrape");
 
-    let at_once = stop_scenario(&agent, Mode::NoHandler, 10, |_| {});
-    let drained = stop_scenario(&agent, Mode::Drain, 10, |_| {});
-    let killed = stop_scenario(&agent, Mode::Slow, 7, |s| {
+    let (at_once, at_once_clients) = stop_scenario(&agent, Mode::NoHandler, 10, |_| {});
+    let (drained, _) = stop_scenario(&agent, Mode::Drain, 10, |_| {});
+    let (killed, killed_clients) = stop_scenario(&agent, Mode::Slow, 7, |s| {
         s.backend.drain_delay = Some(Duration::from_secs(5));
         s.long_request_ms = Some(9000);
     });
@@ -328,4 +332,100 @@ fn every_dashboard_query_returns_data_from_real_deploys_and_the_alerts_notice() 
         !active("DrainwatchDeployLostConnections", "workload", &dw),
         "the drained workload lost nothing"
     );
+
+    // The rollout gates (README, "Gate a rollout") on the same data, both tools' queries and
+    // `drainwatch report --gate`: each query reads what the stop record counted; the drained
+    // deploy passes every gate, and each lossy one fails exactly the gates of what its clients
+    // (or nginx's log) counted. Where the record's count differs from theirs (the agent's
+    // accuracy, tested exactly in stops.rs and the accuracy campaigns), it is printed.
+    let cases = [
+        ("drained", &drained, vec![]),
+        (
+            "no SIGTERM handler",
+            &at_once,
+            vec![
+                ("requests-cut", at_once_clients.count("cut") as u64),
+                ("refused", at_once_clients.count("refused") as u64),
+            ],
+        ),
+        (
+            "killed at its deadline",
+            &killed,
+            vec![
+                ("requests-cut", killed_clients.count("cut") as u64),
+                ("sigkills", 1),
+            ],
+        ),
+        (
+            "nginx retried",
+            &retried,
+            vec![
+                ("requests-cut", retry_run.duplicates.len() as u64),
+                ("retry-duplicates", retry_run.duplicates.len() as u64),
+            ],
+        ),
+        (
+            "streams past the grace period",
+            &streamed,
+            vec![
+                ("streams-cut", sse_run.cut_on_old() as u64),
+                ("sigkills", 1),
+            ],
+        ),
+    ];
+    for (what, stop, truth) in cases {
+        let (workload, _) = container(stop);
+        let ns = stop["container"]["namespace"].as_str().unwrap();
+        let truth_of = |gate: &str| {
+            truth
+                .iter()
+                .find(|(g, _)| *g == gate)
+                .map_or(0, |(_, n)| *n)
+        };
+        for q in gate_queries(ns, &workload, "10m") {
+            let v = one_value(&prom, &q);
+            let record = record_count(stop, &q.name);
+            assert_eq!(
+                v, record as f64,
+                "{what}: {} gate {} of {workload} against the stop record:\n{}",
+                q.tool, q.name, q.query
+            );
+            let lost = truth_of(&q.name);
+            assert_eq!(
+                v <= q.max,
+                lost == 0,
+                "{what}: {} {} reads {v}, the clients lost {lost}",
+                q.tool,
+                q.name
+            );
+            if q.tool == "argo" && (lost > 0 || v > 0.0) {
+                let agree = if v == lost as f64 { "" } else { "  <- differs" };
+                println!("{what}: gate {} = {v}, the clients {lost}{agree}", q.name);
+            }
+        }
+        let failing: Vec<(&str, u64)> = drainwatch::export::gate::GateKind::ALL
+            .map(|k| k.name())
+            .into_iter()
+            .map(|g| (g, record_count(stop, g)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        let (code, line) = gate_command(&agent, &workload, &[]);
+        println!("{what}: {line} (exit {code})");
+        let verdict = if failing.is_empty() { "PASS" } else { "FAIL" };
+        assert!(
+            line.starts_with(&format!("drainwatch gate {verdict} {workload}: ")),
+            "{what}: {line}"
+        );
+        assert_eq!(code, i32::from(!failing.is_empty()), "{what}: {line}");
+        for (gate, n) in &failing {
+            assert!(line.contains(&format!("{gate} {n} > 0")), "{what}: {line}");
+        }
+        if !failing.is_empty() {
+            // Allowing what it cost passes it.
+            let allow: Vec<String> = failing.iter().map(|(g, n)| format!("{g}={n}")).collect();
+            let args: Vec<&str> = allow.iter().flat_map(|a| ["--allow", a.as_str()]).collect();
+            let (code, line) = gate_command(&agent, &workload, &args);
+            assert_eq!(code, 0, "{what}: {line}");
+        }
+    }
 }

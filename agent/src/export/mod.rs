@@ -12,6 +12,7 @@ pub mod events;
 #[cfg(test)]
 mod events_tests;
 pub mod format;
+pub mod gate;
 pub mod guard;
 pub mod http;
 #[cfg(test)]
