@@ -261,14 +261,4 @@ fn a_server_that_never_closes_keep_alive_connections_is_told_so_with_its_request
         late, never_seen as u64,
         "one RST from a closed socket per request sent after the kill"
     );
-    assert_eq!(
-        record["loss"]["sent_after_close"], never_seen as u64,
-        "requests sent on connections it had closed: the clients' that the server never saw"
-    );
-    assert!(
-        verdict.contains(&format!(
-            "{never_seen} requests reached keep-alive connections it had already closed"
-        )),
-        "{verdict}"
-    );
 }

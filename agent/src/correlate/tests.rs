@@ -1002,14 +1002,7 @@ fn every_rst_the_namespace_sends_in_the_stop_is_counted_time_wait_and_orphans_to
             ("TCP_TIMEWAIT_SOCKET", 2)
         ]
     );
-    // The three answering data at a closed socket: requests sent after their close.
-    assert_eq!(s.loss.sent_after_close, 3);
-    let kinds: Vec<LossKind> = s.events.iter().map(|e| e.kind).collect();
-    assert_eq!(
-        kinds,
-        [LossKind::SentAfterClose; 3],
-        "resets are counted, not drawn"
-    );
+    assert!(s.events.is_empty(), "resets are counted, not drawn");
 }
 
 #[test]

@@ -26,10 +26,6 @@ use crate::model::{
     stop::{ListenerTimeline, Stop},
 };
 
-/// The kernel's reasons (6.10+) for a RST answering data that reached a socket its process had
-/// closed: the time-wait socket's, and the orphaned one's still in FIN_WAIT.
-const SENT_AFTER_CLOSE: [&str; 2] = ["TCP_TIMEWAIT_SOCKET", "TCP_ABORT_ON_DATA"];
-
 #[derive(Debug, Clone)]
 pub struct Config {
     /// How long a gone container's state is kept for late events.
@@ -514,13 +510,7 @@ impl Tracker {
                 direction: ResetDirection::Sent,
                 reason,
                 ..
-            } => {
-                // Data at a socket it had closed: a request sent on a connection it closed.
-                if SENT_AFTER_CLOSE.contains(&reason.as_str()) {
-                    self.count(key, LossKind::SentAfterClose, None, now, None);
-                }
-                self.count(key, LossKind::ResetsSent, Some(reason), now, None);
-            }
+            } => self.count(key, LossKind::ResetsSent, Some(reason), now, None),
             Observation::Reset { .. } | Observation::Listener { .. } => {}
             Observation::Refused {
                 at, upstream, peer, ..
