@@ -28,6 +28,10 @@ Modes
   slow            SIGTERM: /health answers 503, keep serving --drain-delay seconds (default 0),
                   close the listener, then wait for in-flight work however long it takes
                   (work longer than the grace period gets the container SIGKILLed: exit 137)
+  keep-alive      SIGTERM: /health answers 503, close the listener, keep serving the open
+                  keep-alive connections and exit 0 only once every connection has ended, idle
+                  ones too (Node's server.close() without closeIdleConnections): with clients
+                  reusing their connections it never does and is SIGKILLed at the deadline
   crash           no handler; exits by itself with code 1 (no signal) --crash-after seconds
                   after start, or at the CLOCK_MONOTONIC nanosecond written to --crash-at-file
                   (--crash-code 0: its work done, a normal exit)
@@ -60,7 +64,17 @@ import threading
 import time
 from urllib.parse import parse_qs, urlsplit
 
-MODES = ("no-handler", "close-listener", "exit-zero", "drain", "slow", "crash", "gate", "stream")
+MODES = (
+    "no-handler",
+    "close-listener",
+    "exit-zero",
+    "drain",
+    "slow",
+    "keep-alive",
+    "crash",
+    "gate",
+    "stream",
+)
 
 
 def now_ns():
@@ -317,6 +331,13 @@ class Server:
                 self.cv.wait()
         self.events.line("drained", now_ns())
 
+    def wait_closed(self):
+        """Until no connection is left, busy or idle."""
+        with self.cv:
+            while self.busy > 0 or self.idle:
+                self.cv.wait()
+        self.events.line("drained", now_ns())
+
     def exit(self, code):
         self.events.line("exit", now_ns(), code)
         sys.stdout.flush()
@@ -340,6 +361,12 @@ class Server:
             if self.args.stream_drain == "at-once":
                 self.end_streams.set()
             self.wait_drained()
+            self.exit(0)
+        elif self.mode == "keep-alive":
+            self.ready = False
+            self.events.line("not-ready", now_ns())
+            self.close_listener()
+            self.wait_closed()
             self.exit(0)
         elif self.mode in ("drain", "slow"):
             self.ready = False
@@ -419,7 +446,7 @@ def main():
         # A slow start: connects before the listen are refused.
         time.sleep(args.listen_delay)
     srv = Server(args)
-    handled = args.mode in ("close-listener", "exit-zero", "drain", "slow", "stream")
+    handled = args.mode in ("close-listener", "exit-zero", "drain", "slow", "keep-alive", "stream")
     if handled:
 
         def on_term(signum, frame):

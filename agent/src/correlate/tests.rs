@@ -915,7 +915,7 @@ fn loss_events_keep_their_times_and_routing_lag_counts_refused_attempts() {
         },
     );
     // The namespace's own RSTs (a refused connect elsewhere, a socket nobody follows) are
-    // counted in the metrics only, not as the stop's loss.
+    // the stop's too: its count is the namespace's `TcpOutRsts`.
     t.observe(
         ms(3950),
         O::Reset {
@@ -944,7 +944,65 @@ fn loss_events_keep_their_times_and_routing_lag_counts_refused_attempts() {
     );
     assert_eq!(s.last_routed_at, Some(ms(3800)));
     assert_eq!(s.routing_lag_seconds(), Some(3.8));
-    assert_eq!(s.loss.resets_sent.values().sum::<u64>(), 1);
+    assert_eq!(s.loss.resets_sent.values().sum::<u64>(), 2);
+}
+
+#[test]
+fn every_rst_the_namespace_sends_in_the_stop_is_counted_time_wait_and_orphans_too() {
+    let mut t = running(0);
+    let rst = |direction, reason: &str, on_connection| O::Reset {
+        container: std::sync::Arc::new(identity("c1", "web")),
+        direction,
+        reason: reason.into(),
+        on_connection,
+    };
+    // Before the stop: the metrics' only.
+    t.observe(ms(10), rst(ResetDirection::Sent, "NO_SOCKET", false));
+    t.observe(
+        ms(100),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+            ignored: None,
+        },
+    );
+    // A keep-alive client reusing connections the server had closed: one answered by the
+    // time-wait socket, one by the orphaned socket still in FIN_WAIT2; an abort on a
+    // followed connection; a RST it received is no RST sent.
+    t.observe(
+        ms(200),
+        rst(ResetDirection::Sent, "TCP_TIMEWAIT_SOCKET", false),
+    );
+    t.observe(
+        ms(210),
+        rst(ResetDirection::Sent, "TCP_TIMEWAIT_SOCKET", false),
+    );
+    t.observe(
+        ms(220),
+        rst(ResetDirection::Sent, "TCP_ABORT_ON_DATA", false),
+    );
+    t.observe(
+        ms(230),
+        rst(ResetDirection::Sent, "TCP_ABORT_ON_CLOSE", true),
+    );
+    t.observe(ms(240), rst(ResetDirection::Received, "none", true));
+    let s = only_stop(&t);
+    let by_reason: Vec<(&str, u64)> = s
+        .loss
+        .resets_sent
+        .iter()
+        .map(|(r, n)| (r.as_str(), *n))
+        .collect();
+    assert_eq!(
+        by_reason,
+        [
+            ("TCP_ABORT_ON_CLOSE", 1),
+            ("TCP_ABORT_ON_DATA", 1),
+            ("TCP_TIMEWAIT_SOCKET", 2)
+        ]
+    );
+    assert!(s.events.is_empty(), "resets are counted, not drawn");
 }
 
 #[test]
@@ -2415,4 +2473,55 @@ fn a_client_refused_by_a_replacement_not_listening_yet_came_back_at_its_refusal(
     // later connection is no second client).
     let back: Vec<_> = t.take_returns().map(|(_, at)| at).collect();
     assert_eq!(back, [ms(400), ms(1_400)]);
+}
+
+#[test]
+fn a_cut_on_a_keep_alive_connection_carries_its_requests_age_not_the_connections() {
+    let mut t = running(0);
+    // Opened at 0 s, 40 requests answered since; SIGTERM at 2 s, SIGKILL at 10 s.
+    t.observe(ms(0), opened(5));
+    t.observe(
+        ms(2_000),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+            ignored: None,
+        },
+    );
+    t.observe(
+        ms(10_000),
+        O::Exit {
+            key: key(),
+            exit: killed_by(SIGKILL),
+        },
+    );
+    // Its last request came 150 ms before the kill, unanswered (nothing sent since).
+    let pending = crate::model::activity::Activity {
+        quiet_for: Some(150 * 1_000_000),
+        sending_for: Some(0),
+        segs_in: 41,
+        segs_out: 40,
+        reset: false,
+    };
+    t.observe(
+        ms(10_001),
+        O::InboundClosed {
+            peer: [10, 88, 0, 1].into(),
+            key: key(),
+            sock: 5,
+            by_container: true,
+            pending: true,
+            upstream: None,
+            request_bytes: 41 * 90,
+            port: 8080,
+            activity: pending,
+        },
+    );
+    let s = only_stop(&t);
+    assert_eq!(s.loss.inflight_cut, 1);
+    let e = s.events[0];
+    assert_eq!(e.kind, LossKind::InflightCut);
+    assert_eq!(e.open_for, Some(10_001 * 1_000_000), "the connection's age");
+    assert_eq!(e.request_for, Some(150 * 1_000_000), "the request's");
 }

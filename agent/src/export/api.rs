@@ -173,6 +173,7 @@ pub fn stop_view(s: &Stop, clock: &Clock) -> StopView {
                 at: clock.rfc3339(e.at),
                 kind: e.kind,
                 open_seconds: e.open_for.map(|d| round3(d as f64 / 1e9)),
+                request_seconds: e.request_for.map(|d| round3(d as f64 / 1e9)),
             })
             .collect(),
         loss_events_dropped: s.events_dropped,
@@ -354,6 +355,7 @@ mod tests {
                 at: 10 * SECOND + 2_500_000,
                 kind: LossKind::InflightCut,
                 open_for: Some(1_250_000_000),
+                request_for: Some(40_000_000),
             }],
             last_routed_at: Some(13 * SECOND + 800_000_000),
             ..Stop::new(
@@ -410,7 +412,7 @@ mod tests {
         assert_eq!(v["routing_lag_seconds"], 3.8);
         assert_eq!(
             v["loss_events"],
-            json!([{"at": "2023-11-14T22:13:30.002Z", "kind": "inflight_cut", "open_seconds": 1.25}])
+            json!([{"at": "2023-11-14T22:13:30.002Z", "kind": "inflight_cut", "open_seconds": 1.25, "request_seconds": 0.04}])
         );
         assert_eq!(v["grace_configured_seconds"], 30);
         assert_eq!(v["prestop"], Value::Null);

@@ -174,6 +174,10 @@ pub struct LossEventView {
     pub kind: LossKind,
     /// For a cut: how long the connection had been open.
     pub open_seconds: Option<f64>,
+    /// For an in-flight cut: how long its request had been in the server (since the
+    /// connection's last received data). Absent from older agents.
+    #[serde(default)]
+    pub request_seconds: Option<f64>,
 }
 
 /// The stops of one workload close together (`/api/v1/deploys` element).

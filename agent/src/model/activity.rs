@@ -47,6 +47,16 @@ impl Activity {
         self.quiet_for.is_some_and(|q| q <= ACTIVE_WINDOW)
     }
 
+    /// Since the peer's last data (the kernel's `lrcvtime`): on a connection with a request
+    /// pending, how long that request had been in the server. None when nothing was received
+    /// or the clock is unknown.
+    pub fn since_received(&self) -> Option<Mono> {
+        if self.segs_in == 0 {
+            return None;
+        }
+        Some(self.quiet_for? + self.sending_for?)
+    }
+
     /// The connection itself shows a stream: over [`STREAM_SENDING`] of sending since the
     /// peer last spoke, in many segments per segment received. A slow response (one or two
     /// segments after a long wait) is not one.
@@ -93,5 +103,20 @@ mod tests {
         // The limits are inclusive.
         assert!(at(1000, 1000, 1, 4).active() && at(1000, 1000, 1, 4).streaming());
         assert!(!at(1001, 999, 1, 4).active() && !at(0, 999, 1, 4).streaming());
+    }
+
+    #[test]
+    fn the_request_age_is_since_the_peers_last_data() {
+        // A request 30 ms ago, unanswered: quiet since it.
+        assert_eq!(at(30, 0, 5, 4).since_received(), Some(30 * MS));
+        // Answered in part 10 ms after it and quiet 20 ms since: 30 ms too.
+        assert_eq!(at(20, 10, 5, 5).since_received(), Some(30 * MS));
+        // Nothing received, or the clock unknown: no age.
+        assert_eq!(at(20, 0, 0, 1).since_received(), None);
+        let unknown = Activity {
+            quiet_for: None,
+            ..at(0, 0, 1, 1)
+        };
+        assert_eq!(unknown.since_received(), None);
     }
 }

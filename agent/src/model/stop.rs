@@ -90,6 +90,11 @@ pub struct LossEvent {
     /// For a cut: how long the connection had been open, when its handshake was seen. With one
     /// request per connection that is how long the request had been running.
     pub open_for: Option<Mono>,
+    /// For an in-flight cut: how long its request had been in the server, since the
+    /// connection's last received data (`lrcvtime`). On a keep-alive connection the request
+    /// is much younger than the connection.
+    #[serde(default)]
+    pub request_for: Option<Mono>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

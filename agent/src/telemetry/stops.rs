@@ -134,7 +134,7 @@ impl StopMetrics {
         );
         registry.register(
             "drainwatch_stop_resets_sent",
-            "RSTs a stopping container sent on its connections, by kernel reason",
+            "RSTs a stopping container's network namespace sent during its stop (its connections, time-wait and orphaned sockets, refusals), by kernel reason",
             m.resets_sent.clone(),
         );
         registry.register(

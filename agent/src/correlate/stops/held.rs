@@ -21,13 +21,19 @@ pub(super) fn record(
     reason: Option<String>,
     at: Mono,
     open_for: Option<Mono>,
+    request_for: Option<Mono>,
 ) -> Emitted {
     if kind.is_routed() {
         stop.last_routed_at = stop.last_routed_at.max(Some(at));
     }
     if kind.on_timeline() {
         if stop.events.len() < MAX_LOSS_EVENTS {
-            stop.events.push(LossEvent { at, kind, open_for });
+            stop.events.push(LossEvent {
+                at,
+                kind,
+                open_for,
+                request_for,
+            });
         } else {
             stop.events_dropped += 1;
         }
@@ -155,7 +161,7 @@ impl Tracker {
             && newer.is_none_or(|_| self.stop_mut(key).is_none_or(|s| s.started_at() > at))
             && let Some(stop) = self.records.get_mut(i)
         {
-            let e = record(stop, kind, None, at, None);
+            let e = record(stop, kind, None, at, None, None);
             self.emitted.push(e);
             return;
         }

@@ -195,10 +195,23 @@ impl Tracker {
         at: Mono,
         open_for: Option<Mono>,
     ) {
+        self.count_aged(key, kind, reason, at, open_for, None);
+    }
+
+    /// As `count`, with the age of the request a cut caught (see `LossEvent::request_for`).
+    fn count_aged(
+        &mut self,
+        key: &str,
+        kind: LossKind,
+        reason: Option<String>,
+        at: Mono,
+        open_for: Option<Mono>,
+        request_for: Option<Mono>,
+    ) {
         let Some(stop) = self.stop_mut(key).filter(|s| !s.settled) else {
             return;
         };
-        let e = held::record(stop, kind, reason, at, open_for);
+        let e = held::record(stop, kind, reason, at, open_for, request_for);
         self.emitted.push(e);
     }
 
@@ -481,17 +494,21 @@ impl Tracker {
                 } else if self.stop_mut(key).is_some() {
                     let probe = self.probes.classify(upstream, Some(request_bytes));
                     let kind = self.probe_or(key, probe, LossKind::InflightCut, LossKind::ProbeCut);
-                    self.count(key, kind, None, now, open_for);
+                    // The request's own age, never the (keep-alive) connection's.
+                    let request_for = activity.since_received();
+                    self.count_aged(key, kind, None, now, open_for, request_for);
                     if kind == LossKind::InflightCut {
                         // Its client's return is a first connection of the storm.
                         self.hold_session(key, peer, now, open_for, Some(kind));
                     }
                 }
             }
+            // Every RST its namespace sent during the stop, on a followed connection or not
+            // (time-wait and orphaned sockets, refusals, aborts): the record's count is the
+            // namespace's own `TcpOutRsts`, as the per-container metric is.
             Observation::Reset {
                 direction: ResetDirection::Sent,
                 reason,
-                on_connection: true,
                 ..
             } => self.count(key, LossKind::ResetsSent, Some(reason), now, None),
             Observation::Reset { .. } | Observation::Listener { .. } => {}

@@ -3,6 +3,7 @@
 //! deploy page, over the report API's views (what the report fetches and the page renders), so
 //! both always say the same thing.
 
+mod requests;
 mod sessions;
 mod start;
 mod storm;
@@ -49,18 +50,6 @@ pub struct Verdict {
     pub level: Level,
     /// What happened, then `: ` and the fix (when there is one).
     pub text: String,
-}
-
-/// The longest a cut connection had been open when it was cut (see `LossEvent::open_for`),
-/// of the cuts not made as a listener closed.
-fn slowest_cut(stop: &StopView) -> Option<f64> {
-    let closes = listener_closes(stop);
-    stop.loss_events
-        .iter()
-        .filter(|e| e.kind == LossKind::InflightCut)
-        .filter(|e| !at_a_close(&closes, &e.at))
-        .filter_map(|e| e.open_seconds)
-        .max_by(f64::total_cmp)
 }
 
 /// How soon after a listener's close a cut was made by it.
@@ -306,14 +295,11 @@ pub fn stop(stop: &StopView) -> Verdict {
                 }
                 parts.push(ignored_signal(why, &g, cut));
             } else if cut > closed_cut {
-                let seen = slowest_cut(stop).map_or_else(
-                    || "still running when killed".into(),
-                    |s| format!("{} s seen", secs(s)),
-                );
-                parts.push(format!(
-                    "{} outlived the {g} period: raise it above the slowest request ({seen})",
-                    count(cut - closed_cut, "request", "requests")
-                ));
+                // By each request's own age: young ones on kept-alive connections are no
+                // reason to raise the grace period.
+                let requests = requests::cut_requests(stop);
+                parts.extend(requests.outlived_finding(cut - closed_cut, &g));
+                parts.extend(requests.young_finding(&g));
             } else if streams == 0 {
                 if closed_cut == 0 {
                     level = Level::Warning;
@@ -633,6 +619,7 @@ mod tests {
             at: "2026-01-01T00:00:12.002Z".into(),
             kind: LossKind::InflightCut,
             open_seconds: Some(3.5),
+            request_seconds: None,
         });
         assert!(
             stop(&both).text.starts_with(
@@ -760,6 +747,72 @@ mod tests {
             ),
             "{}",
             stop(&s).text
+        );
+    }
+
+    #[test]
+    fn young_requests_on_kept_alive_connections_are_not_told_to_raise_the_grace_period() {
+        // SIGTERM at 0 s, SIGKILL at 8 s: three requests 20-150 ms old on connections open
+        // 9-11.1 s (the run: "raise it above the slowest request (11.1 s seen)").
+        let cut = |open: f64, request: Option<f64>| {
+            json!({"at": "2026-01-01T00:00:08.002Z", "kind": "inflight_cut",
+                   "open_seconds": open, "request_seconds": request})
+        };
+        let killed = |events: Vec<Value>| {
+            stop_with(
+                "killed_at_deadline",
+                json!({"inflight_cut": events.len()}),
+                json!({
+                    "exit_code": 137, "exit_signal": 9, "grace_seconds": 8.002,
+                    "sigterm_at": "2026-01-01T00:00:00Z",
+                    "sigkill_at": "2026-01-01T00:00:08.002Z",
+                    "loss_events": events,
+                }),
+            )
+        };
+        let young = vec![
+            cut(11.1, Some(0.15)),
+            cut(10.4, Some(0.02)),
+            cut(9.0, Some(0.09)),
+        ];
+        let v = stop(&killed(young.clone()));
+        assert_eq!(v.level, Level::Bad);
+        assert!(
+            v.text.starts_with(
+                "3 requests cut at SIGKILL had arrived after SIGTERM on keep-alive connections opened before it (the oldest 150 ms old, on connections open up to 11.1 s): the server never closed its keep-alive connections"
+            ),
+            "{}",
+            v.text
+        );
+        assert!(v.text.contains("answer `Connection: close`"), "{}", v.text);
+        assert!(!v.text.contains("raise it"), "{}", v.text);
+        // One that arrived before SIGTERM did outlive it: by its own age (8.5 s), not its
+        // connection's (20 s).
+        let mut mixed = young.clone();
+        mixed.push(cut(20.0, Some(8.5)));
+        let v = stop(&killed(mixed));
+        assert!(
+            v.text.starts_with(
+                "1 request outlived the 8 s grace period: raise it above the slowest request (8.5 s seen); 3 requests cut at SIGKILL had arrived after SIGTERM"
+            ),
+            "{}",
+            v.text
+        );
+        // An agent that knew no request ages: the connection's, as before.
+        let v = stop(&killed(vec![cut(11.1, None)]));
+        assert!(
+            v.text
+                .starts_with("1 request outlived the 8 s grace period: raise it above the slowest request (11.1 s seen)"),
+            "{}",
+            v.text
+        );
+        // New connections accepted after SIGTERM: the listener, not keep-alive.
+        let v = stop(&killed(vec![cut(0.5, Some(0.05))]));
+        assert!(
+            v.text
+                .starts_with("1 request cut at SIGKILL had arrived after SIGTERM on connections accepted after it (the oldest 50 ms old)"),
+            "{}",
+            v.text
         );
     }
 

@@ -59,6 +59,10 @@ pub enum Mode {
     /// /health 503, serves `drain_delay` (0 by default), closes, waits for in-flight work
     /// without a deadline (work longer than the grace period is SIGKILLed: exit 137).
     Slow,
+    /// /health 503, closes the listener, serves its open keep-alive connections and exits only
+    /// once every one has ended, idle ones too: with clients reusing them, SIGKILLed at the
+    /// deadline (exit 137).
+    KeepAlive,
     /// No handler; exits with code 1 by itself (`crash_after`, or [`Backend::crash_at`]).
     Crash,
     /// Not HTTP: a socket service with a bounded connect path (`gate_workers` concurrent
@@ -79,6 +83,7 @@ impl Mode {
             Mode::ExitZero => "exit-zero",
             Mode::Drain => "drain",
             Mode::Slow => "slow",
+            Mode::KeepAlive => "keep-alive",
             Mode::Crash => "crash",
             Mode::Gate => "gate",
             Mode::Stream => "stream",

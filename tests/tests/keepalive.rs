@@ -1,0 +1,264 @@
+//! A server that never closes its keep-alive connections (`backend.py --mode keep-alive`:
+//! on SIGTERM it closes its listener and waits for every connection to end, as Node's
+//! `server.close()` does without `closeIdleConnections`), with keep-alive clients that reuse
+//! their connections without checking them first (like Python's `http.client`): 12 persistent
+//! connections, a request of 20–200 ms every 0–300 ms. It serves on through the grace period
+//! and is SIGKILLed at the deadline.
+//!
+//! Ground truth: the server's own request log (which requests started and never ended), each
+//! client's own times (when it connected, when its request died), and the namespace's own
+//! `Tcp: OutRsts`. Checked: the cut requests' ages are their own (tens of milliseconds), not
+//! their connections' (seconds); the verdict says the server never closed its keep-alive
+//! connections and does not say to raise the grace period; and every RST the namespace sent
+//! during the stop is in the record's `resets_sent`, the time-wait sockets' answers to the
+//! requests clients sent after the kill on connections the exit had closed included.
+
+use std::{
+    collections::HashMap,
+    io::{Read, Write},
+    net::{SocketAddrV4, TcpStream},
+    thread,
+    time::{Duration, Instant},
+};
+
+use drainwatch_tests::{
+    agent::{Agent, instant, metric_sum, stop_record, sync, wait_for},
+    lab::container::{Backend, BackendOpts, Mode, http_get},
+    require_root, snmp_tcp,
+};
+use serde_json::Value;
+
+const CLIENTS: usize = 12;
+const GRACE_SECS: u32 = 4;
+
+/// What one client saw of one request.
+#[derive(Debug)]
+struct Sent {
+    id: String,
+    /// When its connection was opened, the request written, and it ended.
+    connected: Instant,
+    ended: Instant,
+    /// Answered in full.
+    ok: bool,
+}
+
+/// One keep-alive connection: requests until one fails or `until`; no reconnect and no check
+/// of the connection before reuse.
+fn client(addr: SocketAddrV4, n: usize, seed: u64, until: Instant) -> Vec<Sent> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut out = Vec::new();
+    let mut s = TcpStream::connect_timeout(&addr.into(), Duration::from_secs(2)).expect("connect");
+    let connected = Instant::now();
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    for k in 0.. {
+        if Instant::now() > until {
+            break;
+        }
+        let id = format!("c{n}-{k}");
+        let ms = rng.u64(20..=200);
+        let req = format!(
+            "GET /work?ms={ms}&id={id} HTTP/1.1\r\nHost: lab\r\nUser-Agent: keepalive-client\r\n\r\n"
+        );
+        let ok = s.write_all(req.as_bytes()).is_ok() && read_response(&mut s, &id);
+        out.push(Sent {
+            id,
+            connected,
+            ended: Instant::now(),
+            ok,
+        });
+        if !ok {
+            break;
+        }
+        thread::sleep(Duration::from_millis(rng.u64(0..=300)));
+    }
+    out
+}
+
+/// Reads one response (headers, then Content-Length bytes); true when it answered `id`.
+fn read_response(s: &mut TcpStream, id: &str) -> bool {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                return head.starts_with("http/1.1 200")
+                    && &buf[end + 4..end + 4 + len] == id.as_bytes();
+            }
+        }
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+fn sent_rsts(agent: &Agent, b: &Backend) -> f64 {
+    metric_sum(
+        &agent.metrics_text(),
+        "drainwatch_connection_resets_total",
+        &[("container", b.container.as_str()), ("direction", "sent")],
+    )
+}
+
+#[test]
+fn a_server_that_never_closes_keep_alive_connections_is_told_so_with_its_requests_ages() {
+    require_root();
+    let started = Instant::now();
+    let b = Backend::start("ka", Mode::KeepAlive, BackendOpts::default());
+    let agent = Agent::start(&[]);
+    wait_for(
+        "the agent adopts the container",
+        Duration::from_secs(15),
+        || {
+            agent
+                .metrics_text()
+                .contains(&format!("container=\"{}\"", b.container))
+        },
+    );
+    // Two closed connections over a second apart: the agent learns the kernel's tick, which
+    // request ages are read in.
+    b.require_route();
+    http_get(b.addr(), "/health", Duration::from_secs(2)).expect("health");
+    let addr = b.addr();
+    let warmup = Duration::from_secs(3);
+    let until = Instant::now() + warmup + Duration::from_secs(u64::from(GRACE_SECS) + 2);
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|n| thread::spawn(move || client(addr, n, 43 + n as u64, until)))
+        .collect();
+    thread::sleep(Duration::from_millis(1500));
+    http_get(b.addr(), "/health", Duration::from_secs(2)).expect("health");
+    thread::sleep(warmup - Duration::from_millis(1500));
+
+    // The namespace (kept by its holder) counts on after the server is gone.
+    let ns_pid = b.netns_pid();
+    sync(&agent);
+    let (out_rsts_before, sent_before) = (snmp_tcp(ns_pid, "OutRsts"), sent_rsts(&agent, &b));
+    let stop = b.stop(GRACE_SECS);
+    let sent: Vec<Sent> = clients
+        .into_iter()
+        .flat_map(|c| c.join().expect("client"))
+        .collect();
+    assert_eq!(b.exit_code(), 137, "SIGKILLed at the deadline");
+    let record = stop_record(&agent, &b.id);
+    let out_rsts = snmp_tcp(ns_pid, "OutRsts") - out_rsts_before;
+    let metric = sent_rsts(&agent, &b) - sent_before;
+
+    // The server's own log: requests it started and never ended were cut.
+    let log = b.work_log();
+    let ended: std::collections::HashSet<&str> = log
+        .iter()
+        .filter(|e| !e.started)
+        .map(|e| e.id.as_str())
+        .collect();
+    let started_at: HashMap<&str, Instant> = log
+        .iter()
+        .filter(|e| e.started)
+        .map(|e| (e.id.as_str(), e.at))
+        .collect();
+    let failed: Vec<&Sent> = sent.iter().filter(|s| !s.ok).collect();
+    let cut: Vec<&Sent> = failed
+        .iter()
+        .copied()
+        .filter(|s| started_at.contains_key(s.id.as_str()) && !ended.contains(s.id.as_str()))
+        .collect();
+    // Sent after the kill to a connection the exit had closed: the server never saw them.
+    let never_seen = failed
+        .iter()
+        .filter(|s| !started_at.contains_key(s.id.as_str()))
+        .count();
+    let mut truth_ages: Vec<f64> = cut
+        .iter()
+        .map(|s| (s.ended - started_at[s.id.as_str()]).as_secs_f64())
+        .collect();
+    truth_ages.sort_by(f64::total_cmp);
+    let truth_conn = cut
+        .iter()
+        .map(|s| (s.ended - s.connected).as_secs_f64())
+        .fold(0.0, f64::max);
+    let events: Vec<&Value> = record["loss_events"]
+        .as_array()
+        .expect("loss_events")
+        .iter()
+        .filter(|e| e["kind"] == "inflight_cut")
+        .collect();
+    let mut ages: Vec<f64> = events
+        .iter()
+        .filter_map(|e| e["request_seconds"].as_f64())
+        .collect();
+    ages.sort_by(f64::total_cmp);
+    let resets: &serde_json::Map<String, Value> = record["loss"]["resets_sent"]
+        .as_object()
+        .expect("resets_sent");
+    let record_rsts: u64 = resets.values().filter_map(Value::as_u64).sum();
+    let verdict = record["verdict"].as_str().unwrap_or_default();
+    let kill = instant(&record["sigkill_at"]);
+    println!(
+        "{} requests, {} cut (server log), {never_seen} sent after the kill on closed connections; \
+         request ages at the cut (client/server) {truth_ages:?} vs drainwatch {ages:?}; \
+         connections open up to {truth_conn:.2} s; OutRsts +{out_rsts}, metric +{metric}, \
+         record {resets:?}; kill {:?} after stop issued; verdict: {verdict}; {:.1} s",
+        sent.len(),
+        cut.len(),
+        kill.map(|k| k - stop.issued),
+        started.elapsed().as_secs_f64()
+    );
+
+    // The cuts: the server's unfinished requests, each by its own age.
+    assert!(!cut.is_empty(), "some requests were in flight at the kill");
+    assert_eq!(record["loss"]["inflight_cut"], cut.len() as u64);
+    assert_eq!(ages.len(), cut.len(), "every cut has its request's age");
+    for (got, truth) in ages.iter().zip(&truth_ages) {
+        assert!(
+            (got - truth).abs() <= 0.02,
+            "request age {got} s, the server's log and client say {truth} s"
+        );
+    }
+    assert!(
+        truth_conn > f64::from(GRACE_SECS),
+        "connections older than the grace"
+    );
+    // The verdict: keep-alive, not the grace period.
+    assert!(
+        verdict.contains("the server never closed its keep-alive connections"),
+        "{verdict}"
+    );
+    assert!(verdict.contains("answer `Connection: close`"), "{verdict}");
+    assert!(!verdict.contains("raise it"), "{verdict}");
+    let oldest_ms: f64 = verdict
+        .split("(the oldest ")
+        .nth(1)
+        .and_then(|r| r.split(" ms old").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no oldest request age in ms: {verdict}"));
+    let truth_oldest = truth_ages.last().copied().unwrap_or_default() * 1e3;
+    assert!(
+        (oldest_ms - truth_oldest).abs() <= 20.0,
+        "verdict's oldest {oldest_ms} ms, truth {truth_oldest:.0} ms"
+    );
+
+    // Resets: record = metric = the namespace's own count, time-wait answers included.
+    assert!(
+        never_seen > 0,
+        "clients reused connections the exit had closed"
+    );
+    assert_eq!(record_rsts, out_rsts, "resets_sent = TcpOutRsts");
+    assert_eq!(metric, out_rsts as f64, "the metric = TcpOutRsts");
+    let late = resets
+        .get("TCP_TIMEWAIT_SOCKET")
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+        + resets
+            .get("TCP_ABORT_ON_DATA")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+    assert_eq!(
+        late, never_seen as u64,
+        "one RST from a closed socket per request sent after the kill"
+    );
+}
