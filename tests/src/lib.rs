@@ -164,16 +164,27 @@ impl Harness {
 
 /// One field of the namespace's `Tcp:` line in `/proc/<pid>/net/snmp`.
 pub fn snmp_tcp(pid: u32, field: &str) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/net/snmp")).expect("read net/snmp");
-    let mut tcp = text.lines().filter(|l| l.starts_with("Tcp:"));
+    proc_net_field(pid, "snmp", "Tcp:", field)
+}
+
+/// One field of the namespace's `TcpExt:` line in `/proc/<pid>/net/netstat`.
+pub fn tcp_ext(pid: u32, field: &str) -> u64 {
+    proc_net_field(pid, "netstat", "TcpExt:", field)
+}
+
+/// `field` of the `prefix` lines (names, then values) of `/proc/<pid>/net/<file>`.
+fn proc_net_field(pid: u32, file: &str, prefix: &str, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/net/{file}"))
+        .unwrap_or_else(|e| panic!("read net/{file}: {e}"));
+    let mut lines = text.lines().filter(|l| l.starts_with(prefix));
     let (names, values) = (
-        tcp.next().expect("Tcp: names"),
-        tcp.next().expect("Tcp: values"),
+        lines.next().expect("the names line"),
+        lines.next().expect("the values line"),
     );
     let i = names
         .split_whitespace()
         .position(|n| n == field)
-        .unwrap_or_else(|| panic!("no Tcp: {field} in {names}"));
+        .unwrap_or_else(|| panic!("no {prefix} {field} in {names}"));
     values
         .split_whitespace()
         .nth(i)
