@@ -162,6 +162,23 @@ impl Harness {
     }
 }
 
+/// The kernel's `TCP_INFO` of a socket, None if getsockopt(2) failed.
+pub fn tcp_info(s: &impl std::os::fd::AsRawFd) -> Option<libc::tcp_info> {
+    // SAFETY: `info` is a writable tcp_info and `len` its size, as getsockopt(2) expects.
+    unsafe {
+        let mut info: libc::tcp_info = std::mem::zeroed();
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        let rc = libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        );
+        (rc == 0).then_some(info)
+    }
+}
+
 /// One field of the namespace's `Tcp:` line in `/proc/<pid>/net/snmp`.
 pub fn snmp_tcp(pid: u32, field: &str) -> u64 {
     proc_net_field(pid, "snmp", "Tcp:", field)

@@ -20,7 +20,7 @@
 use std::{
     io::{BufRead, BufReader, ErrorKind},
     net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpStream},
-    os::{fd::AsRawFd, unix::fs::MetadataExt},
+    os::unix::fs::MetadataExt,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -99,19 +99,7 @@ fn greeting(s: &TcpStream) -> Result<(), String> {
 
 /// The kernel's TCP state of a socket (`TCP_INFO`): 7 is CLOSE.
 fn tcp_state(s: &TcpStream) -> u8 {
-    // SAFETY: `info` is a writable tcp_info and `len` its size, as getsockopt(2) expects.
-    unsafe {
-        let mut info: libc::tcp_info = std::mem::zeroed();
-        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-        let rc = libc::getsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        );
-        if rc == 0 { info.tcpi_state } else { 0 }
-    }
+    drainwatch_tests::tcp_info(s).map_or(0, |i| i.tcpi_state)
 }
 
 fn client(i: usize, addr: SocketAddrV4, p: Arc<Phases>) -> thread::JoinHandle<Seen> {

@@ -3,7 +3,6 @@
 
 use std::{
     net::SocketAddrV4,
-    os::fd::AsRawFd,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -328,19 +327,7 @@ async fn until_lost(conn: &mut BufReader<TcpStream>) -> Instant {
 
 /// `tcpi_total_retrans` of a just-connected socket: its SYN retransmissions.
 fn total_retrans(s: &TcpStream) -> u32 {
-    // SAFETY: `info` is a writable tcp_info and `len` its size, as getsockopt(2) expects.
-    unsafe {
-        let mut info: libc::tcp_info = std::mem::zeroed();
-        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-        let rc = libc::getsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        );
-        if rc == 0 { info.tcpi_total_retrans } else { 0 }
-    }
+    crate::tcp_info(s).map_or(0, |i| i.tcpi_total_retrans)
 }
 
 /// Raises this process's soft `RLIMIT_NOFILE` to at least `want` (within the hard limit).
