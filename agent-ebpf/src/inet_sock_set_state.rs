@@ -49,6 +49,15 @@ fn no_counters(ev: &mut Event) {
     nothing_held(ev);
 }
 
+/// No connect failed (`Event::syn_ms`, `Event::error`): two stores.
+#[inline(always)]
+fn no_failure(ev: &mut Event) {
+    unsafe {
+        core::ptr::write_volatile(&mut ev.syn_ms, 0);
+        core::ptr::write_volatile(&mut ev.error, 0);
+    }
+}
+
 /// Nothing held (`hold`): four stores.
 #[inline(always)]
 fn nothing_held(ev: &mut Event) {
@@ -67,6 +76,8 @@ trait Socket {
     /// `tcp_sock` counters (`ev.bytes_received` ..= `ev.lsndtime`, the segment counts).
     fn counters(&self, ev: &mut Event);
     fn max_ack_backlog(&self) -> u32;
+    /// A failed connect's first SYN and error (`Event::syn_ms`, `Event::error`).
+    fn failure(&self, ev: &mut Event);
 }
 
 #[inline(always)]
@@ -181,7 +192,13 @@ fn emit_event<S: Socket>(
     // step `unused_connect` or `unused_later` drops is a listener's). A host socket the watch
     // set takes in later was never marked a loopback connect: its steps are kept, as before
     // the lean filter.
-    if !listener && out_of_scope(KIND, netns, &tuple) {
+    // A connect's failure, the agent's only sight of an attempt sent through NAT (a Service's
+    // virtual IP, which no container has): kept from the host too, but to loopback (never
+    // NATed to a pod). Failures are rare; a successful connect's steps still go.
+    let failed = btf && in_mask(cfg(&f.connect_new), oldstate) && newstate == cfg(&f.close_state);
+    let host_failure =
+        failed && drainwatch_common::watch::Addr::of(tuple.family, &tuple.daddr).is_some();
+    if !listener && !host_failure && out_of_scope(KIND, netns, &tuple) {
         return Err(Skip::Other);
     }
     if lean {
@@ -233,6 +250,11 @@ fn emit_event<S: Socket>(
     } else {
         no_counters(ev);
     }
+    if failed {
+        s.failure(ev);
+    } else {
+        no_failure(ev);
+    }
     // listen() sets the limit before the socket enters LISTEN.
     ev.max_ack_backlog = if in_mask(backlog_new, newstate) {
         s.max_ack_backlog()
@@ -264,6 +286,7 @@ pub fn emit_held_only(sk: u64, netns: Ns, tuple: &Tuple) {
     ev.oldstate = HELD_ONLY;
     ev.newstate = HELD_ONLY;
     no_counters(ev);
+    no_failure(ev);
     ev.max_ack_backlog = 0;
     ev.held = held;
     submit(entry);
@@ -346,6 +369,18 @@ impl Socket for Direct {
     fn max_ack_backlog(&self) -> u32 {
         ld::<u32>(self.sk, cfg(&CONFIG.kernel.sock_max_ack_backlog)).unwrap_or(0)
     }
+
+    #[inline(always)]
+    fn failure(&self, ev: &mut Event) {
+        let k = &CONFIG.kernel;
+        let tp = btf_tcp_sock(self.sk);
+        ev.syn_ms = if tp.is_null() {
+            0
+        } else {
+            ld::<u32>(tp, cfg(&k.tcp_retrans_stamp)).unwrap_or(0)
+        };
+        ev.error = ld::<i32>(self.sk, cfg(&k.sock_err)).unwrap_or(0);
+    }
 }
 
 /// The classic tracepoint, where tp_btf is unavailable.
@@ -427,4 +462,9 @@ impl Socket for Probed<'_> {
     fn max_ack_backlog(&self) -> u32 {
         kread::<u32>(KIND, self.skaddr, cfg(&CONFIG.kernel.sock_max_ack_backlog)).unwrap_or(0)
     }
+
+    /// Never called: failures are read on tp_btf only (this program is at its verifier's
+    /// limit on 5.10 and 6.1).
+    #[inline(always)]
+    fn failure(&self, _ev: &mut Event) {}
 }

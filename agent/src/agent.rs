@@ -23,6 +23,7 @@ use crate::{
         Enricher,
         host::{Procfs, netns_inode},
         kube::{self, KubeMetrics, Store},
+        nat::Nat,
     },
     export::{
         events::{self, Emitter, EventMetrics},
@@ -438,6 +439,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
     if let Some(ns) = host_netns {
         enricher = enricher.with_host_netns(ns);
     }
+    enricher = enricher.with_nat(Nat::open(&cli.procfs_root));
     if let Some(store) = kube_store {
         let store_for_events = store.clone();
         // Give the first list a moment, so containers found at start-up get their pods'

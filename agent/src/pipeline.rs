@@ -175,6 +175,9 @@ impl<H: HostView> Pipeline<H> {
                 .starts
                 .set_unseen_containers(self.enricher.unseen_containers());
             self.telemetry
+                .work
+                .nat_lookups(&self.enricher.nat_lookups());
+            self.telemetry
                 .starts
                 .set_resets_by_inode(self.enricher.resets_by_inode());
             let lost = self.telemetry.lost();

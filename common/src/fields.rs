@@ -78,6 +78,8 @@ pub struct KernelOffsets {
     pub tcp_lrcvtime: u32,
     pub tcp_data_segs_in: u32,
     pub tcp_data_segs_out: u32,
+    /// `tcp_sock.retrans_stamp`: a connecting socket's first SYN (`tcp_connect`).
+    pub tcp_retrans_stamp: u32,
     /// From a task to the socket behind one of its file descriptors (accept's return value).
     pub task_files: u32,
     pub files_fdt: u32,
@@ -133,6 +135,7 @@ impl KernelOffsets {
         tcp_lrcvtime: NO_OFFSET,
         tcp_data_segs_in: NO_OFFSET,
         tcp_data_segs_out: NO_OFFSET,
+        tcp_retrans_stamp: NO_OFFSET,
         task_files: NO_OFFSET,
         files_fdt: NO_OFFSET,
         fdtable_fd: NO_OFFSET,
@@ -155,7 +158,7 @@ impl KernelOffsets {
 pod!(KernelOffsets, AddrFields);
 
 const _: () = assert!(core::mem::size_of::<AddrFields>() == 16);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 156);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 160);
 
 #[cfg(test)]
 mod tests {

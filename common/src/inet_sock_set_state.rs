@@ -33,6 +33,13 @@ pub struct Event {
     /// segments per segment it receives, a request/response connection about as many.
     pub data_segs_in: u32,
     pub data_segs_out: u32,
+    /// A connect's failure (SYN_SENT to CLOSE) on the tp_btf program, else 0: when its first
+    /// SYN went out (`tcp_sock.retrans_stamp`, which `tcp_connect` sets: milliseconds of the
+    /// monotonic clock, low 32 bits), and `sk_err`, why it failed (ECONNREFUSED with no RST
+    /// received is a filter's ICMP reject, as kube-proxy answers for a Service with no
+    /// endpoints; EHOSTUNREACH, ETIMEDOUT; 0: its process gave up first).
+    pub syn_ms: u32,
+    pub error: i32,
     /// With `Config::hold`: the socket's arrival and accept, held in the kernel and sent with
     /// this record instead of records of their own (all zero when nothing was held).
     pub held: Held,
@@ -146,4 +153,4 @@ impl Fields {
 pod!(Event, Fields, Held, HoldEntry);
 
 // The layout is a contract with the kernel side (see the crate root).
-const _: () = assert!(core::mem::size_of::<Event>() == 184);
+const _: () = assert!(core::mem::size_of::<Event>() == 192);

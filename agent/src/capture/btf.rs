@@ -132,6 +132,7 @@ const MEMBERS: &[(&str, &str, Slot)] = &[
     }),
     ("tcp_sock", "data_segs_in", |k| &mut k.tcp_data_segs_in),
     ("tcp_sock", "data_segs_out", |k| &mut k.tcp_data_segs_out),
+    ("tcp_sock", "retrans_stamp", |k| &mut k.tcp_retrans_stamp),
     ("task_struct", "files", |k| &mut k.task_files),
     ("files_struct", "fdt", |k| &mut k.files_fdt),
     ("fdtable", "fd", |k| &mut k.fdtable_fd),

@@ -333,6 +333,7 @@ pub fn unfold(ev: Event, out: &mut Vec<Event>) {
         counters: TcpCounters::default(),
         max_ack_backlog: None,
         held: None,
+        failure: None,
     }));
     if let Some((at, tgid)) = held.accepted {
         out.push(Event::Accepted(Accepted {
@@ -435,6 +436,8 @@ pub(crate) mod tests {
             jiffies: 0,
             data_segs_in: 0,
             data_segs_out: 0,
+            syn_ms: 0,
+            error: 0,
             held,
         };
         let unfolded = |e: &set_state::Event| {

@@ -179,6 +179,7 @@ fn unfold(sk: u64, e: &HoldEntry, out: &mut Vec<Event>) {
         counters: Default::default(),
         max_ack_backlog: None,
         held,
+        failure: None,
     };
     event::unfold(Event::StateChange(carrier), out);
 }

@@ -181,6 +181,7 @@ fn state(
         counters,
         max_ack_backlog: None,
         held: None,
+        failure: None,
     })
 }
 
@@ -2096,5 +2097,112 @@ fn a_replacements_refusals_and_resets_are_its_own_though_its_namespace_reused_th
             old("refused"),
             old("refused")
         ]
+    );
+}
+
+/// A Service's DNAT, as the kernel's connection tracking would answer for one client.
+struct Dnat {
+    vip: std::net::SocketAddr,
+    /// A Service whose endpoints are all gone.
+    empty: std::net::SocketAddr,
+    pod: std::net::SocketAddr,
+}
+
+impl crate::enrich::nat::Resolve for Dnat {
+    fn resolve(
+        &mut self,
+        _from: std::net::SocketAddr,
+        to: std::net::SocketAddr,
+    ) -> Result<Option<std::net::SocketAddr>, crate::enrich::nat::NatError> {
+        Ok(match to {
+            t if t == self.vip => Some(self.pod),
+            // A Service with no endpoints: rejected before it was tracked.
+            t if t == self.empty => None,
+            t => Some(t),
+        })
+    }
+
+    fn served_by(
+        &mut self,
+        to: std::net::SocketAddr,
+    ) -> Result<Vec<std::net::SocketAddr>, crate::enrich::nat::NatError> {
+        // The empty Service's tracked connections, made while it had its pod.
+        Ok(if to == self.empty {
+            vec![self.pod]
+        } else {
+            Vec::new()
+        })
+    }
+}
+
+#[test]
+fn a_failed_connect_through_a_services_virtual_ip_counts_on_the_pod_it_was_sent_to() {
+    use crate::capture::hooks::inet_sock_set_state::ConnectFailure;
+    use crate::model::nat::NatOutcome;
+    const S: u64 = 1_000_000_000;
+    let dnat = Dnat {
+        vip: "10.96.0.10:80".parse().unwrap(),
+        empty: "10.96.0.11:80".parse().unwrap(),
+        pod: "10.88.0.5:8080".parse().unwrap(),
+    };
+    let mut e = enricher().with_nat(crate::enrich::nat::Nat::new(Box::new(dnat)));
+    e.scan();
+    let failed = |sk, remote: &str, syn_at, errno| {
+        let mut ev = stamped(
+            state(
+                sk,
+                HOST_NS,
+                "TCP_SYN_SENT",
+                "TCP_CLOSE",
+                conn("10.0.2.15:40001", remote),
+                TcpCounters::default(),
+            ),
+            12 * S,
+        );
+        if let Event::StateChange(c) = &mut ev {
+            c.failure = Some(ConnectFailure { syn_at, errno });
+        }
+        ev
+    };
+    // Its SYN from its socket (10 s), the client gave up at 12 s: on the pod DNAT chose.
+    let obs = e.on_event(&failed(0xd1, "10.96.0.10:80", Some(10 * S), 0));
+    assert!(
+        matches!(obs.as_slice(), [O::Unreachable { key, at, .. }] if key.as_str() == ID && *at == 10 * S),
+        "{obs:#?}"
+    );
+    // An address nobody translated and no container has: nothing, counted.
+    assert!(
+        e.on_event(&failed(0xd2, "192.0.2.9:443", None, libc::ETIMEDOUT))
+            .is_empty()
+    );
+    let lookups = e.nat_lookups();
+    let count = |o| lookups.iter().find(|(k, _)| *k == o).map(|(_, c)| *c);
+    assert_eq!(count(NatOutcome::Translated), Some(1));
+    assert_eq!(count(NatOutcome::Untranslated), Some(1));
+    // A container's own address is never looked up.
+    e.on_event(&failed(0xd3, "10.88.0.5:8080", None, 0));
+    assert_eq!(e.nat_lookups().iter().map(|(_, c)| c).sum::<u64>(), 2);
+    // kube-proxy's reject of a Service with no endpoints (an ICMP port unreachable: no RST,
+    // no entry): on the pod that had served it, apart from refusals.
+    let obs = e.on_event(&failed(
+        0xd4,
+        "10.96.0.11:80",
+        Some(11 * S),
+        libc::ECONNREFUSED,
+    ));
+    assert!(
+        matches!(obs.as_slice(), [O::ServiceRejected { key, at }] if key.as_str() == ID && *at == 11 * S),
+        "{obs:#?}"
+    );
+    // Without an ICMP reject (the client gave up): not a rejection.
+    assert!(
+        e.on_event(&failed(0xd5, "10.96.0.11:80", None, 0))
+            .is_empty()
+    );
+    let lookups = e.nat_lookups();
+    let count = |o| lookups.iter().find(|(k, _)| *k == o).map(|(_, c)| *c);
+    assert_eq!(
+        (count(NatOutcome::Rejected), count(NatOutcome::NotFound)),
+        (Some(1), Some(1))
     );
 }

@@ -6,6 +6,7 @@ pub mod attribute;
 pub mod cgroup_path;
 pub mod host;
 pub mod kube;
+pub mod nat;
 pub mod netstat;
 pub mod runtime_meta;
 

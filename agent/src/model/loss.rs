@@ -194,6 +194,14 @@ loss_kinds! {
             help: Some("Connection attempts from this node to a stopped container's address after it was gone"),
             ..INFO
         };
+        /// A connect to a Service's virtual IP that the node's kube-proxy rejected (ICMP)
+        /// while the Service had no endpoints, on the pod that had served it.
+        NoEndpoints no_endpoints KindInfo {
+            words: "rejected (Service had no endpoints)", short: "no endpoints",
+            chip: Some("refused"), mark: Some(Mark::Refused), lost: true,
+            help: Some("Connects to a Service's virtual IP that kube-proxy rejected while the Service had no ready endpoints (its pods stopping or not ready yet), counted on the stopping pod that had served it"),
+            ..INFO
+        };
         /// A connection accepted after the stop signal.
         AcceptedAfterSigterm accepted_after_sigterm KindInfo {
             words: "accepted after SIGTERM", short: "late", chip: Some("late"),

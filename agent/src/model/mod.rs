@@ -7,6 +7,7 @@ pub mod deploy;
 pub mod emitted;
 pub mod identity;
 pub mod loss;
+pub mod nat;
 pub mod netns;
 pub mod observation;
 pub mod start;

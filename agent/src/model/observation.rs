@@ -175,6 +175,12 @@ pub enum Observation {
         at: Mono,
         upstream: Option<u64>,
     },
+    /// A connect from this node to a Service's virtual IP that its kube-proxy rejected (no
+    /// endpoints), on the container that had served the Service's connections. `at`: its SYN.
+    ServiceRejected {
+        key: ContainerKey,
+        at: Mono,
+    },
     CgroupRemoved {
         key: ContainerKey,
     },
@@ -245,6 +251,7 @@ impl Observation {
             | Observation::InboundClosed { key, .. }
             | Observation::Refused { key, .. }
             | Observation::Unreachable { key, .. }
+            | Observation::ServiceRejected { key, .. }
             | Observation::CgroupRemoved { key }
             | Observation::Vanished { key }
             | Observation::UpstreamOpened { key, .. }

@@ -5,6 +5,8 @@
 
 use std::sync::atomic::AtomicU64;
 
+use crate::model::nat::NatOutcome;
+
 use prometheus_client::{
     encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder},
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -42,6 +44,12 @@ pub struct WorkMetrics {
     held: Gauge,
     hold_sweep_seconds: Histogram,
     taken_over: Counter,
+    nat_lookups: Family<NatLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NatLabels {
+    result: &'static str,
 }
 
 impl WorkMetrics {
@@ -91,11 +99,18 @@ impl WorkMetrics {
             "Held connections the agent took over from the kernel (a hot namespace, or held for 10 s)",
             taken_over.clone(),
         );
+        let nat_lookups = Family::<NatLabels, Counter>::default();
+        registry.register(
+            "drainwatch_nat_lookups",
+            "Connection-tracking lookups of failed connects to addresses no container has (a Service's virtual IP), by result: translated (to a pod), untranslated, not_found, failed, capped (over 200 a second); none when the agent cannot look up (not in the host's network namespace, or without CAP_NET_ADMIN: said at start-up)",
+            nat_lookups.clone(),
+        );
         let scopes = [SampleScope::All, SampleScope::Some];
         Self {
             held,
             hold_sweep_seconds,
             taken_over,
+            nat_lookups,
             containers,
             sample_seconds: scopes.map(|scope| seconds.get_or_create_owned(&ScopeLabels { scope })),
             sample_cpu: scopes.map(|scope| cpu.get_or_create_owned(&ScopeLabels { scope })),
@@ -111,6 +126,19 @@ impl WorkMetrics {
         let i = scope as usize;
         self.sample_seconds[i].observe(wall);
         self.sample_cpu[i].inc_by(cpu.max(0.0));
+    }
+
+    /// The enricher's running counts of connection-tracking lookups.
+    pub fn nat_lookups(&self, counts: &[(NatOutcome, u64)]) {
+        for (outcome, total) in counts {
+            let c = self.nat_lookups.get_or_create(&NatLabels {
+                result: outcome.label(),
+            });
+            let now = c.get();
+            if *total > now {
+                c.inc_by(total - now);
+            }
+        }
     }
 
     /// One take-over of held connections: what the kernel held, what was taken, how long it took.

@@ -47,6 +47,7 @@ mod proxy;
 pub mod retry;
 pub mod scenario;
 pub mod schedule;
+pub mod service;
 pub mod socketio;
 pub mod sse;
 pub mod steady;

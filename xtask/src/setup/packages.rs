@@ -30,6 +30,8 @@ pub(super) const APT_LAB: &[&str] = &[
     "netavark",
     "aardvark-dns",
     "iptables",
+    // The Service lab: kube-proxy's nftables mode, and its own safety table.
+    "nftables",
     // The real neighbours the tests drive.
     "nginx-light",
     "haproxy",

@@ -21,6 +21,34 @@ pub struct StateChange {
     /// The socket's arrival and accept, held in the kernel and sent with this record
     /// (`--hold`); `event::unfold` turns them back into events of their own.
     pub held: Option<Held>,
+    /// A connect's failure (SYN_SENT to CLOSE), as the tp_btf program reads it.
+    pub failure: Option<ConnectFailure>,
+}
+
+/// Why and since when a connect failed, from its socket (`Event::syn_ms`, `Event::error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectFailure {
+    /// When its first SYN went out (monotonic ns, to the millisecond); `None`: not read.
+    pub syn_at: Option<u64>,
+    /// `sk_err`: `ECONNREFUSED` with no RST received is a filter's ICMP reject (kube-proxy's
+    /// answer for a Service with no endpoints); 0: its process gave up before the kernel did.
+    pub errno: i32,
+}
+
+/// The longest a SYN is believed to have waited for its answer: far beyond any SYN retry
+/// time (`tcp_syn_retries` 6: 127 s), well inside the 49 days a 32-bit millisecond wraps.
+const MAX_SYN_AGE_MS: u32 = 3_600_000;
+
+impl ConnectFailure {
+    /// `syn_ms` is the low 32 bits of the monotonic clock's milliseconds at the SYN, read at
+    /// `at_ns` (on the same clock).
+    fn of(at_ns: u64, syn_ms: u32, errno: i32) -> Self {
+        let now_ms = at_ns / 1_000_000;
+        let back = (now_ms as u32).wrapping_sub(syn_ms);
+        let syn_at = (syn_ms != 0 && back <= MAX_SYN_AGE_MS && u64::from(back) <= now_ms)
+            .then(|| (now_ms - u64::from(back)) * 1_000_000);
+        Self { syn_at, errno }
+    }
 }
 
 /// What the kernel held for a connection (`drainwatch_common::inet_sock_set_state::Held`).
@@ -167,6 +195,8 @@ pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<StateChange, DecodeEr
         max_ack_backlog: (names.tcp_state(e.newstate) == Some(TcpState::Listen))
             .then_some(e.max_ack_backlog),
         held: Held::of(&e.held),
+        failure: (e.syn_ms != 0 || e.error != 0)
+            .then(|| ConnectFailure::of(e.header.ts_ns, e.syn_ms, e.error)),
     })
 }
 
@@ -240,6 +270,8 @@ mod tests {
             jiffies: 1100,
             data_segs_in: 3,
             data_segs_out: 9,
+            syn_ms: 0,
+            error: 0,
             held: Default::default(),
         };
         let d = decode(&bytes_of(&e), &names).unwrap();

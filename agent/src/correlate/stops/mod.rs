@@ -541,6 +541,10 @@ impl Tracker {
                     self.count(key, kind, None, at, None);
                 }
             }
+            // The Service had no endpoints: its pods stopping (or not ready yet).
+            Observation::ServiceRejected { at, .. } => {
+                self.count(key, LossKind::NoEndpoints, None, at, None);
+            }
             Observation::CgroupRemoved { .. } => {
                 if let Some(s) = self.stop_mut(key)
                     && s.cgroup_removed_at.is_none()

@@ -30,6 +30,7 @@ use super::{
     cgroup_path::{Runtime, parse_cgroup_path},
     host::HostView,
     kube::SharedStore,
+    nat::{Nat, NatOutcome},
 };
 use crate::{
     capture::{
@@ -139,6 +140,8 @@ pub struct Enricher<H> {
     scanned: bool,
     /// The kernel's tick, for how long a closing connection had been quiet.
     jiffies: JiffyClock,
+    /// Where failed connects to addresses no container has were really sent (Services).
+    nat: Nat,
     dropped: Dropped,
 }
 
@@ -164,8 +167,20 @@ impl<H: HostView> Enricher<H> {
             watch_generation: 0,
             scanned: false,
             jiffies: JiffyClock::default(),
+            nat: Nat::default(),
             dropped: Dropped::default(),
         }
+    }
+
+    /// Failed connects to addresses no container has are looked up through `nat`.
+    pub fn with_nat(mut self, nat: Nat) -> Self {
+        self.nat = nat;
+        self
+    }
+
+    /// `drainwatch_nat_lookups_total`: empty when no lookup can be made.
+    pub fn nat_lookups(&self) -> Vec<(NatOutcome, u64)> {
+        self.nat.counts()
     }
 
     /// Forgets containers gone for longer than `retention`, with everything that pointed at

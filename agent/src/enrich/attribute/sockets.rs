@@ -11,7 +11,7 @@ use crate::{
         event::{Endpoints, StateChange},
         hooks::inet_sock_set_state::TcpCounters,
     },
-    enrich::host::HostView,
+    enrich::{host::HostView, nat::Translation},
     model::{
         ContainerIdentity, Fact, HashMap, HashSet, Mono, Observation, TcpState, activity::Activity,
     },
@@ -208,16 +208,40 @@ impl<H: HostView> Enricher<H> {
                     .failed_attempt
                     .take()
                     .filter(|a| *a == s.skaddr);
+                // Its SYN as its socket kept it (tp_btf), else as the agent saw it go.
+                let syn_at = s.failure.and_then(|f| f.syn_at).or(syn_at);
                 if self.sockets.refused_attempts.remove(&s.skaddr) {
                     self.refusals
                         .attempt_refused(conn.local, upstream, syn_at, out);
                     return;
                 }
                 // The container that listened on the port it was sent to (a pod's containers
-                // share the address). Dated at its SYN, else (its SYN unseen) now.
+                // share the address), or, for an address nobody has, the one a Service's
+                // DNAT sent it to. Dated at its SYN, else (its SYN unseen) now.
+                let at = syn_at.unwrap_or(s.meta.ts_ns);
                 if let Some(key) = self.backend_of(conn.remote) {
-                    let at = syn_at.unwrap_or(s.meta.ts_ns);
                     out.push(Observation::Unreachable { key, at, upstream });
+                    return;
+                }
+                // An ICMP reject (ECONNREFUSED with no RST received): a filter's answer.
+                let icmp_refused = s.failure.is_some_and(|f| f.errno == libc::ECONNREFUSED);
+                match self
+                    .nat
+                    .lookup(s.meta.ts_ns, conn.local, conn.remote, icmp_refused)
+                {
+                    Translation::To(real) => {
+                        if let Some(key) = self.backend_of(real) {
+                            out.push(Observation::Unreachable { key, at, upstream });
+                        }
+                    }
+                    // Counted once, on the pod that served most of the Service's tracked
+                    // connections.
+                    Translation::Rejected(pods) => {
+                        if let Some(key) = pods.into_iter().find_map(|p| self.backend_of(p)) {
+                            out.push(Observation::ServiceRejected { key, at });
+                        }
+                    }
+                    Translation::None => {}
                 }
             }
             (Some(Established), Some(CloseWait)) => self.peer_done(s.skaddr, ns, conn),

@@ -158,6 +158,13 @@ fn common_findings(stop: &StopView, out: &mut Vec<String>) {
             count(unreachable, "connection attempt", "connection attempts")
         ));
     }
+    let rejected = loss.no_endpoints;
+    if rejected > 0 {
+        out.push(format!(
+            "{} to its Service rejected by kube-proxy: the Service had no ready endpoints (all its pods stopping or not ready yet): keep a ready pod through the rollout (a surge, maxUnavailable 0, or more replicas)",
+            count(rejected, "connect was", "connects were")
+        ));
+    }
     let p = &loss.probes;
     let checks = p.cut + p.refused + p.unreachable;
     if checks > 0 {
