@@ -135,6 +135,7 @@ fn the_rendered_chart_validates_with_defaults_and_with_every_option() {
         "image": {"tag": "9.9.9"},
         "imagePullSecrets": [{"name": "pull"}],
         "extraEnv": [{"name": "DRAINWATCH_LOG", "value": "debug"}],
+        "hostNetwork": true,
         "nodeSelector": {"kubernetes.io/os": "linux"},
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [{"matchExpressions": [
