@@ -9,8 +9,6 @@
 //! clients' own record of every attempt: when its `connect()` began, and what it met.
 
 use std::{
-    io::ErrorKind,
-    net::{SocketAddr, SocketAddrV4, TcpStream},
     thread,
     time::{Duration, Instant},
 };
@@ -19,6 +17,7 @@ use drainwatch_tests::{
     agent::{Agent, current_stop, instant, stop_record, sync, wait_for},
     lab::{
         clock::{secs_since, sleep_until},
+        connect::{Met, attempt, count, unclassified},
         container::{Backend, BackendOpts, BridgeHolder, Mode},
         net::require_bridge_route,
     },
@@ -28,38 +27,6 @@ use drainwatch_tests::{
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Between two attempts' `connect()`s.
 const BEAT: Duration = Duration::from_millis(200);
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Met {
-    Connected,
-    Refused,
-    /// No answer within the connect timeout, or no host.
-    Unanswered,
-    Other(String),
-}
-
-/// One attempt: when its `connect()` began, and what it met.
-#[derive(Debug, Clone)]
-struct Attempt {
-    at: Instant,
-    met: Met,
-}
-
-fn attempt(addr: SocketAddrV4) -> Attempt {
-    let at = Instant::now();
-    let met = match TcpStream::connect_timeout(&SocketAddr::V4(addr), CONNECT_TIMEOUT) {
-        Ok(_) => Met::Connected,
-        Err(e) if e.kind() == ErrorKind::ConnectionRefused => Met::Refused,
-        Err(e)
-            if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::HostUnreachable)
-                || e.raw_os_error() == Some(libc::EHOSTUNREACH) =>
-        {
-            Met::Unanswered
-        }
-        Err(e) => Met::Other(e.to_string()),
-    };
-    Attempt { at, met }
-}
 
 #[test]
 fn the_routing_lag_ends_at_the_last_syn_not_when_the_client_gave_up() {
@@ -101,7 +68,7 @@ fn the_routing_lag_ends_at_the_last_syn_not_when_the_client_gave_up() {
             if let Err(e) = require_bridge_route((*addr.ip()).into()) {
                 panic!("lab: refusing to send to {addr}: {e}");
             }
-            running.push(scope.spawn(move || attempt(addr)));
+            running.push(scope.spawn(move || attempt(addr, CONNECT_TIMEOUT)));
             next += BEAT;
             if exited_at.is_none() && stopping.is_finished() {
                 exited_at = Some(Instant::now());
@@ -121,21 +88,17 @@ fn the_routing_lag_ends_at_the_last_syn_not_when_the_client_gave_up() {
         .find(|e| e.kind == "sigterm")
         .map(|e| e.at)
         .expect("s1 logged its SIGTERM");
-    let count = |m: &Met| attempts.iter().filter(|a| &a.met == m).count();
-    let others: Vec<_> = attempts
-        .iter()
-        .filter(|a| matches!(a.met, Met::Other(_)))
-        .collect();
+    let others = unclassified(&attempts);
     assert!(
         others.is_empty(),
         "attempts the lab cannot classify: {others:?}"
     );
-    let unanswered = count(&Met::Unanswered);
+    let unanswered = count(&attempts, &Met::Unanswered);
     println!(
         "clients: {} attempts, {} connected, {} refused, {unanswered} unanswered",
         attempts.len(),
-        count(&Met::Connected),
-        count(&Met::Refused)
+        count(&attempts, &Met::Connected),
+        count(&attempts, &Met::Refused)
     );
     assert!(unanswered >= 5, "the last attempts met a vanished address");
     let last_syn = attempts.iter().map(|a| a.at).max().expect("attempts");

@@ -17,8 +17,7 @@
 //!   from its refusals, and the verdict says the Service had no endpoints.
 
 use std::{
-    io::ErrorKind,
-    net::{SocketAddr, SocketAddrV4, TcpStream},
+    net::SocketAddrV4,
     thread,
     time::{Duration, Instant},
 };
@@ -27,6 +26,7 @@ use drainwatch_tests::{
     agent::{Agent, api, current_stop, instant, stop_record, sync, wait_for},
     lab::{
         clock::{secs_since, sleep_until},
+        connect::{Attempt, Met, attempt, count, unclassified},
         container::{Backend, BackendOpts, BridgeHolder, Mode},
         net::require_bridge_route,
         service::{ProxyMode, Service},
@@ -37,36 +37,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const BEAT: Duration = Duration::from_millis(100);
 /// kubeadm's default Service CIDR holds it; the lab routes it onto its bridge only.
 const VIP: &str = "10.96.0.10:80";
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Met {
-    Connected,
-    Refused,
-    Unanswered,
-    Other(String),
-}
-
-#[derive(Debug, Clone)]
-struct Attempt {
-    at: Instant,
-    met: Met,
-}
-
-fn attempt(addr: SocketAddrV4) -> Attempt {
-    let at = Instant::now();
-    let met = match TcpStream::connect_timeout(&SocketAddr::V4(addr), CONNECT_TIMEOUT) {
-        Ok(_) => Met::Connected,
-        Err(e) if e.kind() == ErrorKind::ConnectionRefused => Met::Refused,
-        Err(e)
-            if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::HostUnreachable)
-                || e.raw_os_error() == Some(libc::EHOSTUNREACH) =>
-        {
-            Met::Unanswered
-        }
-        Err(e) => Met::Other(e.to_string()),
-    };
-    Attempt { at, met }
-}
 
 fn known(agent: &Agent, id: &str) {
     wait_for(
@@ -104,7 +74,7 @@ fn attempts_during(
             if let Err(e) = require_bridge_route((*bridge_ip.ip()).into()) {
                 panic!("lab: refusing to send: {e}");
             }
-            running.push(scope.spawn(move || attempt(vip)));
+            running.push(scope.spawn(move || attempt(vip, CONNECT_TIMEOUT)));
             next += BEAT;
             if done_at.is_none() && stopping.is_finished() {
                 done_at = Some(Instant::now());
@@ -119,29 +89,59 @@ fn attempts_during(
     })
 }
 
-fn count(attempts: &[Attempt], m: &Met) -> usize {
-    attempts.iter().filter(|a| &a.met == m).count()
+/// The agent, s1 (which drains 0.8 s and exits, its address going with it) and s2 behind the
+/// Service, which the agent knows.
+struct Lab {
+    agent: Agent,
+    s1: Backend,
+    s2: Backend,
+    service: Service,
+    vip: SocketAddrV4,
+    /// Keeps the bridge up while anything may still send (bound first, never `..`: dropped
+    /// last).
+    _bridge: BridgeHolder,
+}
+
+impl Lab {
+    fn two_endpoints(mode: ProxyMode) -> Lab {
+        let bridge_holder = BridgeHolder::start("svc");
+        let agent = Agent::start(&[]);
+        let s1 = Backend::start(
+            "s1",
+            Mode::Drain,
+            BackendOpts {
+                netns_holder: false,
+                drain_delay: Some(Duration::from_millis(800)),
+                ..BackendOpts::default()
+            },
+        );
+        let s2 = Backend::start("s2", Mode::Drain, BackendOpts::default());
+        let bridge = require_bridge_route((*s1.addr().ip()).into()).expect("s1 on the bridge");
+        let vip: SocketAddrV4 = VIP.parse().unwrap();
+        let service = Service::install(mode, vip, &bridge, &[s1.addr(), s2.addr()])
+            .unwrap_or_else(|e| panic!("installing the Service ({}): {e}", mode.name()));
+        known(&agent, &s1.id);
+        sync(&agent);
+        Lab {
+            agent,
+            s1,
+            s2,
+            service,
+            vip,
+            _bridge: bridge_holder,
+        }
+    }
 }
 
 fn stale_rule(mode: ProxyMode) {
-    let _bridge = BridgeHolder::start("svc");
-    let agent = Agent::start(&[]);
-    let s1 = Backend::start(
-        "s1",
-        Mode::Drain,
-        BackendOpts {
-            netns_holder: false,
-            drain_delay: Some(Duration::from_millis(800)),
-            ..BackendOpts::default()
-        },
-    );
-    let s2 = Backend::start("s2", Mode::Drain, BackendOpts::default());
-    let bridge = require_bridge_route((*s1.addr().ip()).into()).expect("s1 on the bridge");
-    let vip: SocketAddrV4 = VIP.parse().unwrap();
-    let service = Service::install(mode, vip, &bridge, &[s1.addr(), s2.addr()])
-        .unwrap_or_else(|e| panic!("installing the Service ({}): {e}", mode.name()));
-    known(&agent, &s1.id);
-    sync(&agent);
+    let Lab {
+        _bridge,
+        agent,
+        s1,
+        s2,
+        service,
+        vip,
+    } = Lab::two_endpoints(mode);
     let attempts = attempts_during(
         vip,
         s2.addr(),
@@ -152,10 +152,7 @@ fn stale_rule(mode: ProxyMode) {
         Duration::from_secs(2),
     );
     assert_eq!(s1.exit_code(), 0, "s1 drained and exited 0");
-    let others: Vec<_> = attempts
-        .iter()
-        .filter(|a| matches!(a.met, Met::Other(_)))
-        .collect();
+    let others = unclassified(&attempts);
     assert!(
         others.is_empty(),
         "attempts the lab cannot classify: {others:?}"
@@ -226,24 +223,14 @@ fn stale_rule(mode: ProxyMode) {
 }
 
 fn right_way(mode: ProxyMode) {
-    let _bridge = BridgeHolder::start("svc");
-    let agent = Agent::start(&[]);
-    let s1 = Backend::start(
-        "s1",
-        Mode::Drain,
-        BackendOpts {
-            netns_holder: false,
-            drain_delay: Some(Duration::from_millis(800)),
-            ..BackendOpts::default()
-        },
-    );
-    let s2 = Backend::start("s2", Mode::Drain, BackendOpts::default());
-    let bridge = require_bridge_route((*s1.addr().ip()).into()).expect("s1 on the bridge");
-    let vip: SocketAddrV4 = VIP.parse().unwrap();
-    let mut service = Service::install(mode, vip, &bridge, &[s1.addr(), s2.addr()])
-        .unwrap_or_else(|e| panic!("installing the Service ({}): {e}", mode.name()));
-    known(&agent, &s1.id);
-    sync(&agent);
+    let Lab {
+        _bridge,
+        agent,
+        s1,
+        s2,
+        mut service,
+        vip,
+    } = Lab::two_endpoints(mode);
     let service_ref = &mut service;
     let attempts = attempts_during(
         vip,
@@ -300,7 +287,11 @@ fn no_endpoints(mode: ProxyMode) {
     // Connections the Service served while it had its pod (conntrack keeps them, closed,
     // for 120 s): what names the pod a later rejection was for.
     for _ in 0..3 {
-        assert_eq!(attempt(vip).met, Met::Connected, "the Service serves");
+        assert_eq!(
+            attempt(vip, CONNECT_TIMEOUT).met,
+            Met::Connected,
+            "the Service serves"
+        );
     }
     sync(&agent);
     let service_ref = &mut service;

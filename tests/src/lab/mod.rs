@@ -38,6 +38,7 @@
 
 pub mod client;
 pub mod clock;
+pub mod connect;
 pub mod container;
 pub mod cri;
 pub mod haproxy;

@@ -323,41 +323,30 @@ impl Service {
                     .and_then(|l| l.split_whitespace().next()?.parse().ok())
                     .ok_or_else(|| format!("no DNAT rule counter for {ep}:\n{out}"))
             }
-            ProxyMode::Nftables => {
-                let out = run(
-                    "nft",
-                    &["list", "chain", "ip", "kube-proxy", &nft_endpoint(ep)],
-                    None,
-                )?;
-                out.lines()
-                    .find(|l| l.contains("dnat to"))
-                    .and_then(|l| {
-                        let w: Vec<&str> = l.split_whitespace().collect();
-                        let i = w.iter().position(|x| *x == "packets")?;
-                        w.get(i + 1)?.parse().ok()
-                    })
-                    .ok_or_else(|| format!("no dnat counter for {ep}:\n{out}"))
-            }
+            ProxyMode::Nftables => nft_packets(&["ip", "kube-proxy", &nft_endpoint(ep)], "dnat to"),
         }
     }
 
     /// Packets the safety table dropped (still addressed to the virtual range after NAT):
     /// 0 unless the lab is broken.
     pub fn escaped(&self) -> Result<u64, String> {
-        let out = run(
-            "nft",
-            &["list", "chain", "ip", SAFETY_TABLE, "output"],
-            None,
-        )?;
-        out.lines()
-            .find(|l| l.contains("drop"))
-            .and_then(|l| {
-                let w: Vec<&str> = l.split_whitespace().collect();
-                let i = w.iter().position(|x| *x == "packets")?;
-                w.get(i + 1)?.parse().ok()
-            })
-            .ok_or_else(|| format!("no safety counter:\n{out}"))
+        nft_packets(&["ip", SAFETY_TABLE, "output"], "drop")
     }
+}
+
+/// The packet counter of the rule containing `needle` in an nft chain (`family table chain`).
+fn nft_packets(chain: &[&str], needle: &str) -> Result<u64, String> {
+    let mut args = vec!["list", "chain"];
+    args.extend(chain);
+    let out = run("nft", &args, None)?;
+    out.lines()
+        .find(|l| l.contains(needle))
+        .and_then(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let i = w.iter().position(|x| *x == "packets")?;
+            w.get(i + 1)?.parse().ok()
+        })
+        .ok_or_else(|| format!("no counter on `{needle}` in {chain:?}:\n{out}"))
 }
 
 /// Removes every rule, chain, table and route the lab may have left for `vip`.
