@@ -139,6 +139,7 @@ pub fn record_count(stop: &Value, gate: &str) -> u64 {
         "sessions-cut" => loss("sessions_cut"),
         "refused" => loss("refused"),
         "unreachable" => loss("unreachable"),
+        "no-endpoints" => loss("no_endpoints"),
         "retry-duplicates" => loss("retry_duplicates"),
         "sigkills" => u64::from(stop["outcome"] == "killed_at_deadline"),
         other => panic!("no gate {other}"),

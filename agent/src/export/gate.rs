@@ -1,6 +1,6 @@
 //! `drainwatch report --gate <namespace>/<workload>`: a rollout gate for pipelines without Argo
 //! Rollouts or Flagger. The pure part: which of the stop records count (the workload's stops
-//! within the window), what they cost by gate (the same seven gates as the chart's
+//! within the window), what they cost by gate (the same eight gates as the chart's
 //! AnalysisTemplate and MetricTemplates), whether that passes the allowances (0 each by
 //! default), and the one line a CI log shows. The I/O (one agent, or every agent through the
 //! API server) is the report's.
@@ -23,17 +23,19 @@ pub enum GateKind {
     SessionsCut,
     Refused,
     Unreachable,
+    NoEndpoints,
     RetryDuplicates,
     Sigkills,
 }
 
 impl GateKind {
-    pub const ALL: [GateKind; 7] = [
+    pub const ALL: [GateKind; 8] = [
         GateKind::RequestsCut,
         GateKind::StreamsCut,
         GateKind::SessionsCut,
         GateKind::Refused,
         GateKind::Unreachable,
+        GateKind::NoEndpoints,
         GateKind::RetryDuplicates,
         GateKind::Sigkills,
     ];
@@ -45,6 +47,7 @@ impl GateKind {
             GateKind::SessionsCut => "sessions-cut",
             GateKind::Refused => "refused",
             GateKind::Unreachable => "unreachable",
+            GateKind::NoEndpoints => "no-endpoints",
             GateKind::RetryDuplicates => "retry-duplicates",
             GateKind::Sigkills => "sigkills",
         }
@@ -59,6 +62,7 @@ impl GateKind {
             GateKind::SessionsCut => l.sessions_cut,
             GateKind::Refused => l.refused,
             GateKind::Unreachable => l.unreachable,
+            GateKind::NoEndpoints => l.no_endpoints,
             GateKind::RetryDuplicates => l.retry_duplicates,
             GateKind::Sigkills => u64::from(s.outcome == Some(Outcome::KilledAtDeadline)),
         }
@@ -282,7 +286,7 @@ mod tests {
         assert_eq!(
             r.line(),
             "drainwatch gate PASS shop/web: 2 stop(s) in the last 10m: requests-cut 0, \
-             streams-cut 0, sessions-cut 0, refused 0, unreachable 0, retry-duplicates 0, sigkills 0"
+             streams-cut 0, sessions-cut 0, refused 0, unreachable 0, no-endpoints 0, retry-duplicates 0, sigkills 0"
         );
     }
 

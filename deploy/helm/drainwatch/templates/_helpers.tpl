@@ -51,6 +51,7 @@ of its series. */}}
 - {name: sessions-cut, metric: drainwatch_stop_sessions_cut_total, what: "sessions the stops cut"}
 - {name: refused, metric: drainwatch_stop_refused_total, what: "connects the stopping containers refused"}
 - {name: unreachable, metric: drainwatch_stop_unreachable_total, what: "connects to the stopped containers' addresses"}
+- {name: no-endpoints, metric: drainwatch_stop_no_endpoints_total, what: "connects to the workload's Service kube-proxy rejected: no ready endpoints"}
 - {name: retry-duplicates, metric: drainwatch_retry_duplicates_total, what: "cut requests a proxy ran twice"}
 - {name: sigkills, metric: drainwatch_container_stops_total, matchers: ", outcome=\"killed_at_deadline\"", what: "stops SIGKILLed at the end of their grace period"}
 {{- end }}
