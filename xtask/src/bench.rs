@@ -18,6 +18,15 @@
 //!   (the agent's `drainwatch_hold_taken_over_total` against the client's count), what each
 //!   take-over cost (`drainwatch_hold_take_over_seconds`), and the kernel memory of the
 //!   agent's maps (`bpftool map show`'s `bytes_memlock`) (`xtask/src/bench/held.rs`).
+//! - Keep-alive requests, the shape peers publish (Coroot: wrk2 at 10,000 requests/s over 100
+//!   connections; Beyla: eBPF time per request): an HTTP/1.1 server (hyper) and 100 clients,
+//!   each a persistent connection sending a request and reading its answer in a loop, in a
+//!   podman container's network namespace as the pod churn, every connection open before the
+//!   clock starts (`bench/src/bin/keepalive.rs`): nothing attached, the agent at its defaults
+//!   and its hooks alone (`--attach-only`), interleaved over rounds. Requests/s (the clients'
+//!   count, which must equal the server's), the agent's CPU per 10,000 requests/s, kernel
+//!   program time per request beside bpftrace `count()`'s (both attached, as the pod rows) and
+//!   records per request (`xtask/src/bench/keepalive.rs`).
 //! - Churn: loopback connect/accept/close, refused connects and aborts (`bench/src/bin/churn.rs`)
 //!   with nothing attached, with the agent, with the agent's hooks attached but its programs
 //!   returning at once (`--attach-only`: the floor that attaching these hooks costs on this
@@ -54,6 +63,7 @@
 mod agent;
 mod bpf;
 mod held;
+mod keepalive;
 mod phases;
 mod pod;
 mod report;
@@ -73,6 +83,7 @@ pub struct Settings {
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Phase {
     Pod,
+    Keepalive,
     /// Also what `footprint` needs.
     Churn,
     Pipeline,
@@ -139,6 +150,10 @@ pub fn run(settings: &Settings) -> Result<()> {
     if runs(Phase::Pod) {
         pod::pod_phase(&bin, &plan, &mut rows)?;
     }
+    let mut peers = None;
+    if runs(Phase::Keepalive) {
+        peers = Some(keepalive::keepalive_phase(&bin, &plan, &mut rows)?);
+    }
     if runs(Phase::Churn) || runs(Phase::Footprint) {
         let churn = phases::churn_phase(&bin, &plan, &mut rows)?;
         if runs(Phase::Pipeline) {
@@ -157,7 +172,7 @@ pub fn run(settings: &Settings) -> Result<()> {
     let table = report::render(&rows);
     println!("{table}");
     if !settings.smoke && settings.only.is_none() {
-        let mut doc = report::document(&table, &plan)?;
+        let mut doc = report::document(&table, &plan, peers.as_ref())?;
         // The soak's figures (`cargo xtask soak`) are kept.
         let old = std::fs::read_to_string(root.join("BENCHMARKS.md")).unwrap_or_default();
         if let Some(soak) = crate::soak::section(&old) {

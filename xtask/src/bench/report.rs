@@ -60,11 +60,32 @@ pub(super) fn render(rows: &[Row]) -> String {
     s
 }
 
-pub(super) fn document(table: &str, plan: &Plan) -> Result<String> {
+pub(super) fn document(
+    table: &str,
+    plan: &Plan,
+    peers: Option<&super::keepalive::Peers>,
+) -> Result<String> {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")?;
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let date = crate::capture(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))
         .unwrap_or_default();
+    // What peers publish for the keep-alive shape, beside ours from this run.
+    let peers = peers.map_or(String::new(), |p| {
+        format!(
+            "\nThe keep-alive rows are the shape peers publish their overhead on. Coroot's node \
+            agent: about 200 millicores at 10,000 requests/s over 100 connections (wrk2 against \
+            a Go server, <https://docs.coroot.com/installation/performance-impact>); drainwatch \
+            here: {:.2} millicores per 10,000 requests/s (at {:.0} requests/s, the agent's own \
+            CPU). Beyla: about 500 ns of eBPF time per request (the figure issue 44 quotes; \
+            Beyla's own page, <https://grafana.com/docs/beyla/latest/performance/>, gives CPU \
+            shares on the OpenTelemetry demo instead); drainwatch here: {:.0} ns of kernel \
+            program time per request, every hook. Peers capture each request (method, path, \
+            status, latency); drainwatch follows requests only on proxies' upstream connections \
+            and keeps none of a server's, so this is the cost of its hooks on every send and \
+            receive that keep nothing, not of the same work.\n",
+            p.millicores, p.rate, p.kernel_ns
+        )
+    });
     Ok(format!(
         "# Benchmarks\n\n\
         Written by `cargo xtask bench` on {date_trim}: kernel {kernel_trim}, {cpus} CPUs. \
@@ -73,12 +94,12 @@ pub(super) fn document(table: &str, plan: &Plan) -> Result<String> {
         closed by the server, one refused, one aborted), which the kernel filter keeps whole; \
         the loopback rows after them are host traffic, which it drops unless told to keep it. \
         Churn phases of {secs} s, {rounds} interleaved rounds (pod: off, agent, hooks alone, \
-        bpftrace; loopback: off, agent, agent keeping every event, hooks alone, bpftrace), \
+        bpftrace; keep-alive: off, agent, hooks alone; loopback: off, agent, agent keeping every event, hooks alone, bpftrace), \
         medians; throughput with `kernel.bpf_stats_enabled` off, as in production, and the \
         kernel cost per run from a following phase of half the length with it on (pod: the \
         agent and bpftrace attached together, each program's time its own). \
         Every figure sits beside a baseline measured in the same run; absolute numbers move \
-        with whatever else the machine does.\n\n{table}\n\
+        with whatever else the machine does.\n\n{table}{peers}\n\
         How each figure is measured: see the module documentation of `xtask/src/bench.rs`. \
         Two 1,000-container memory figures: the synthetic one is the agent's RSS at rest plus \
         what the pipeline's state grows by when a synthetic host of 1,000 containers and \
