@@ -1,8 +1,8 @@
 //! The keep-alive phase: the workload peers publish their overhead on (an HTTP server under
 //! load from 100 persistent connections), inside a podman container's network namespace as
 //! the pod rows run: nothing attached, the agent at its defaults and its hooks with programs
-//! returning at once (`--attach-only`), interleaved over rounds (`bench/src/bin/keepalive.rs`).
-//! Requests/s; the agent's CPU per 10,000 requests/s (from before each load to 1.5 s after
+//! returning at once (`--attach-only`), interleaved over rounds, the order turning each round
+//! (`bench/src/bin/keepalive.rs`). Requests/s; the agent's CPU per 10,000 requests/s (from before each load to 1.5 s after
 //! it, as the pod rows); kernel program time per request (every program the process holds,
 //! beside bpftrace `count()` on the same hooks, both attached during a half-length load of
 //! each round with the statistics on) and records per request.
@@ -93,10 +93,18 @@ pub(super) fn keepalive_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> R
     let mut work = AgentWork::default();
     for round in 0..plan.rounds {
         eprintln!("[bench] keep-alive round {}/{}", round + 1, plan.rounds);
-        off.push(load(&pod, plan, plan.phase_secs)?.1);
-        on.push(work.round(bin, &pod, plan, &stats)?);
-        let _floor = Agent::start(bin, &["--attach-only"])?;
-        floor.push(load(&pod, plan, plan.phase_secs)?.1);
+        // The order turns each round: on a machine others load, a slot that always came first
+        // or last would carry their rhythm into one variant's figures.
+        for slot in 0..3 {
+            match (slot + round) % 3 {
+                0 => off.push(load(&pod, plan, plan.phase_secs)?.1),
+                1 => on.push(work.round(bin, &pod, plan, &stats)?),
+                _ => {
+                    let _floor = Agent::start(bin, &["--attach-only"])?;
+                    floor.push(load(&pod, plan, plan.phase_secs)?.1);
+                }
+            }
+        }
     }
     let (on_spread, floor_spread) = (round_spread(&on, &off), round_spread(&floor, &off));
     let on_floor_spread = round_spread(&on, &floor);
