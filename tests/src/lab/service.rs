@@ -191,6 +191,16 @@ pub fn nft_rules(vip: SocketAddrV4, endpoints: &[SocketAddrV4]) -> String {
         ));
         return r;
     }
+    // The endpoints' chains first: the service chain's verdict map names them.
+    for ep in endpoints {
+        let chain = nft_endpoint(*ep);
+        r.push_str(&format!(
+            "add chain ip kube-proxy {chain}\n\
+             add rule ip kube-proxy {chain} ip saddr {} jump mark-for-masquerade\n\
+             add rule ip kube-proxy {chain} meta l4proto tcp counter dnat to {ep}\n",
+            ep.ip()
+        ));
+    }
     r.push_str(&format!("add chain ip kube-proxy {NFT_SERVICE}\n"));
     let picks: Vec<String> = endpoints
         .iter()
@@ -202,15 +212,6 @@ pub fn nft_rules(vip: SocketAddrV4, endpoints: &[SocketAddrV4]) -> String {
         endpoints.len(),
         picks.join(" , ")
     ));
-    for ep in endpoints {
-        let chain = nft_endpoint(*ep);
-        r.push_str(&format!(
-            "add chain ip kube-proxy {chain}\n\
-             add rule ip kube-proxy {chain} ip saddr {} jump mark-for-masquerade\n\
-             add rule ip kube-proxy {chain} meta l4proto tcp counter dnat to {ep}\n",
-            ep.ip()
-        ));
-    }
     r.push_str(&format!(
         "add element ip kube-proxy service-ips {{ {v} . tcp . {p} : goto {NFT_SERVICE} }}\n"
     ));

@@ -147,6 +147,11 @@ impl Sockets {
     }
 }
 
+/// A connect that failed this soon after its SYN, with no RST and no tracked entry, was
+/// rejected on this node (an ICMP answer takes microseconds; the first SYN retransmission is
+/// 1 s away, and a client giving up on an unanswered SYN waits longer than this).
+const REJECTED_WITHIN: Mono = 200_000_000;
+
 impl<H: HostView> Enricher<H> {
     pub(super) const RECENT: usize = 8192;
 
@@ -223,13 +228,23 @@ impl<H: HostView> Enricher<H> {
                     out.push(Observation::Unreachable { key, at, upstream });
                     return;
                 }
-                // An ICMP reject (ECONNREFUSED with no RST received): a filter's answer.
-                let icmp_refused = s.failure.is_some_and(|f| f.errno == libc::ECONNREFUSED);
-                match self
+                let refused = s.failure.is_some_and(|f| f.errno == libc::ECONNREFUSED);
+                // Answered at once, with no RST seen: the kernel's ECONNREFUSED, or (its socket
+                // closed by the client after reading the error, which clears it) failed within
+                // REJECTED_WITHIN of its SYN. Untracked, only a filter's reject does that.
+                let rejected = refused
+                    || syn_at
+                        .is_some_and(|syn| s.meta.ts_ns.saturating_sub(syn) <= REJECTED_WITHIN);
+                let found = self
                     .nat
-                    .lookup(s.meta.ts_ns, conn.local, conn.remote, icmp_refused)
-                {
-                    Translation::To(real) => {
+                    .lookup(s.meta.ts_ns, conn.local, conn.remote, rejected);
+                tracing::debug!(
+                    from = %conn.local, to = %conn.remote, failure = ?s.failure, ?found,
+                    "failed connect to an address no container has"
+                );
+                match found {
+                    // A RST from the pod is its refusal, counted in its own namespace.
+                    Translation::To(real) if !refused => {
                         if let Some(key) = self.backend_of(real) {
                             out.push(Observation::Unreachable { key, at, upstream });
                         }
@@ -241,7 +256,7 @@ impl<H: HostView> Enricher<H> {
                             out.push(Observation::ServiceRejected { key, at });
                         }
                     }
-                    Translation::None => {}
+                    Translation::To(_) | Translation::None => {}
                 }
             }
             (Some(Established), Some(CloseWait)) => self.peer_done(s.skaddr, ns, conn),
