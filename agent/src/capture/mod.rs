@@ -179,6 +179,16 @@ fn btf_degradations(k: &KernelOffsets, hook: &str, cookies: bool) -> Vec<String>
     out
 }
 
+/// One loaded program's size (`Capture::program_sizes`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ProgramSize {
+    pub name: String,
+    /// Instructions after the kernel's rewrites.
+    pub xlated: Option<u32>,
+    /// Instructions the verifier processed (5.16+).
+    pub verified: Option<u32>,
+}
+
 /// Loaded programs and the outcome of the attach plan. Dropping it detaches everything.
 pub struct Capture {
     /// Attachments, owned here so they can be dropped in parallel: each detach waits for an
@@ -349,6 +359,23 @@ impl Capture {
             .and_then(|m| aya::maps::PerCpuArray::try_from(m).ok())
             .map(|a| faults::read(&a))
             .unwrap_or_default()
+    }
+
+    /// Every loaded program's size as this kernel holds it, by name: its translated
+    /// instructions (`bpftool prog show`'s xlated bytes / 8) and the instructions its verifier
+    /// processed (5.16+; the limit is a million). For the kernel matrix's figures.
+    pub fn program_sizes(&self) -> Vec<ProgramSize> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, p)| {
+                let info = p.info().ok()?;
+                Some(ProgramSize {
+                    name: name.to_string(),
+                    xlated: info.size_translated().map(|b| b / 8),
+                    verified: info.verified_instruction_count(),
+                })
+            })
+            .collect()
     }
 
     pub fn all_attached(&self) -> bool {

@@ -12,7 +12,8 @@
 //! socket-less reset it is documented to miss).
 //!
 //! Output is line-based for the serial console: `DWK-PLAN <json>` per signal and plan,
-//! `DWK-TEST ok|FAIL <name> <detail>` per check, `DWK-DONE <json>` at the end; xtask parses it.
+//! `DWK-INSNS <json>` per plan (its programs' instructions), `DWK-TEST ok|FAIL <name> <detail>`
+//! per check, `DWK-DONE <json>` at the end; xtask parses it.
 
 pub mod container;
 pub mod expect;
@@ -31,6 +32,8 @@ use crate::Harness;
 pub const PREFIX_PLAN: &str = "DWK-PLAN ";
 pub const PREFIX_TEST: &str = "DWK-TEST ";
 pub const PREFIX_DONE: &str = "DWK-DONE ";
+/// Each loaded program's instructions, per plan (`Capture::program_sizes`).
+pub const PREFIX_INSNS: &str = "DWK-INSNS ";
 
 /// One way of loading the programs.
 pub struct Variant {
@@ -286,6 +289,10 @@ pub fn run(filter: Option<String>) -> (usize, usize) {
                 for st in &l.h.capture.statuses {
                     println!("{PREFIX_PLAN}{}", plan_json(v.name, st));
                 }
+                println!(
+                    "{PREFIX_INSNS}{}",
+                    json!({"variant": v.name, "programs": l.h.capture.program_sizes()})
+                );
                 loaded.push(l);
             }
             Err(e) => r.check(&format!("load[{}]", v.name), || panic!("{e}")),
