@@ -33,7 +33,7 @@ use crate::{
     model::{ContainerIdentity, SECOND, monotonic_now, stop::AgentGap},
     pipeline::Pipeline,
     queue,
-    telemetry::{Attach, Telemetry},
+    telemetry::{Attach, Telemetry, internal::EbpfLogFailed},
 };
 
 /// Start-up failures: each renders as one sentence, and the binary exits 2.
@@ -408,6 +408,21 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
             .filter(|k| cli.test_drop_events.iter().any(|n| n == k.name()))
             .collect(),
     );
+    // Without the programs' log the agent goes on: their faults are counted all the same.
+    let log = capture.take_log().and_then(|log| {
+        if cli.test_no_ebpf_log {
+            Err("--test-no-ebpf-log".to_string())
+        } else {
+            Ok(log)
+        }
+    });
+    let reader = match log {
+        Ok(log) => reader.with_log(log),
+        Err(error) => {
+            EbpfLogFailed { setup: true, error }.emit(&telemetry);
+            reader
+        }
+    };
     let watch = capture.take_watch()?;
     let hold = if capture.holds() {
         Some(capture.take_hold()?)

@@ -3,6 +3,7 @@
 
 mod attach;
 pub mod btf;
+pub mod ebpf_log;
 pub mod event;
 pub mod faults;
 pub mod hold;
@@ -196,6 +197,8 @@ pub struct Capture {
     /// of the one second the agent has to exit.
     links: Vec<Box<dyn Send>>,
     ebpf: Ebpf,
+    /// The lifecycle programs' log, or why it could not be set up; `None` once taken.
+    log: Option<Result<ebpf_log::EbpfLog, String>>,
     pub statuses: Vec<SignalStatus>,
     pub names: KernelNames,
     pub kernel_offsets: KernelOffsets,
@@ -239,6 +242,7 @@ impl Capture {
             .map_max_entries("LIFECYCLE", lifecycle_ring_bytes(size))
             .map_max_entries("HOLD", opts.hold_entries.max(1))
             .map_max_entries("UPSTREAM_SOCKS", opts.upstream_entries.max(1))
+            .map_max_entries("AYA_LOGS", ebpf_log::LOG_RING_BYTES)
             .load(EBPF_OBJECT)
             .map_err(|e| match memlock {
                 // aya lifts the limit on EPERM where it can; still EPERM under a finite
@@ -253,6 +257,8 @@ impl Capture {
                 _ => CaptureError::Load(e),
             })?;
 
+        // Before any program loads: they reference the log map (see `ebpf_log::EbpfLog`).
+        let log = Some(ebpf_log::EbpfLog::take(&mut ebpf).map_err(|e| e.to_string()));
         let mut statuses = Vec::new();
         let mut links = Vec::new();
         // aya's parse of the kernel BTF, for tp_btf programs: made once, when first needed.
@@ -318,6 +324,7 @@ impl Capture {
         Ok(Self {
             links,
             ebpf,
+            log,
             statuses,
             names,
             kernel_offsets: kernel,
@@ -343,6 +350,14 @@ impl Capture {
     /// Takes the maps that say which host-namespace traffic to keep; call once.
     pub fn take_watch(&mut self) -> Result<watch::Watch, CaptureError> {
         watch::Watch::take(&mut self.ebpf)
+    }
+
+    /// Takes the lifecycle programs' log (`ebpf_log`), or why it could not be set up; call
+    /// once (then it says it was taken).
+    pub fn take_log(&mut self) -> Result<ebpf_log::EbpfLog, String> {
+        self.log
+            .take()
+            .unwrap_or_else(|| Err("the eBPF log was taken already".into()))
     }
 
     /// Takes the fault counters (for a thread other than the one holding `Capture`); after

@@ -53,6 +53,7 @@ pub struct Limits {
     lost: [RateLimit; LossStage::ALL.len()],
     procfs: [RateLimit; ProcfsFile::ALL.len()],
     watch_failed: RateLimit,
+    ebpf_log: RateLimit,
 }
 
 /// Logs through `limit`: nothing when suppressed, `suppressed = n` when lines were.
@@ -208,6 +209,44 @@ impl EbpfFaults {
                 fault = self.fault.as_str(),
                 total = self.total,
                 "eBPF program failure (logged at powers of two; every one is counted)"
+            );
+        }
+    }
+}
+
+/// How many of the lifecycle programs' log records (`capture::ebpf_log`) the agent has logged
+/// since load, as the reader drained them: counted, not logged again.
+pub struct EbpfLogRecords {
+    pub total: u64,
+}
+
+impl EbpfLogRecords {
+    pub fn emit(&self, t: &Telemetry) {
+        t.agent.ebpf_log_records(self.total);
+    }
+}
+
+/// The eBPF programs' log failed: `setup` when it could not be set up at start (the agent
+/// goes on without it), else a record that could not be decoded.
+pub struct EbpfLogFailed<E> {
+    pub setup: bool,
+    pub error: E,
+}
+
+impl<E: Display> EbpfLogFailed<E> {
+    pub fn emit(&self, t: &Telemetry) {
+        t.agent.ebpf_log_failed();
+        if self.setup {
+            tracing::warn!(
+                error = %self.error,
+                "the eBPF programs' log cannot be set up: what the lifecycle programs cannot read is counted (drainwatch_ebpf_faults_total), not logged from the kernel"
+            );
+        } else {
+            log_limited!(
+                t.limits.ebpf_log,
+                warn,
+                error = %self.error,
+                "an eBPF log record was not logged"
             );
         }
     }

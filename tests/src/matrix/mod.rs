@@ -16,6 +16,7 @@
 //! per check, `DWK-DONE <json>` at the end; xtask parses it.
 
 pub mod container;
+mod ebpf_log;
 pub mod expect;
 pub mod memlock;
 mod processes;
@@ -304,6 +305,8 @@ pub fn run(filter: Option<String>) -> (usize, usize) {
             expect::check_plan(&facts, l)
         });
     }
+    // First: the plans' fault counts are still zero, so the fault is each one's first.
+    r.check("ebpf_log", || ebpf_log::check(&mut loaded));
     scenarios::run(&mut r, &mut loaded);
     drop(loaded);
     container::run(&mut r, &facts);
