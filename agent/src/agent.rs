@@ -33,7 +33,7 @@ use crate::{
     model::{ContainerIdentity, SECOND, monotonic_now, stop::AgentGap},
     pipeline::Pipeline,
     queue,
-    telemetry::{Attach, Telemetry, internal::EbpfLogFailed},
+    telemetry::{Attach, Telemetry},
 };
 
 /// Start-up failures: each renders as one sentence, and the binary exits 2.
@@ -361,6 +361,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         hold: cli.hold,
         hold_entries: cli.hold_entries,
         upstream_entries: cli.upstream_entries,
+        ebpf_log: !cli.test_no_ebpf_log,
     })?;
     if cli.attach_only {
         tracing::warn!("--attach-only: the programs return at once, nothing is captured");
@@ -402,27 +403,13 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         tx,
     )?
     .with_faults(capture.take_faults()?)
+    .with_log(capture.take_log())
     .dropping(
         drainwatch_common::EventKind::ALL
             .into_iter()
             .filter(|k| cli.test_drop_events.iter().any(|n| n == k.name()))
             .collect(),
     );
-    // Without the programs' log the agent goes on: their faults are counted all the same.
-    let log = capture.take_log().and_then(|log| {
-        if cli.test_no_ebpf_log {
-            Err("--test-no-ebpf-log".to_string())
-        } else {
-            Ok(log)
-        }
-    });
-    let reader = match log {
-        Ok(log) => reader.with_log(log),
-        Err(error) => {
-            EbpfLogFailed { setup: true, error }.emit(&telemetry);
-            reader
-        }
-    };
     let watch = capture.take_watch()?;
     let hold = if capture.holds() {
         Some(capture.take_hold()?)

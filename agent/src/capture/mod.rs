@@ -258,7 +258,11 @@ impl Capture {
             })?;
 
         // Before any program loads: they reference the log map (see `ebpf_log::EbpfLog`).
-        let log = Some(ebpf_log::EbpfLog::take(&mut ebpf).map_err(|e| e.to_string()));
+        let log = Some(if opts.ebpf_log {
+            ebpf_log::EbpfLog::take(&mut ebpf).map_err(|e| e.to_string())
+        } else {
+            Err("not set up (--test-no-ebpf-log)".into())
+        });
         let mut statuses = Vec::new();
         let mut links = Vec::new();
         // aya's parse of the kernel BTF, for tp_btf programs: made once, when first needed.

@@ -130,9 +130,13 @@ impl Reader {
         self
     }
 
-    /// Also hands the lifecycle programs' log records to tracing, with the loss counters.
-    pub fn with_log(mut self, log: super::ebpf_log::EbpfLog) -> Self {
-        self.log = Some(log);
+    /// Also hands the lifecycle programs' log records to tracing, with the loss counters; a
+    /// log that could not be set up is warned about and counted, and the reader goes on.
+    pub fn with_log(mut self, log: Result<super::ebpf_log::EbpfLog, String>) -> Self {
+        match log {
+            Ok(log) => self.log = Some(log),
+            Err(error) => EbpfLogFailed { setup: true, error }.emit(&self.telemetry),
+        }
         self
     }
 

@@ -298,6 +298,28 @@ mod tests {
     }
 
     #[test]
+    fn ebpf_log_records_follow_the_drained_total_and_failures_are_counted() {
+        let t = Telemetry::new("k");
+        for total in [0, 2, 2, 5] {
+            EbpfLogRecords { total }.emit(&t);
+        }
+        EbpfLogFailed {
+            setup: true,
+            error: "no AYA_LOGS",
+        }
+        .emit(&t);
+        let text = t.encode_prometheus().unwrap();
+        assert!(
+            text.contains("drainwatch_ebpf_log_records_total 5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("drainwatch_ebpf_log_failures_total 1\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn one_line_per_window_then_the_suppressed_count() {
         let l = RateLimit::default();
         let t0 = 1_000 * SECOND;
