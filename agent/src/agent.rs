@@ -404,12 +404,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
     )?
     .with_faults(capture.take_faults()?)
     .with_log(capture.take_log())
-    .dropping(
-        drainwatch_common::EventKind::ALL
-            .into_iter()
-            .filter(|k| cli.test_drop_events.iter().any(|n| n == k.name()))
-            .collect(),
-    );
+    .dropping(cli.test_drop_kinds());
     let watch = capture.take_watch()?;
     let hold = if capture.holds() {
         Some(capture.take_hold()?)

@@ -265,6 +265,16 @@ pub struct Cli {
     pub btf: String,
 }
 
+impl Cli {
+    /// The hooks `--test-drop-events` names, as event kinds.
+    pub fn test_drop_kinds(&self) -> Vec<drainwatch_common::EventKind> {
+        drainwatch_common::EventKind::ALL
+            .into_iter()
+            .filter(|k| self.test_drop_events.iter().any(|n| n == k.name()))
+            .collect()
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Print a running agent's recent deploys and container stops: each stop's timeline, the
