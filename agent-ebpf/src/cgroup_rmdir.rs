@@ -13,7 +13,7 @@ use drainwatch_common::{
 
 use crate::ring::{reserve, submit_lifecycle};
 use crate::{
-    fault::fault,
+    fault::fault_at,
     util::{CONFIG, Record, cfg, fill_header, task_netns},
 };
 
@@ -42,13 +42,14 @@ fn try_cgroup_rmdir(ctx: &TracePointContext) -> Option<()> {
     // `__data_loc`: low 16 bits are the string's offset in the record, high 16 its length.
     // The length includes the NUL: a longer path than the record holds is cut.
     if let Some(loc) = rec.get::<u32>(f.path) {
-        let src = unsafe { (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize) };
+        let at = loc & 0xffff;
+        let src = unsafe { (ctx.as_ptr() as *const u8).add(at as usize) };
         match unsafe { bpf_probe_read_kernel_str_bytes(src, &mut ev.path) } {
             Ok(s) => ev.path_len = s.len() as u32,
-            Err(_) => fault(KIND, FaultKind::PathRead),
+            Err(_) => fault_at(KIND, FaultKind::PathRead, at),
         }
         if loc >> 16 > PATH_LEN as u32 {
-            fault(KIND, FaultKind::PathTruncated);
+            fault_at(KIND, FaultKind::PathTruncated, at);
         }
     }
     submit_lifecycle(entry);

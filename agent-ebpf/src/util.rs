@@ -21,7 +21,7 @@ use drainwatch_common::{
     watch,
 };
 
-use crate::fault::fault;
+use crate::fault::{fault, fault_at};
 
 #[unsafe(no_mangle)]
 pub static CONFIG: Config = Config::UNSET;
@@ -224,7 +224,7 @@ impl<'a> Record<'a> {
             _ => match unsafe { self.ctx.read_at::<T>(off) } {
                 Ok(v) => Some(v),
                 Err(_) => {
-                    fault(self.kind, FaultKind::RecordRead);
+                    fault_at(self.kind, FaultKind::RecordRead, off as u32);
                     None
                 }
             },
@@ -343,7 +343,7 @@ pub fn kread<T>(kind: EventKind, base: u64, off: u32) -> Option<T> {
     match unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) } {
         Ok(v) => Some(v),
         Err(_) => {
-            fault(kind, FaultKind::KernelRead);
+            fault_at(kind, FaultKind::KernelRead, off);
             None
         }
     }

@@ -361,6 +361,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         hold: cli.hold,
         hold_entries: cli.hold_entries,
         upstream_entries: cli.upstream_entries,
+        ebpf_log: !cli.test_no_ebpf_log,
     })?;
     if cli.attach_only {
         tracing::warn!("--attach-only: the programs return at once, nothing is captured");
@@ -402,12 +403,8 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         tx,
     )?
     .with_faults(capture.take_faults()?)
-    .dropping(
-        drainwatch_common::EventKind::ALL
-            .into_iter()
-            .filter(|k| cli.test_drop_events.iter().any(|n| n == k.name()))
-            .collect(),
-    );
+    .with_log(capture.take_log())
+    .dropping(cli.test_drop_kinds());
     let watch = capture.take_watch()?;
     let hold = if capture.holds() {
         Some(capture.take_hold()?)

@@ -174,6 +174,14 @@ pub struct Cli {
     )]
     pub test_drop_events: Vec<String>,
 
+    /// Testing only: start as if the eBPF programs' log could not be set up.
+    #[arg(
+        long = "test-no-ebpf-log",
+        env = "DRAINWATCH_TEST_NO_EBPF_LOG",
+        hide = true
+    )]
+    pub test_no_ebpf_log: bool,
+
     /// Capacity of the queue between the ring-buffer reader and the pipeline, in events
     /// (memory is taken for the events queued, not for the whole capacity up front).
     #[arg(long, env = "DRAINWATCH_QUEUE_EVENTS", default_value_t = 65536)]
@@ -255,6 +263,16 @@ pub struct Cli {
         default_value = "/sys/kernel/btf/vmlinux"
     )]
     pub btf: String,
+}
+
+impl Cli {
+    /// The hooks `--test-drop-events` names, as event kinds.
+    pub fn test_drop_kinds(&self) -> Vec<drainwatch_common::EventKind> {
+        drainwatch_common::EventKind::ALL
+            .into_iter()
+            .filter(|k| self.test_drop_events.iter().any(|n| n == k.name()))
+            .collect()
+    }
 }
 
 #[derive(Debug, Subcommand)]

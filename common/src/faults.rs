@@ -1,7 +1,8 @@
 //! Failures inside the programs that leave an event incomplete: a kernel read that failed, a
 //! path cut short. The programs count each in the per-CPU array `FAULTS`, one entry per
-//! (event kind, fault kind) (`slot`), and log the first, second, fourth, eighth… of each on a
-//! CPU through aya-log; the agent reads the counts (`Capture::faults`).
+//! (event kind, fault kind) (`slot`); the lifecycle programs also log the first, second,
+//! fourth, eighth… of each on a CPU through aya-log. The agent reads the counts
+//! (`Capture::faults`).
 
 use crate::EventKind;
 

@@ -3,6 +3,7 @@
 
 mod attach;
 pub mod btf;
+pub mod ebpf_log;
 pub mod event;
 pub mod faults;
 pub mod hold;
@@ -179,6 +180,16 @@ fn btf_degradations(k: &KernelOffsets, hook: &str, cookies: bool) -> Vec<String>
     out
 }
 
+/// One loaded program's size (`Capture::program_sizes`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ProgramSize {
+    pub name: String,
+    /// Instructions after the kernel's rewrites.
+    pub xlated: Option<u32>,
+    /// Instructions the verifier processed (5.16+).
+    pub verified: Option<u32>,
+}
+
 /// Loaded programs and the outcome of the attach plan. Dropping it detaches everything.
 pub struct Capture {
     /// Attachments, owned here so they can be dropped in parallel: each detach waits for an
@@ -186,6 +197,8 @@ pub struct Capture {
     /// of the one second the agent has to exit.
     links: Vec<Box<dyn Send>>,
     ebpf: Ebpf,
+    /// The lifecycle programs' log, or why it could not be set up; `None` once taken.
+    log: Option<Result<ebpf_log::EbpfLog, String>>,
     pub statuses: Vec<SignalStatus>,
     pub names: KernelNames,
     pub kernel_offsets: KernelOffsets,
@@ -229,6 +242,7 @@ impl Capture {
             .map_max_entries("LIFECYCLE", lifecycle_ring_bytes(size))
             .map_max_entries("HOLD", opts.hold_entries.max(1))
             .map_max_entries("UPSTREAM_SOCKS", opts.upstream_entries.max(1))
+            .map_max_entries("AYA_LOGS", ebpf_log::LOG_RING_BYTES)
             .load(EBPF_OBJECT)
             .map_err(|e| match memlock {
                 // aya lifts the limit on EPERM where it can; still EPERM under a finite
@@ -243,6 +257,12 @@ impl Capture {
                 _ => CaptureError::Load(e),
             })?;
 
+        // Before any program loads: they reference the log map (see `ebpf_log::EbpfLog`).
+        let log = Some(if opts.ebpf_log {
+            ebpf_log::EbpfLog::take(&mut ebpf).map_err(|e| e.to_string())
+        } else {
+            Err("not set up (--test-no-ebpf-log)".into())
+        });
         let mut statuses = Vec::new();
         let mut links = Vec::new();
         // aya's parse of the kernel BTF, for tp_btf programs: made once, when first needed.
@@ -308,6 +328,7 @@ impl Capture {
         Ok(Self {
             links,
             ebpf,
+            log,
             statuses,
             names,
             kernel_offsets: kernel,
@@ -335,6 +356,14 @@ impl Capture {
         watch::Watch::take(&mut self.ebpf)
     }
 
+    /// Takes the lifecycle programs' log (`ebpf_log`), or why it could not be set up; call
+    /// once (then it says it was taken).
+    pub fn take_log(&mut self) -> Result<ebpf_log::EbpfLog, String> {
+        self.log
+            .take()
+            .unwrap_or_else(|| Err("the eBPF log was taken already".into()))
+    }
+
     /// Takes the fault counters (for a thread other than the one holding `Capture`); after
     /// this, `faults()` is empty. Call once.
     pub fn take_faults(&mut self) -> Result<faults::Faults, CaptureError> {
@@ -349,6 +378,23 @@ impl Capture {
             .and_then(|m| aya::maps::PerCpuArray::try_from(m).ok())
             .map(|a| faults::read(&a))
             .unwrap_or_default()
+    }
+
+    /// Every loaded program's size as this kernel holds it, by name: its translated
+    /// instructions (`bpftool prog show`'s xlated bytes / 8) and the instructions its verifier
+    /// processed (5.16+; the limit is a million). For the kernel matrix's figures.
+    pub fn program_sizes(&self) -> Vec<ProgramSize> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, p)| {
+                let info = p.info().ok()?;
+                Some(ProgramSize {
+                    name: name.to_string(),
+                    xlated: info.size_translated().map(|b| b / 8),
+                    verified: info.verified_instruction_count(),
+                })
+            })
+            .collect()
     }
 
     pub fn all_attached(&self) -> bool {

@@ -28,6 +28,9 @@ pub struct Options {
     /// Proxies' upstream connections whose requests the kernel may follow at once (the
     /// `UPSTREAM_SOCKS` map's size).
     pub upstream_entries: u32,
+    /// Whether to set up the lifecycle programs' log (`ebpf_log`); off only to test the agent
+    /// without it (`--test-no-ebpf-log`).
+    pub ebpf_log: bool,
 }
 
 /// nginx re-sends from the failed read's handler, tens of microseconds after the cut; the
@@ -61,6 +64,7 @@ impl Default for Options {
             hold: false,
             hold_entries: HOLD_ENTRIES,
             upstream_entries: drainwatch_common::sock_length::UPSTREAM_SOCKS,
+            ebpf_log: true,
         }
     }
 }

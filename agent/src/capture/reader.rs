@@ -15,7 +15,7 @@ use super::{
 };
 use crate::telemetry::{
     LossStage, Telemetry,
-    internal::{DecodeFailed, EbpfFaults, EventsLost},
+    internal::{DecodeFailed, EbpfFaults, EbpfLogFailed, EbpfLogRecords, EventsLost},
 };
 
 pub struct Maps {
@@ -84,6 +84,8 @@ pub struct Reader {
     tx: crate::queue::Sender<Event>,
     /// The programs' fault counters (`Capture::take_faults`), polled with the loss counters.
     faults: Option<super::faults::Faults>,
+    /// The lifecycle programs' log (`Capture::take_log`), drained with the loss counters.
+    log: Option<super::ebpf_log::EbpfLog>,
     /// Kinds dropped on purpose, as if the kernel had had no room (`--test-drop-events`).
     drop: Vec<EventKind>,
     /// Each ring's records of a drain, kept between drains (empty between them).
@@ -115,6 +117,7 @@ impl Reader {
             telemetry,
             tx,
             faults: None,
+            log: None,
             drop: Vec::new(),
             lifecycle_read: Vec::new(),
             packet_read: Vec::new(),
@@ -124,6 +127,16 @@ impl Reader {
     /// Also brings the eBPF programs' fault counters to telemetry, with the loss counters.
     pub fn with_faults(mut self, faults: super::faults::Faults) -> Self {
         self.faults = Some(faults);
+        self
+    }
+
+    /// Also hands the lifecycle programs' log records to tracing, with the loss counters; a
+    /// log that could not be set up is warned about and counted, and the reader goes on.
+    pub fn with_log(mut self, log: Result<super::ebpf_log::EbpfLog, String>) -> Self {
+        match log {
+            Ok(log) => self.log = Some(log),
+            Err(error) => EbpfLogFailed { setup: true, error }.emit(&self.telemetry),
+        }
         self
     }
 
@@ -178,7 +191,7 @@ impl Reader {
     }
 
     /// Brings the `ringbuf` and `shed` loss counters and the filtered counters up to the
-    /// kernel's per-CPU totals.
+    /// kernel's per-CPU totals; logs the programs' log records.
     pub fn poll_lost(&mut self) {
         let filtered = per_kind(&self.filtered);
         let shed = per_kind(&self.shed);
@@ -204,6 +217,15 @@ impl Reader {
         let total = sum(&self.lost);
         for (kind, fault, total) in self.faults.iter().flat_map(|f| f.read()) {
             EbpfFaults { kind, fault, total }.emit(&self.telemetry);
+        }
+        match self.log.as_mut().map(super::ebpf_log::EbpfLog::drain) {
+            Some(Ok(total)) => EbpfLogRecords { total }.emit(&self.telemetry),
+            Some(Err(error)) => EbpfLogFailed {
+                setup: false,
+                error,
+            }
+            .emit(&self.telemetry),
+            None => {}
         }
         if total > self.lost_seen {
             EventsLost {

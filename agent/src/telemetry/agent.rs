@@ -53,6 +53,9 @@ pub struct AgentMetrics {
     procfs_errors: [Counter; ProcfsFile::ALL.len()],
     /// Per hook, per fault kind: what the eBPF programs could not do.
     faults: [[Counter; FaultKind::ALL.len()]; KINDS],
+    /// The lifecycle programs' log records handed to tracing, and the log's failures.
+    ebpf_log_records: Counter,
+    ebpf_log_failures: Counter,
 }
 
 impl AgentMetrics {
@@ -69,6 +72,8 @@ impl AgentMetrics {
         let probe_degraded = Family::<SignalLabels, Gauge>::default();
         let procfs_errors = Family::<FileLabels, Counter>::default();
         let faults = Family::<FaultLabels, Counter>::default();
+        let ebpf_log_records = Counter::default();
+        let ebpf_log_failures = Counter::default();
         registry.register(
             "drainwatch_events",
             "Events received from the kernel, by hook",
@@ -137,6 +142,16 @@ impl AgentMetrics {
             "What the eBPF programs could not do, by hook and fault: kernel reads that failed, paths cut at the record's size (each also logged under drainwatch::ebpf, at powers of two)",
             faults.clone(),
         );
+        registry.register(
+            "drainwatch_ebpf_log_records",
+            "Log records of the lifecycle eBPF programs (signals, exits, cgroup removals: what they could not read, at powers of two of each fault's count per CPU) the agent logged under drainwatch::ebpf",
+            ebpf_log_records.clone(),
+        );
+        registry.register(
+            "drainwatch_ebpf_log_failures",
+            "The eBPF programs' log failed: it could not be set up at start (its records are then not shown), or a record could not be decoded (see the log). Faults are counted in drainwatch_ebpf_faults_total either way",
+            ebpf_log_failures.clone(),
+        );
         // Every closed-set series exists from the start, and its handle is kept.
         let per_kind = |family: &Family<KindLabels, Counter>| {
             EventKind::ALL.map(|k| family.get_or_create_owned(&KindLabels { kind: Hook(k) }))
@@ -160,6 +175,8 @@ impl AgentMetrics {
             probe_degraded,
             procfs_errors: ProcfsFile::ALL
                 .map(|file| procfs_errors.get_or_create_owned(&FileLabels { file })),
+            ebpf_log_records,
+            ebpf_log_failures,
             faults: EventKind::ALL.map(|k| {
                 FaultKind::ALL.map(|f| {
                     faults.get_or_create_owned(&FaultLabels {
@@ -207,6 +224,19 @@ impl AgentMetrics {
             c.inc_by(grew);
         }
         before
+    }
+
+    /// Brings the log-record counter up to the total logged since load. Counted by
+    /// `internal::EbpfLogRecords`.
+    pub(super) fn ebpf_log_records(&self, total: u64) {
+        if let Some(grew) = total.checked_sub(self.ebpf_log_records.get()) {
+            self.ebpf_log_records.inc_by(grew);
+        }
+    }
+
+    /// Counted by `internal::EbpfLogFailed`, which also logs.
+    pub(super) fn ebpf_log_failed(&self) {
+        self.ebpf_log_failures.inc();
     }
 
     /// eBPF program faults that lose part of a record's inputs (`FaultKind::loses_input`),

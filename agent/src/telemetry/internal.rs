@@ -53,6 +53,7 @@ pub struct Limits {
     lost: [RateLimit; LossStage::ALL.len()],
     procfs: [RateLimit; ProcfsFile::ALL.len()],
     watch_failed: RateLimit,
+    ebpf_log: RateLimit,
 }
 
 /// Logs through `limit`: nothing when suppressed, `suppressed = n` when lines were.
@@ -213,6 +214,44 @@ impl EbpfFaults {
     }
 }
 
+/// How many of the lifecycle programs' log records (`capture::ebpf_log`) the agent has logged
+/// since load, as the reader drained them: counted, not logged again.
+pub struct EbpfLogRecords {
+    pub total: u64,
+}
+
+impl EbpfLogRecords {
+    pub fn emit(&self, t: &Telemetry) {
+        t.agent.ebpf_log_records(self.total);
+    }
+}
+
+/// The eBPF programs' log failed: `setup` when it could not be set up at start (the agent
+/// goes on without it), else a record that could not be decoded.
+pub struct EbpfLogFailed<E> {
+    pub setup: bool,
+    pub error: E,
+}
+
+impl<E: Display> EbpfLogFailed<E> {
+    pub fn emit(&self, t: &Telemetry) {
+        t.agent.ebpf_log_failed();
+        if self.setup {
+            tracing::warn!(
+                error = %self.error,
+                "the eBPF programs' log cannot be set up: what the lifecycle programs cannot read is counted (drainwatch_ebpf_faults_total), not logged from the kernel"
+            );
+        } else {
+            log_limited!(
+                t.limits.ebpf_log,
+                warn,
+                error = %self.error,
+                "an eBPF log record was not logged"
+            );
+        }
+    }
+}
+
 /// Whether a count going from `before` to `now` reached a power of two on the way.
 fn new_power_of_two(before: u64, now: u64) -> bool {
     now > before && (before == 0 || now.ilog2() > before.ilog2())
@@ -254,6 +293,28 @@ mod tests {
             text.contains(
                 "drainwatch_ebpf_faults_total{kind=\"tcp_send_reset\",fault=\"kernel_read\"} 5\n"
             ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn ebpf_log_records_follow_the_drained_total_and_failures_are_counted() {
+        let t = Telemetry::new("k");
+        for total in [0, 2, 2, 5] {
+            EbpfLogRecords { total }.emit(&t);
+        }
+        EbpfLogFailed {
+            setup: true,
+            error: "no AYA_LOGS",
+        }
+        .emit(&t);
+        let text = t.encode_prometheus().unwrap();
+        assert!(
+            text.contains("drainwatch_ebpf_log_records_total 5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("drainwatch_ebpf_log_failures_total 1\n"),
             "{text}"
         );
     }

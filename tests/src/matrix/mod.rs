@@ -12,9 +12,11 @@
 //! socket-less reset it is documented to miss).
 //!
 //! Output is line-based for the serial console: `DWK-PLAN <json>` per signal and plan,
-//! `DWK-TEST ok|FAIL <name> <detail>` per check, `DWK-DONE <json>` at the end; xtask parses it.
+//! `DWK-INSNS <json>` per plan (its programs' instructions), `DWK-TEST ok|FAIL <name> <detail>`
+//! per check, `DWK-DONE <json>` at the end; xtask parses it.
 
 pub mod container;
+mod ebpf_log;
 pub mod expect;
 pub mod memlock;
 mod processes;
@@ -31,6 +33,8 @@ use crate::Harness;
 pub const PREFIX_PLAN: &str = "DWK-PLAN ";
 pub const PREFIX_TEST: &str = "DWK-TEST ";
 pub const PREFIX_DONE: &str = "DWK-DONE ";
+/// Each loaded program's instructions, per plan (`Capture::program_sizes`).
+pub const PREFIX_INSNS: &str = "DWK-INSNS ";
 
 /// One way of loading the programs.
 pub struct Variant {
@@ -286,6 +290,10 @@ pub fn run(filter: Option<String>) -> (usize, usize) {
                 for st in &l.h.capture.statuses {
                     println!("{PREFIX_PLAN}{}", plan_json(v.name, st));
                 }
+                println!(
+                    "{PREFIX_INSNS}{}",
+                    json!({"variant": v.name, "programs": l.h.capture.program_sizes()})
+                );
                 loaded.push(l);
             }
             Err(e) => r.check(&format!("load[{}]", v.name), || panic!("{e}")),
@@ -297,6 +305,8 @@ pub fn run(filter: Option<String>) -> (usize, usize) {
             expect::check_plan(&facts, l)
         });
     }
+    // First: the plans' fault counts are still zero, so the fault is each one's first.
+    r.check("ebpf_log", || ebpf_log::check(&mut loaded));
     scenarios::run(&mut r, &mut loaded);
     drop(loaded);
     container::run(&mut r, &facts);

@@ -176,6 +176,19 @@ fn matrix(args: &KernelsArgs, root: &Path) -> anyhow::Result<Vec<run::Row>> {
                 .map_or("?".to_string(), |s| format!("{s:.1} s"))
         );
     }
+    for r in &rows {
+        let n = |v: Option<u32>| v.map_or("-".to_string(), |v| v.to_string());
+        let sizes: Vec<String> = r
+            .programs
+            .iter()
+            .map(|(name, (x, v))| format!("{name} {}/{}", n(*x), n(*v)))
+            .collect();
+        println!(
+            "[kernels] {}: instructions (translated/verified, - where the kernel does not say): {}",
+            r.release,
+            sizes.join(", ")
+        );
+    }
     let complete = filter.is_none() && args.only.is_empty();
     if !args.no_readme && complete {
         table::write_readme(&root.join("README.md"), &rows)?;

@@ -37,6 +37,9 @@ pub struct Row {
     pub load_seconds: Option<f64>,
     /// How the kernel's cgroups were mounted (`v2 only`, `hybrid (v1 and v2)`).
     pub cgroups: Option<String>,
+    /// Each program loaded, by name, as the first plan that loaded it holds it: (translated
+    /// instructions, instructions the verifier processed (5.16+)).
+    pub programs: std::collections::BTreeMap<String, (Option<u32>, Option<u32>)>,
 }
 
 impl Row {
@@ -189,6 +192,19 @@ struct PlanLine {
     unavailable: Option<String>,
 }
 
+/// A `DWK-INSNS` line: the programs one plan loaded, and their sizes.
+#[derive(Deserialize)]
+struct InsnsLine {
+    programs: Vec<ProgramLine>,
+}
+
+#[derive(Deserialize)]
+struct ProgramLine {
+    name: String,
+    xlated: Option<u32>,
+    verified: Option<u32>,
+}
+
 /// The `DWK-DONE` line: the runner's tally.
 #[derive(Deserialize)]
 struct DoneLine {
@@ -220,6 +236,10 @@ pub fn parse(lines: &[String], timed_out: bool, timeout: Duration) -> Row {
                     degraded.push(needs);
                 }
                 row.plan.push((p.signal, p.chosen, degraded));
+            }
+        } else if let Some(i) = json_after::<InsnsLine>(line, "DWK-INSNS ") {
+            for p in i.programs {
+                row.programs.entry(p.name).or_insert((p.xlated, p.verified));
             }
         } else if let Some(d) = json_after::<DoneLine>(line, "DWK-DONE ") {
             done = true;
@@ -278,6 +298,8 @@ mod tests {
         let lines: Vec<String> = [
             "noise DWK-KERNEL 6.1.0-57-cloud-amd64 {}",
             "DWK-LOAD natural 12.3s",
+            r#"DWK-INSNS {"variant":"natural","programs":[{"name":"signal_generate","xlated":180,"verified":null}]}"#,
+            r#"DWK-INSNS {"variant":"classic","programs":[{"name":"signal_generate","xlated":1,"verified":2}]}"#,
             r#"DWK-PLAN {"variant":"natural","signal":"resets_sent","chosen":"kprobe:a+b","degraded":[]}"#,
             r#"DWK-PLAN {"variant":"classic","signal":"resets_sent","chosen":"tracepoint:tcp:tcp_send_reset","degraded":["x"]}"#,
             r#"[   1.2] DWK-PLAN {"variant":"natural","signal":"socket_errors","chosen":null,"degraded":[]}"#,
@@ -290,6 +312,7 @@ mod tests {
         let row = parse(&lines, false, Duration::from_secs(1));
         assert_eq!(row.release, "6.1.0-57-cloud-amd64");
         assert_eq!(row.load_seconds, Some(12.3));
+        assert_eq!(row.programs["signal_generate"], (Some(180), None));
         assert_eq!(
             row.plan,
             [
@@ -301,7 +324,7 @@ mod tests {
         assert_eq!(row.failed, ["abort[kprobes]"]);
         assert_eq!(row.memlock_charged, Some(true));
         assert!(!row.ok());
-        let cut = parse(&lines[..3], true, Duration::from_secs(300));
+        let cut = parse(&lines[..5], true, Duration::from_secs(300));
         assert!(
             cut.broken
                 .as_deref()
