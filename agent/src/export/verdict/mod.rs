@@ -462,9 +462,27 @@ pub fn stop(stop: &StopView) -> Verdict {
             secs(gap.seconds)
         ));
     }
-    let partial = stop.events_lost > 0 || stop.ebpf_faults > 0 || stop.agent_gap.is_some();
+    if !stop.settled && stop.attempts_in_flight > 0 {
+        parts.push(format!(
+            "settling: {} to its vanished address still in flight (the kernel gives up on an unanswered SYN later; attempts_in_flight): the counts may grow",
+            count(stop.attempts_in_flight, "connection attempt", "connection attempts")
+        ));
+    }
+    if stop.attempts_unresolved > 0 {
+        parts.push(format!(
+            "may be incomplete: {} to its vanished address had no outcome within the kernel's SYN retry time (attempts_unresolved)",
+            count(stop.attempts_unresolved, "connection attempt", "connection attempts")
+        ));
+    }
+    let partial = stop.events_lost > 0
+        || stop.ebpf_faults > 0
+        || stop.agent_gap.is_some()
+        || stop.attempts_unresolved > 0;
     if partial && level == Level::Good {
         level = Level::Warning; // "nothing lost" is not known
+    }
+    if !stop.settled && stop.attempts_in_flight > 0 && level == Level::Good {
+        level = Level::Pending; // loss may still come
     }
     Verdict {
         level,
