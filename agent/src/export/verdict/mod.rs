@@ -1066,6 +1066,43 @@ mod tests {
     }
 
     #[test]
+    fn a_stop_waiting_for_attempts_in_flight_says_so_and_one_missing_their_outcome_is_partial() {
+        let settling = stop_with(
+            "drained",
+            json!({"unreachable": 2}),
+            json!({"settled": false, "attempts_in_flight": 5}),
+        );
+        let v = stop(&settling);
+        assert!(
+            v.text.ends_with(
+                "; settling: 5 connection attempts to its vanished address still in flight (the kernel gives up on an unanswered SYN later; attempts_in_flight): the counts may grow"
+            ),
+            "{}",
+            v.text
+        );
+        let clean = stop_with(
+            "drained",
+            json!({}),
+            json!({"settled": false, "attempts_in_flight": 1}),
+        );
+        assert_eq!(stop(&clean).level, Level::Pending, "loss may still come");
+        let unresolved = stop_with(
+            "drained",
+            json!({}),
+            json!({"settled": true, "complete": false, "attempts_unresolved": 1}),
+        );
+        let v = stop(&unresolved);
+        assert_eq!(v.level, Level::Warning);
+        assert!(
+            v.text.ends_with(
+                "may be incomplete: 1 connection attempt to its vanished address had no outcome within the kernel's SYN retry time (attempts_unresolved)"
+            ),
+            "{}",
+            v.text
+        );
+    }
+
+    #[test]
     fn a_crash_and_a_stop_in_progress() {
         let s = stop_with(
             "crashed",
