@@ -96,6 +96,16 @@ impl SynRetries {
     }
 }
 
+impl super::Config {
+    /// The defaults, with the kernel's SYN retries read from `procfs` (`SynRetries::read`).
+    pub fn reading_syn_retries(procfs: &std::path::Path) -> Self {
+        Self {
+            syn: SynRetries::read(procfs),
+            ..Self::default()
+        }
+    }
+}
+
 /// One attempt in flight: the record that waits for it, and its SYN.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
