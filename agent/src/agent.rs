@@ -311,7 +311,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
             retention: cli.retention_seconds * SECOND,
             settle: cli.stop_settle_seconds * SECOND,
             max_stops: cli.records_kept as usize,
-            ..Default::default()
+            ..stops::Config::reading_syn_retries(&cli.procfs_root)
         },
         storms::Config {
             kept: cli.records_kept as usize,

@@ -187,6 +187,15 @@ impl Correlator {
                     dropped,
                 )
             },
+            {
+                let (entries, dropped) = self.tracker.attempts_in_flight();
+                stat(
+                    StateMap::AttemptsInFlight,
+                    entries,
+                    stops::MAX_IN_FLIGHT,
+                    dropped,
+                )
+            },
         ]
     }
 

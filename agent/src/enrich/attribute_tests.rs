@@ -846,6 +846,55 @@ fn failed_connects_to_its_address_and_its_cgroup_removal() {
 }
 
 #[test]
+fn an_attempt_to_an_ended_containers_address_is_announced_from_its_syn_to_its_next_step() {
+    const S: u64 = 1_000_000_000;
+    let mut e = enricher();
+    e.scan();
+    let step = |sk, old, new, ts| {
+        let c = conn("10.88.0.1:40001", "10.88.0.5:8080");
+        stamped(state(sk, HOST_NS, old, new, c, TcpCounters::default()), ts)
+    };
+    // Running: a connect to it costs no observation.
+    assert!(
+        e.on_event(&step(0xa1, "TCP_CLOSE", "TCP_SYN_SENT", S))
+            .is_empty()
+    );
+    assert!(
+        e.on_event(&step(0xa1, "TCP_SYN_SENT", "TCP_ESTABLISHED", S + 1))
+            .is_empty()
+    );
+    let rmdir = Event::CgroupRemoved(CgroupRemoved {
+        meta: meta(0, HOST_NS, 0),
+        id: 777,
+        hierarchy: 0,
+        level: 2,
+        path: path(),
+    });
+    assert!(matches!(
+        e.on_event(&rmdir).as_slice(),
+        [O::CgroupRemoved { .. }]
+    ));
+    // Gone: the SYN is announced, and its failure 40 s later ends it, dated at the SYN.
+    let obs = e.on_event(&step(0xa2, "TCP_CLOSE", "TCP_SYN_SENT", 2 * S));
+    assert!(
+        matches!(obs.as_slice(), [O::AttemptBegan { key, sock: 0xa2, at }] if key.as_str() == ID && *at == 2 * S),
+        "{obs:#?}"
+    );
+    let obs = e.on_event(&step(0xa2, "TCP_SYN_SENT", "TCP_CLOSE", 42 * S));
+    assert!(
+        matches!(obs.as_slice(), [O::AttemptEnded { sock: 0xa2, .. }, O::Unreachable { at, .. }] if *at == 2 * S),
+        "{obs:#?}"
+    );
+    // A socket address reused with its earlier attempt's end unseen: that one ends first.
+    e.on_event(&step(0xa3, "TCP_CLOSE", "TCP_SYN_SENT", 50 * S));
+    let obs = e.on_event(&step(0xa3, "TCP_CLOSE", "TCP_SYN_SENT", 60 * S));
+    assert!(
+        matches!(obs.as_slice(), [O::AttemptEnded { sock: 0xa3, .. }, O::AttemptBegan { sock: 0xa3, at, .. }] if *at == 60 * S),
+        "{obs:#?}"
+    );
+}
+
+#[test]
 fn runc_init_before_it_names_itself_is_not_the_main_process() {
     // `runc init` as it joined the cgroup: `/proc/self/exe`, in the host's PID namespace.
     let mut e = Enricher::new(FakeHost {

@@ -142,6 +142,8 @@ pub fn stop_view(s: &Stop, clock: &Clock) -> StopView {
             to: clock.rfc3339(g.to),
             seconds: round3(g.seconds()),
         }),
+        attempts_in_flight: s.attempts_in_flight,
+        attempts_unresolved: s.attempts_unresolved,
         cgroup_removed_at: clock.opt(s.cgroup_removed_at),
         complete: s.complete,
         connections_at_exit: s.connections_at_exit,

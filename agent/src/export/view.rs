@@ -28,6 +28,14 @@ use crate::model::{
 pub struct StopView {
     /// The agent restarted while it was open: the gap it was down.
     pub agent_gap: Option<GapView>,
+    /// Connects from this node to its address, sent after its run ended, whose outcome has not
+    /// come yet (the kernel gives up on an unanswered SYN tens of seconds later): it does not
+    /// settle while any is in flight, each for at most the kernel's SYN retry time.
+    #[serde(default)]
+    pub attempts_in_flight: u64,
+    /// Of those, the ones whose outcome never came within that time: it is then incomplete.
+    #[serde(default)]
+    pub attempts_unresolved: u64,
     pub cgroup_removed_at: Option<String>,
     /// False when it settled without an exit (outcome unknown); true when read from an agent
     /// that predates the field.
@@ -68,7 +76,8 @@ pub struct StopView {
     /// stop of its own.
     #[serde(default)]
     pub sandbox_stopped_at: Option<String>,
-    /// It will not change any more (10 s after its cgroup is gone, or at the no-exit limit).
+    /// It will not change any more (10 s after its cgroup is gone, or at the no-exit limit;
+    /// later while `attempts_in_flight` are).
     pub settled: bool,
     pub sigkill_at: Option<String>,
     pub sigterm_at: Option<String>,

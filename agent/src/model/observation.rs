@@ -181,6 +181,21 @@ pub enum Observation {
         key: ContainerKey,
         at: Mono,
     },
+    /// A connect from this node (`sock`, its kernel address) sent its SYN at `at` to the
+    /// address of a container whose run had ended: its outcome (unreachable, mostly, when the
+    /// kernel gives up on it, seconds later) is still to come, and the container's stop waits
+    /// for it before it settles.
+    AttemptBegan {
+        key: ContainerKey,
+        sock: u64,
+        at: Mono,
+    },
+    /// That attempt's socket took its next step (failed, refused or connected): whatever it
+    /// counts for came with it.
+    AttemptEnded {
+        key: ContainerKey,
+        sock: u64,
+    },
     CgroupRemoved {
         key: ContainerKey,
     },
@@ -252,6 +267,8 @@ impl Observation {
             | Observation::Refused { key, .. }
             | Observation::Unreachable { key, .. }
             | Observation::ServiceRejected { key, .. }
+            | Observation::AttemptBegan { key, .. }
+            | Observation::AttemptEnded { key, .. }
             | Observation::CgroupRemoved { key }
             | Observation::Vanished { key }
             | Observation::UpstreamOpened { key, .. }

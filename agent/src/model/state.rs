@@ -25,10 +25,12 @@ pub enum StateMap {
     NotContainers,
     /// Connections the exit closed, waiting for their client's return (a lost session).
     SessionsWaiting,
+    /// Connects in flight to stopped containers' addresses, which their stops wait for.
+    AttemptsInFlight,
 }
 
 impl StateMap {
-    pub const ALL: [StateMap; 10] = [
+    pub const ALL: [StateMap; 11] = [
         StateMap::Stops,
         StateMap::Starts,
         StateMap::Storms,
@@ -39,6 +41,7 @@ impl StateMap {
         StateMap::Connecting,
         StateMap::NotContainers,
         StateMap::SessionsWaiting,
+        StateMap::AttemptsInFlight,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -53,6 +56,7 @@ impl StateMap {
             StateMap::Connecting => "connecting",
             StateMap::NotContainers => "not_containers",
             StateMap::SessionsWaiting => "sessions_waiting",
+            StateMap::AttemptsInFlight => "attempts_in_flight",
         }
     }
 }

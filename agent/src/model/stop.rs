@@ -178,6 +178,15 @@ pub struct Stop {
     /// The agent restarted while it was open (see `AgentGap`); it is then incomplete.
     #[serde(default)]
     pub agent_gap: Option<AgentGap>,
+    /// Connects from this node to its address, sent after its run ended and before it was due
+    /// to settle, whose outcome has not come yet: it does not settle while any is in flight
+    /// (each for at most the kernel's SYN retry time, see `correlate::stops::attempts`).
+    #[serde(default)]
+    pub attempts_in_flight: u64,
+    /// Of those, the ones whose outcome never came within the kernel's SYN retry time (their
+    /// socket's next step lost, or a socket's own longer SYN retries): it is then incomplete.
+    #[serde(default)]
+    pub attempts_unresolved: u64,
 }
 
 impl Stop {
@@ -212,6 +221,8 @@ impl Stop {
             ebpf_faults: 0,
             settled: false,
             agent_gap: None,
+            attempts_in_flight: 0,
+            attempts_unresolved: 0,
         }
     }
 

@@ -27,6 +27,8 @@
 //!   at the same address, the clients' own logs of every session lost and reconnect.
 //! - [`cri`]: a pod as Kubernetes makes it: containerd's CRI driven in the kubelet's order by
 //!   a Rust client, a CNI bridge, containerd's own task exits as ground truth.
+//! - [`late`]: a client in a namespace of its own whose connects to a stopped container's
+//!   vanished address fail tens of seconds later (its kernel's SYN retries, or ARP giving up).
 //! - [`clock`]: `CLOCK_MONOTONIC` conversions shared with the backend's logs (and eBPF).
 //! - [`net`]: lab network safety: the fallback blackhole routes of the lab subnets and the
 //!   route check before sending to a container address.
@@ -42,6 +44,7 @@ pub mod connect;
 pub mod container;
 pub mod cri;
 pub mod haproxy;
+pub mod late;
 pub mod net;
 pub mod nginx;
 mod proxy;

@@ -60,6 +60,8 @@ impl Tracker {
             if open {
                 stop.agent_gap = Some(gap);
                 stop.complete = false;
+                // Their sockets are not followed across the restart: their outcome is unknown.
+                stop.attempts_unresolved += std::mem::take(&mut stop.attempts_in_flight);
             }
             let n = stop
                 .id

@@ -28,6 +28,20 @@ fn no_exit_limit(s: &Stop) -> Mono {
     s.started_at() + grace + NO_EXIT_AFTER_KILL
 }
 
+/// When a stop is due to settle: its cgroup gone (or long after its exit) plus the settle
+/// delay, or its no-exit limit. It settles then, or once the attempts to its address that
+/// began by then have their outcome (`attempts`).
+pub(super) fn due(s: &Stop, settle: Mono) -> Mono {
+    match (s.exit_at, s.cgroup_removed_at) {
+        // Loss seen after that (attempts begun later) is not attributed to this stop.
+        (Some(exit_at), removed) => removed.unwrap_or(exit_at + 3 * settle) + settle,
+        // No exit, but the cgroup is gone: its exit event was lost; none will come.
+        (None, Some(removed)) => removed + settle,
+        // No exit: the process outlived every deadline, or its exit event was lost.
+        (None, None) => no_exit_limit(s),
+    }
+}
+
 /// How much earlier than a stop's beginning a cut may be and still be its loss (the kernel's
 /// record of a process's death can trail the closes it made).
 const CUT_BEFORE_STOP: Mono = 100_000_000;
@@ -241,26 +255,21 @@ impl Tracker {
             self.decided(d);
         }
         self.expire_sessions(now);
+        self.expire_attempts(now);
         let settle = self.config.settle;
         let mut settled = Vec::new();
         for (_, s) in self.records.iter_mut() {
             if s.settled {
                 continue;
             }
-            let due = match (s.exit_at, s.cgroup_removed_at) {
-                // Once the cgroup is gone (or long after exit) plus the settle delay; loss seen
-                // after that (late unreachable attempts) is not attributed to this stop.
-                (Some(exit_at), removed) => removed.unwrap_or(exit_at + 3 * settle) + settle,
-                // No exit, but the cgroup is gone: its exit event was lost; none will come.
-                (None, Some(removed)) => removed + settle,
-                // No exit: the process outlived every deadline, or its exit event was lost.
-                (None, None) => no_exit_limit(s),
-            };
-            if now >= due {
+            // Attempts to its vanished address still in flight hold it (see `attempts`).
+            let due = due(s, settle);
+            if now >= due && s.attempts_in_flight == 0 {
                 s.complete = s.exit_at.is_some()
                     && s.events_lost == 0
                     && s.ebpf_faults == 0
-                    && s.agent_gap.is_none();
+                    && s.agent_gap.is_none()
+                    && s.attempts_unresolved == 0;
                 s.settled = true;
                 settled.push(s.clone());
             }

@@ -3,6 +3,7 @@
 //! connection loss to it. Signals, exits and the clock (settling, retention, the record cap)
 //! are in `lifecycle`.
 
+mod attempts;
 mod checkpoint;
 mod held;
 mod lifecycle;
@@ -12,6 +13,7 @@ mod records;
 mod sessions;
 mod streams;
 
+pub use attempts::{MAX_IN_FLIGHT, SynRetries};
 pub use checkpoint::{RECENT_SETTLED, StopsCheckpoint};
 pub use lifecycle::{NO_EXIT_AFTER_KILL, UNKNOWN_GRACE};
 pub use sessions::MAX_HELD as MAX_SESSIONS_WAITING;
@@ -37,6 +39,9 @@ pub struct Config {
     /// How long after a cut with no retry started it is decided an abort (the kernel judges
     /// the retry itself within a few ms; this covers the events' way here).
     pub retry_window: Mono,
+    /// The kernel's SYN retries: how long a stop waits at most for an attempt to its
+    /// vanished address (see `attempts`).
+    pub syn: SynRetries,
 }
 
 impl Default for Config {
@@ -46,6 +51,7 @@ impl Default for Config {
             settle: 10 * SECOND,
             max_stops: 1000,
             retry_window: SECOND,
+            syn: SynRetries::default(),
         }
     }
 }
@@ -106,6 +112,8 @@ pub struct Tracker {
     key: String,
     /// Closes at exit waiting for their client's return.
     sessions: sessions::Sessions,
+    /// Connects in flight to stopped containers' addresses, which their stops wait for.
+    in_flight: attempts::InFlight,
 }
 
 impl Default for Tracker {
@@ -128,6 +136,7 @@ impl Tracker {
             gap: None,
             key: String::new(),
             sessions: sessions::Sessions::default(),
+            in_flight: attempts::InFlight::default(),
         }
     }
 
@@ -244,6 +253,8 @@ impl Tracker {
                 .stop_mut(key)
                 .filter(|s| (s.exit_at.is_some() || gone) && !s.settled);
             if let Some(s) = restarted {
+                // Its address is the new run's now: attempts to it meet that run.
+                s.attempts_in_flight = 0;
                 s.complete = s.exit_at.is_some()
                     && s.events_lost == 0
                     && s.ebpf_faults == 0
@@ -523,12 +534,20 @@ impl Tracker {
                 }
             }
             Observation::RefusedAt { .. } => {}
+            Observation::AttemptBegan { sock, at, .. } => self.attempt_began(key, sock, at),
+            Observation::AttemptEnded { sock, .. } => self.attempt_ended(sock),
             Observation::Unreachable { at, upstream, .. } => {
                 let gone = self
                     .containers
                     .get(key)
                     .is_some_and(|c| c.gone_at.is_some());
-                if gone {
+                // Sent after its stop was due: not its loss, though the record may still be
+                // open, waiting for attempts begun before (`attempts`).
+                let settle = self.config.settle;
+                let late = self
+                    .stop_mut(key)
+                    .is_some_and(|s| at > lifecycle::due(s, settle));
+                if gone && !late {
                     let probe = self.probes.classify(upstream, None);
                     let kind = self.probe_or(
                         key,

@@ -60,6 +60,10 @@ pub(super) struct Sockets {
     /// Connects to containers' addresses in flight: when each sent its SYN (CLOSE →
     /// SYN_SENT), by kernel address, until its next step. A failed attempt is dated by it.
     pub(super) connecting: HashMap<u64, Mono>,
+    /// Those of `connecting` sent to a container whose run had ended (`AttemptBegan`), until
+    /// their next step (`AttemptEnded`): its stop waits for their outcome. Capped with
+    /// `connecting`, evictions counted there.
+    pub(super) to_ended: HashMap<u64, Key>,
     /// Connections closed recently, for a RST the kernel sends after the state change.
     pub(super) recent: HashMap<u64, Key>,
     pub(super) recent_order: VecDeque<u64>,
@@ -160,7 +164,7 @@ impl<H: HostView> Enricher<H> {
         let ns = s.meta.netns;
         let Some(conn) = s.conn else { return };
         self.jiffies.observe(s.meta.ts_ns, s.counters.now);
-        let syn_at = self.connect_step(s, conn);
+        let syn_at = self.connect_step(s, conn, out);
         if self.on_upstream(s, conn, out) {
             return;
         }
@@ -306,9 +310,16 @@ impl<H: HostView> Enricher<H> {
     /// agent; a loopback connect's may not: the kernel's lean filter drops them). An entry
     /// whose next step was lost stays until its address connects again or the cap evicts it
     /// (counted); one older than any SYN retry time is not believed.
-    fn connect_step(&mut self, s: &StateChange, conn: Endpoints) -> Option<Mono> {
+    fn connect_step(
+        &mut self,
+        s: &StateChange,
+        conn: Endpoints,
+        out: &mut Vec<Observation>,
+    ) -> Option<Mono> {
         match (s.old, s.new) {
             (Some(Close), Some(SynSent)) => {
+                // A reused address: its earlier attempt ended unseen.
+                self.attempt_ended(s.skaddr, out);
                 if self.by_ip.contains_key(&conn.remote.ip()) {
                     make_room(
                         &mut self.sockets.connecting,
@@ -317,6 +328,7 @@ impl<H: HostView> Enricher<H> {
                         &mut self.dropped.connecting,
                     );
                     self.sockets.connecting.insert(s.skaddr, s.meta.ts_ns);
+                    self.attempt_to_ended(s, conn, out);
                 } else {
                     // A reused address's old entry is not this connect's.
                     self.sockets.connecting.remove(&s.skaddr);
@@ -324,10 +336,46 @@ impl<H: HostView> Enricher<H> {
                 None
             }
             (Some(SynSent), _) => {
+                self.attempt_ended(s.skaddr, out);
                 let at = self.sockets.connecting.remove(&s.skaddr)?;
                 (at <= s.meta.ts_ns && s.meta.ts_ns - at <= MAX_ATTEMPT).then_some(at)
             }
             _ => None,
+        }
+    }
+
+    /// A SYN to the address of a container whose run has ended (its process exited, or its
+    /// cgroup is gone): announced, so that its stop waits for the attempt's outcome. Only
+    /// those: a connect to a running container costs nothing more here.
+    fn attempt_to_ended(&mut self, s: &StateChange, conn: Endpoints, out: &mut Vec<Observation>) {
+        let Some(key) = self.backend_of(conn.remote) else {
+            return;
+        };
+        let ended = self
+            .containers
+            .get(key.as_str())
+            .is_some_and(|c| c.run_ended || c.gone_at.is_some());
+        if !ended {
+            return;
+        }
+        make_room(
+            &mut self.sockets.to_ended,
+            MAX_CONNECTING,
+            &s.skaddr,
+            &mut self.dropped.connecting,
+        );
+        self.sockets.to_ended.insert(s.skaddr, key.clone());
+        out.push(Observation::AttemptBegan {
+            key,
+            sock: s.skaddr,
+            at: s.meta.ts_ns,
+        });
+    }
+
+    /// The next step of an announced attempt (see `attempt_to_ended`).
+    fn attempt_ended(&mut self, skaddr: u64, out: &mut Vec<Observation>) {
+        if let Some(key) = self.sockets.to_ended.remove(&skaddr) {
+            out.push(Observation::AttemptEnded { key, sock: skaddr });
         }
     }
 

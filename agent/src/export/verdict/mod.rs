@@ -462,9 +462,27 @@ pub fn stop(stop: &StopView) -> Verdict {
             secs(gap.seconds)
         ));
     }
-    let partial = stop.events_lost > 0 || stop.ebpf_faults > 0 || stop.agent_gap.is_some();
+    if !stop.settled && stop.attempts_in_flight > 0 {
+        parts.push(format!(
+            "settling: {} to its vanished address still in flight (the kernel gives up on an unanswered SYN later; attempts_in_flight): the counts may grow",
+            count(stop.attempts_in_flight, "connection attempt", "connection attempts")
+        ));
+    }
+    if stop.attempts_unresolved > 0 {
+        parts.push(format!(
+            "may be incomplete: {} to its vanished address had no outcome within the kernel's SYN retry time (attempts_unresolved)",
+            count(stop.attempts_unresolved, "connection attempt", "connection attempts")
+        ));
+    }
+    let partial = stop.events_lost > 0
+        || stop.ebpf_faults > 0
+        || stop.agent_gap.is_some()
+        || stop.attempts_unresolved > 0;
     if partial && level == Level::Good {
         level = Level::Warning; // "nothing lost" is not known
+    }
+    if !stop.settled && stop.attempts_in_flight > 0 && level == Level::Good {
+        level = Level::Pending; // loss may still come
     }
     Verdict {
         level,
@@ -1041,6 +1059,43 @@ mod tests {
         assert!(
             v.text.ends_with(
                 "but it used 5.1 s of the 6 s grace period: raise the grace period or drain faster"
+            ),
+            "{}",
+            v.text
+        );
+    }
+
+    #[test]
+    fn a_stop_waiting_for_attempts_in_flight_says_so_and_one_missing_their_outcome_is_partial() {
+        let settling = stop_with(
+            "drained",
+            json!({"unreachable": 2}),
+            json!({"settled": false, "attempts_in_flight": 5}),
+        );
+        let v = stop(&settling);
+        assert!(
+            v.text.ends_with(
+                "; settling: 5 connection attempts to its vanished address still in flight (the kernel gives up on an unanswered SYN later; attempts_in_flight): the counts may grow"
+            ),
+            "{}",
+            v.text
+        );
+        let clean = stop_with(
+            "drained",
+            json!({}),
+            json!({"settled": false, "attempts_in_flight": 1}),
+        );
+        assert_eq!(stop(&clean).level, Level::Pending, "loss may still come");
+        let unresolved = stop_with(
+            "drained",
+            json!({}),
+            json!({"settled": true, "complete": false, "attempts_unresolved": 1}),
+        );
+        let v = stop(&unresolved);
+        assert_eq!(v.level, Level::Warning);
+        assert!(
+            v.text.ends_with(
+                "may be incomplete: 1 connection attempt to its vanished address had no outcome within the kernel's SYN retry time (attempts_unresolved)"
             ),
             "{}",
             v.text
