@@ -261,19 +261,7 @@ impl Service {
         if mode == ProxyMode::Iptables {
             for table in ["nat", "filter"] {
                 run("iptables", &["-t", table, "-N", "KUBE-SERVICES"], None).ok();
-                let jump = [
-                    "-t",
-                    table,
-                    "-I",
-                    "OUTPUT",
-                    "-m",
-                    "comment",
-                    "--comment",
-                    "kubernetes service portals",
-                    "-j",
-                    "KUBE-SERVICES",
-                ];
-                run("iptables", &jump, None)?;
+                run("iptables", &portals_jump(table, "-I"), None)?;
             }
         }
         let mut s = s;
@@ -350,27 +338,27 @@ fn nft_packets(chain: &[&str], needle: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("no counter on `{needle}` in {chain:?}:\n{out}"))
 }
 
+/// kube-proxy's jump from `table`'s OUTPUT to its KUBE-SERVICES, inserted (`-I`) or deleted
+/// (`-D`).
+fn portals_jump<'a>(table: &'a str, op: &'a str) -> [&'a str; 10] {
+    [
+        "-t",
+        table,
+        op,
+        "OUTPUT",
+        "-m",
+        "comment",
+        "--comment",
+        "kubernetes service portals",
+        "-j",
+        "KUBE-SERVICES",
+    ]
+}
+
 /// Removes every rule, chain, table and route the lab may have left for `vip`.
 fn remove_all(vip: Ipv4Addr) {
     for table in ["nat", "filter"] {
-        while run(
-            "iptables",
-            &[
-                "-t",
-                table,
-                "-D",
-                "OUTPUT",
-                "-m",
-                "comment",
-                "--comment",
-                "kubernetes service portals",
-                "-j",
-                "KUBE-SERVICES",
-            ],
-            None,
-        )
-        .is_ok()
-        {}
+        while run("iptables", &portals_jump(table, "-D"), None).is_ok() {}
     }
     if let Ok(rules) = run("iptables-save", &[], None) {
         let chains: Vec<(String, String)> = {
