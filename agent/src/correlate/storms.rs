@@ -13,6 +13,9 @@ use std::collections::BTreeMap;
 
 use crate::model::{HashSet, ListenCounters, Mono, SECOND, Workload, storm::Storm};
 
+pub use super::served::Answer;
+use super::served::{self, Served};
+
 /// Ticks (seconds) a container's namespace counters are kept without a new sample: longer
 /// than the at-rest sampling period (10 s).
 const STALE_TICKS: u32 = 15;
@@ -68,6 +71,8 @@ struct Open {
     accepts: Vec<(Mono, f64)>,
     max_depth: u32,
     overflows: u64,
+    /// The server's answers on the storm's connections (a storming namespace's).
+    served: Served,
     /// The namespace's counters before the first arrival, and the latest.
     counters: Option<(ListenCounters, ListenCounters)>,
 }
@@ -79,9 +84,11 @@ impl Open {
         let Some(last) = self.arrivals.last() else {
             return false;
         };
+        // Answers come after the accepts (work done after `accept()`): quiet too.
         now >= last + quiet
             && (self.accepts.len() >= self.arrivals.len()
                 || self.accepts.last().is_none_or(|(at, _)| now >= at + quiet))
+            && self.served.last.is_none_or(|at| now >= at + quiet)
     }
 }
 
@@ -230,6 +237,13 @@ impl Storms {
         }
     }
 
+    /// The server answered on a connection of `workload`'s listener on `port`.
+    pub fn answered(&mut self, workload: &Workload, port: u16, a: Answer) {
+        if let Some(o) = self.open.get_mut(&(workload.clone(), port)) {
+            o.served.answer(a);
+        }
+    }
+
     pub fn overflow(&mut self, workload: &Workload, port: u16) {
         if let Some(o) = self.open.get_mut(&(workload.clone(), port)) {
             o.overflows += 1;
@@ -366,7 +380,26 @@ fn summarize(
     let i95 = ((connections as f64 * 0.95).ceil() as usize).clamp(1, o.arrivals.len()) - 1;
     let peak = buckets.iter().copied().max().unwrap_or(0) as f64 * (SECOND / BUCKET) as f64;
     o.accepts.sort_by_key(|(at, _)| *at);
-    let sustained = capacity(&o.accepts);
+    // What the service took in (accepts) and what it served (answers, where the kernel timed
+    // them): its capacity is the narrower.
+    let accepted = capacity(&o.accepts);
+    let moments = o.served.moments();
+    let answered = served::capacity(&moments);
+    let sustained = match (accepted, answered) {
+        (Some(a), Some(s)) => Some(a.min(s)),
+        (a, s) => a.or(s),
+    };
+    tracing::debug!(
+        port,
+        accepts = o.accepts.len(),
+        served = moments.len(),
+        served_dropped = o.served.dropped,
+        accept_rate = ?accepted,
+        served_rate = ?answered,
+        served_floor = served::floor(&moments),
+        served_wait_p95 = served::wait_p95(&moments),
+        "storm capacity"
+    );
     // A wider window is recommended only when the service needed more time to take every
     // client than they took to come back: a busy service that kept up needs none.
     let span = first_attempts.unwrap_or(last - first) as f64 / SECOND as f64;
@@ -377,6 +410,8 @@ fn summarize(
         .or(waits.last())
         .copied()
         .unwrap_or(0.0);
+    // Clients wait in the accept queue, or for the service's answer beyond its own time.
+    let p95 = p95.max(served::wait_p95(&moments));
     let needed = sustained
         .map(|r| clients as f64 / r)
         .filter(|w| *w > span && p95 >= WINDOW_WAIT_SECS);
