@@ -28,8 +28,7 @@ const KIND: EventKind = EventKind::SockLength;
 
 /// Namespaces (inode) whose accepted connections are followed (the agent writes it).
 #[map]
-pub static STORM_NETNS: HashMap<u32, u8> =
-    HashMap::with_max_entries(sock_length::STORM_NETNS, 0);
+pub static STORM_NETNS: HashMap<u32, u8> = HashMap::with_max_entries(sock_length::STORM_NETNS, 0);
 
 /// `[0]`: how many namespaces `STORM_NETNS` holds (the agent writes it): 0 spares every other
 /// socket the lookups.

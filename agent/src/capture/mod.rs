@@ -356,9 +356,10 @@ impl Capture {
     /// their opening exchanges; `None` where the send and receive hooks did not attach (the
     /// entries would never be read, nor removed at their close). Call once.
     pub fn take_storming(&mut self) -> Result<Option<storming::Storming>, CaptureError> {
-        let attached = self.statuses.iter().any(|st| {
-            st.signal == "upstream_requests" && st.tried.iter().any(|(_, r)| r.is_ok())
-        });
+        let attached = self
+            .statuses
+            .iter()
+            .any(|st| st.signal == "upstream_requests" && st.tried.iter().any(|(_, r)| r.is_ok()));
         if !attached {
             return Ok(None);
         }

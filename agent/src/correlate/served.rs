@@ -129,7 +129,12 @@ mod tests {
                 at: accepted + MS,
             });
             let data = accepted + 2 * MS;
-            let (slot, at) = free.iter().copied().enumerate().min_by_key(|(_, t)| *t).unwrap();
+            let (slot, at) = free
+                .iter()
+                .copied()
+                .enumerate()
+                .min_by_key(|(_, t)| *t)
+                .unwrap();
             let done = at.max(data) + work;
             free[slot] = done;
             s.answer(Answer {

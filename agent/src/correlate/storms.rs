@@ -37,6 +37,17 @@ pub const QUEUED_SECS: f64 = 0.005;
 /// capacity says (a service running just at its capacity measures just under the arrivals).
 pub const WINDOW_WAIT_SECS: f64 = 0.1;
 
+/// Clients ÷ capacity this much wider than the window the clients came back in (and by twice
+/// `WINDOW_WAIT_SECS`) is demand the service could not have kept up with, whatever the kernel
+/// saw them wait: clients then waited elsewhere (refused until the replacement listened,
+/// backing off), which stretched their arrivals to the service's pace.
+pub const WINDOW_MARGIN: f64 = 1.25;
+
+/// Whether a needed window `w` is clearly beyond the clients' `span` (see `WINDOW_MARGIN`).
+fn beyond(w: f64, span: f64) -> bool {
+    w > span * WINDOW_MARGIN && w - span >= 2.0 * WINDOW_WAIT_SECS
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     /// How long after a stop arrivals at the workload still start a storm.
@@ -414,7 +425,7 @@ fn summarize(
     let p95 = p95.max(served::wait_p95(&moments));
     let needed = sustained
         .map(|r| clients as f64 / r)
-        .filter(|w| *w > span && p95 >= WINDOW_WAIT_SECS);
+        .filter(|w| *w > span && (p95 >= WINDOW_WAIT_SECS || beyond(*w, span)));
     Storm {
         namespace,
         workload,
@@ -547,6 +558,44 @@ mod tests {
             (st.clients, st.connections, st.first_attempts_seconds),
             (200, 200, None)
         );
+    }
+
+    #[test]
+    fn work_after_accept_is_the_capacity_when_the_accept_queue_keeps_up() {
+        // 500 clients back within 1 s (the Socket.IO fleet): accepted at once, each
+        // upgraded at once, then authorised by a pool of 5 × 20 ms (250/s). The accept rate
+        // says nothing; the answers after the pool are the capacity, and the window 2 s.
+        let mut s = Storms::new(Config::default());
+        s.stopped(web(), "old-1", "web-1", T0);
+        let start = T0 + 500 * MS;
+        let mut free = [start; 5];
+        for i in 0..500u64 {
+            let at = start + SECOND * i / 500;
+            s.first_attempt(&web(), at);
+            s.arrival(&web(), "web-2", 8080, at);
+            s.accept_wait(&web(), 8080, 0.0, at);
+            let answer = |index, data_at, answered| Answer {
+                sock: 0x1000 + i,
+                accepted_at: at,
+                data_at,
+                index,
+                at: answered,
+            };
+            s.answered(&web(), 8080, answer(0, at + MS, at + MS));
+            let slot = (0..5).min_by_key(|k| free[*k]).unwrap();
+            let done = free[slot].max(at + 2 * MS) + 20 * MS;
+            free[slot] = done;
+            s.answered(&web(), 8080, answer(1, at + 2 * MS, done));
+        }
+        assert!(
+            s.tick(start + 2 * SECOND).is_empty(),
+            "answers still coming: the pool drains for 2 s"
+        );
+        let st = &s.tick(start + 5 * SECOND)[0];
+        let rate = st.sustained_accept_rate.unwrap();
+        assert!((rate - 250.0).abs() < 5.0, "{rate}");
+        let window = st.recommended_window_seconds.unwrap();
+        assert!((window - 2.0).abs() < 0.05, "{window}");
     }
 
     #[test]
