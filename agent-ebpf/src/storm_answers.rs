@@ -37,8 +37,10 @@ pub static STORMING: Array<u32> = Array::with_max_entries(1, 0);
 
 /// The connections followed, by socket address.
 #[map]
-pub static STORM_SOCKS: HashMap<u64, StormSock> =
-    HashMap::with_max_entries(sock_length::STORM_SOCKS, 0);
+pub static STORM_SOCKS: HashMap<u64, StormSock> = HashMap::with_max_entries(
+    sock_length::STORM_SOCKS,
+    aya_ebpf::bindings::BPF_F_NO_PREALLOC,
+);
 
 #[inline(always)]
 fn storming() -> bool {
