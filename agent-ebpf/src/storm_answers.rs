@@ -68,30 +68,30 @@ pub fn on_accept(sk: u64, netns: u32, port: u16) {
     }
 }
 
-/// A send or receive of `ret` bytes on `sk`; true if `sk` is followed here.
+/// A send or receive of `ret` bytes on `sk`.
 #[inline(always)]
-pub fn on_io(sk: u64, ret: i32, flags: i32, send: bool) -> bool {
+pub fn on_io(sk: u64, ret: i32, flags: i32, send: bool) {
     if !storming() {
-        return false;
+        return;
     }
     let Some(s) = STORM_SOCKS.get_ptr_mut(sk) else {
-        return false;
+        return;
     };
     if ret <= 0 || (!send && flags & MSG_PEEK != 0) {
-        return true;
+        return;
     }
     let s = unsafe { &mut *s };
     let now = unsafe { bpf_ktime_get_ns() };
     if now > s.accepted_ns + sock_length::STORM_FOLLOW_NS {
         let _ = STORM_SOCKS.remove(sk);
-        return true;
+        return;
     }
     if !send {
         s.data_ns = now;
-        return true;
+        return;
     }
     if s.data_ns == 0 {
-        return true; // more of the same answer, or the server speaking unasked
+        return; // more of the same answer, or the server speaking unasked
     }
     emit(sk, s);
     s.data_ns = 0;
@@ -99,7 +99,6 @@ pub fn on_io(sk: u64, ret: i32, flags: i32, send: bool) -> bool {
     if s.exchanges >= sock_length::STORM_EXCHANGES {
         let _ = STORM_SOCKS.remove(sk);
     }
-    true
 }
 
 #[inline(always)]
