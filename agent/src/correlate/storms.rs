@@ -396,7 +396,13 @@ fn summarize(
     let accepted = capacity(&o.accepts);
     let moments = o.served.moments();
     let answered = served::capacity(&moments);
+    // Answers are per connection: with follow-up connections (Socket.IO's polling transport:
+    // each client's CONNECT is answered on one of its 4-5 connections), connections served
+    // per second are no clients served per second, and the accept rate is not the capacity
+    // either when the answers show work after accept(): no capacity rather than a wrong one.
+    let follow_ups = first_attempts.is_some() && connections > clients + clients / 10;
     let sustained = match (accepted, answered) {
+        (_, Some(_)) if follow_ups => None,
         (Some(a), Some(s)) => Some(a.min(s)),
         (a, s) => a.or(s),
     };
@@ -407,6 +413,7 @@ fn summarize(
         served_dropped = o.served.dropped,
         accept_rate = ?accepted,
         served_rate = ?answered,
+        follow_ups,
         served_floor = served::floor(&moments),
         served_wait_p95 = served::wait_p95(&moments),
         "storm capacity"
@@ -596,6 +603,45 @@ mod tests {
         assert!((rate - 250.0).abs() < 5.0, "{rate}");
         let window = st.recommended_window_seconds.unwrap();
         assert!((window - 2.0).abs() < 0.05, "{window}");
+    }
+
+    #[test]
+    fn answers_on_follow_up_connections_give_no_capacity() {
+        // 100 clients, each with 4 connections (a polling transport): 400 answered
+        // connections, each waiting for a pool of 5 × 20 ms. Connections served per second
+        // are not clients served per second.
+        let mut s = Storms::new(Config::default());
+        s.stopped(web(), "old-1", "web-1", T0);
+        let start = T0 + 500 * MS;
+        let mut free = [start; 5];
+        for i in 0..400u64 {
+            let at = start + SECOND * i / 400;
+            if i % 4 == 0 {
+                s.first_attempt(&web(), at);
+            }
+            s.arrival(&web(), "web-2", 8080, at);
+            s.accept_wait(&web(), 8080, 0.0, at);
+            let slot = (0..5).min_by_key(|k| free[*k]).unwrap();
+            let done = free[slot].max(at + MS) + 20 * MS;
+            free[slot] = done;
+            s.answered(
+                &web(),
+                8080,
+                Answer {
+                    sock: 0x1000 + i,
+                    accepted_at: at,
+                    data_at: at + MS,
+                    index: 0,
+                    at: done,
+                },
+            );
+        }
+        let st = &s.tick(start + 10 * SECOND)[0];
+        assert_eq!((st.clients, st.connections), (100, 400));
+        assert_eq!(
+            (st.sustained_accept_rate, st.recommended_window_seconds),
+            (None, None)
+        );
     }
 
     #[test]
