@@ -36,6 +36,7 @@ pub fn emit_accepted(sk: u64) -> Option<()> {
     if out_of_scope(EventKind::InetCskAccept, netns, &tuple) {
         return None;
     }
+    crate::storm_answers::on_accept(sk, netns.inum, tuple.sport);
     let mut entry = reserve::<Event>(EventKind::InetCskAccept)?;
     let ev = unsafe { entry.assume_init_mut() };
     // No cgroup or command: the agent reads an accept by its socket and time only, so the two

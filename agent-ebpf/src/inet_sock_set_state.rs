@@ -306,6 +306,8 @@ pub fn inet_sock_set_state_btf(ctx: BtfTracePointContext) -> i32 {
     // Before the filters: every socket's last step, whatever it was (`sock_length`'s map).
     if newstate == cfg(&f.close_state) {
         crate::sock_length::on_close(sk as u64);
+        // tp_btf only, as the I/O hooks that follow it (`storm_answers`).
+        crate::storm_answers::on_close(sk as u64);
     } else if newstate == cfg(&f.last_ack_state) {
         crate::sock_length::on_last_ack(sk as u64);
     } else if newstate == cfg(&f.fin_wait1_state) {

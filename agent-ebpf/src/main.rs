@@ -18,6 +18,7 @@ mod sched_process_exit;
 mod signal_generate;
 mod sock_head;
 mod sock_length;
+mod storm_answers;
 mod sys_exit_accept;
 mod tcp_receive_reset;
 mod tcp_send_reset;

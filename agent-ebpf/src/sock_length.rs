@@ -282,6 +282,9 @@ fn on_io(sk: u64, ret: i32, flags: i32, send: bool) {
         return;
     }
     let Some(st) = UPSTREAM_SOCKS.get_ptr_mut(sk) else {
+        // A connection accepted in a storming namespace: its answers are timed. Still I/O of
+        // the thread (a proxy's client side, if the proxy is what storms).
+        crate::storm_answers::on_io(sk, ret, flags, send);
         break_chain(sk, send);
         return;
     };

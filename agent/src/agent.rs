@@ -406,6 +406,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
     .with_log(capture.take_log())
     .dropping(cli.test_drop_kinds());
     let watch = capture.take_watch()?;
+    let storming = capture.take_storming()?;
     let hold = if capture.holds() {
         Some(capture.take_hold()?)
     } else {
@@ -471,7 +472,7 @@ pub async fn run(cli: Cli) -> Result<(), StartupError> {
         .name("pipeline".into())
         .spawn({
             let telemetry = telemetry.clone();
-            move || consume(rx, pipeline, (watch, hold), telemetry, state_dir)
+            move || consume(rx, pipeline, (watch, hold, storming), telemetry, state_dir)
         })
         .map_err(StartupError::Thread)?;
     state.ready.store(true, Ordering::Relaxed);

@@ -7,7 +7,7 @@ use std::{
 };
 
 use crate::{
-    capture::{event::Event, hold::Hold, watch::Watch},
+    capture::{event::Event, hold::Hold, storming::Storming, watch::Watch},
     checkpoint::{self, StateDir},
     enrich::host::Procfs,
     model::monotonic_now,
@@ -15,7 +15,7 @@ use crate::{
     queue,
     telemetry::{
         Telemetry,
-        internal::{UpstreamsFollowed, WatchUpdateFailed, WatchUpdated},
+        internal::{StormingSet, UpstreamsFollowed, WatchUpdateFailed, WatchUpdated},
     },
 };
 
@@ -34,7 +34,7 @@ const TRIM_EVERY: Duration = Duration::from_secs(10);
 pub fn consume(
     rx: queue::Receiver<Event>,
     mut pipeline: Pipeline<Procfs>,
-    (mut watch, mut hold): (Watch, Option<Hold>),
+    (mut watch, mut hold, mut storming): (Watch, Option<Hold>, Option<Storming>),
     telemetry: Arc<Telemetry>,
     mut state_dir: Option<StateDir>,
 ) {
@@ -45,6 +45,7 @@ pub fn consume(
     // known container, a proxy found again) leave it as it was, and need no map writes.
     let mut applied = None;
     let mut sync_watch = |pipeline: &mut Pipeline<Procfs>| {
+        let mut changed = false;
         if let Some(set) = pipeline
             .watch_update(monotonic_now)
             .filter(|set| applied.as_ref() != Some(set))
@@ -58,6 +59,7 @@ pub fn consume(
                     }
                     .emit(&telemetry);
                     applied = Some(set);
+                    changed = true;
                 }
                 Err(error) => {
                     WatchUpdateFailed { error }.emit(&telemetry);
@@ -71,6 +73,17 @@ pub fn consume(
                 Ok(refused) => UpstreamsFollowed { refused }.emit(&telemetry),
                 Err(error) => WatchUpdateFailed { error }.emit(&telemetry),
             }
+        }
+        changed
+    };
+    // The namespaces whose accepted connections' answers the kernel times: those of workloads
+    // a storm may follow (a stop within its watch), kept in step at each tick, lifecycle event
+    // and change of what the pipeline knows of containers.
+    let mut sync_storming = |pipeline: &mut Pipeline<Procfs>| {
+        let Some(s) = storming.as_mut() else { return };
+        match s.set(&pipeline.storming_netns(monotonic_now())) {
+            Ok(refused) => StormingSet { refused }.emit(&telemetry),
+            Err(error) => WatchUpdateFailed { error }.emit(&telemetry),
         }
     };
     // `--hold`: the namespaces that must be seen as they happen, kept in step; what the kernel
@@ -110,6 +123,7 @@ pub fn consume(
     pipeline.start();
     sync_watch(&mut pipeline);
     sync_hot(&mut pipeline);
+    sync_storming(&mut pipeline);
     tracing::info!(
         containers = pipeline.container_count(),
         "containers found at start-up"
@@ -133,10 +147,13 @@ pub fn consume(
                 for ev in &batch {
                     pipeline.event(ev);
                     // A new container or listener widens the watch at once, not a tick later.
-                    sync_watch(&mut pipeline);
+                    let changed = sync_watch(&mut pipeline);
                     // A stop is seen whole from its signal on.
                     if ev.kind().lifecycle() {
                         sync_hot(&mut pipeline);
+                    }
+                    if changed || ev.kind().lifecycle() {
+                        sync_storming(&mut pipeline);
                     }
                 }
                 if Instant::now() < next_tick {
@@ -158,6 +175,7 @@ pub fn consume(
         pipeline.tick(monotonic_now());
         sync_watch(&mut pipeline);
         sync_hot(&mut pipeline);
+        sync_storming(&mut pipeline);
         telemetry.heartbeats.pipeline.beat();
         if let Some(sd) = state_dir.as_mut()
             && Instant::now() >= next_checkpoint

@@ -138,6 +138,16 @@ impl<H: HostView> Pipeline<H> {
         self.enricher.netns_of(&keys, &workloads)
     }
 
+    /// The network namespaces whose accepted connections' answers the kernel times: those of
+    /// the workloads a storm may follow (`Storms::watched`).
+    pub fn storming_netns(&self, now: Mono) -> std::collections::BTreeSet<u32> {
+        let workloads = self.with_correlator(|c| c.storm_watched(now));
+        if workloads.is_empty() {
+            return Default::default();
+        }
+        self.enricher.netns_of(&Default::default(), &workloads)
+    }
+
     /// One kernel event.
     pub fn event(&mut self, ev: &Event) {
         let (obs, emitted) = (&mut self.observations, &mut self.emitted);

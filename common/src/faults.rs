@@ -36,10 +36,13 @@ pub enum FaultKind {
     /// `--upstream-entries`): that connection's requests are not followed, so a cut or retry
     /// on it is not judged.
     UpstreamFull = 8,
+    /// A connection accepted in a storming namespace found `STORM_SOCKS` full: its answers
+    /// are not timed, so the storm's served capacity leaves it out.
+    StormFull = 9,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 9] = [
+    pub const ALL: [FaultKind; 10] = [
         FaultKind::RecordRead,
         FaultKind::KernelRead,
         FaultKind::PacketRead,
@@ -49,6 +52,7 @@ impl FaultKind {
         FaultKind::StaleEntry,
         FaultKind::HoldFull,
         FaultKind::UpstreamFull,
+        FaultKind::StormFull,
     ];
 
     pub const COUNT: u32 = Self::ALL.len() as u32;
@@ -64,6 +68,7 @@ impl FaultKind {
             FaultKind::StaleEntry => "stale_entry",
             FaultKind::HoldFull => "hold_full",
             FaultKind::UpstreamFull => "upstream_full",
+            FaultKind::StormFull => "storm_full",
         }
     }
 }

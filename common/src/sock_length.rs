@@ -21,6 +21,12 @@ pub enum Phase {
     /// or the proxy closed its socket before any response byte (its client gone): `req_bytes`
     /// is its size, or what was sent of it.
     RetryEnd = 3,
+    /// A connection accepted in a storming namespace (`STORM_NETNS`): the server answered
+    /// (sent) after the client's data, or after the accept, in one of the connection's first
+    /// `STORM_EXCHANGES` exchanges. `cut_sk`: the listener's port; `cut_at_ns`: the accept;
+    /// `req_start_ns`: the client's last data before the answer (the accept if none);
+    /// `req_bytes`: the exchange's index (0 first); the header's time: the answer.
+    Answered = 4,
 }
 
 impl Phase {
@@ -29,6 +35,7 @@ impl Phase {
             1 => Some(Phase::Cut),
             2 => Some(Phase::RetryStart),
             3 => Some(Phase::RetryEnd),
+            4 => Some(Phase::Answered),
             _ => None,
         }
     }
@@ -131,6 +138,37 @@ pub const PROXIES: u32 = 4096;
 /// `CHAINS` slots, indexed by `tid % CHAINS` (a collision loses a chain: a missed retry,
 /// never a false one, as the slot holds the tid).
 pub const CHAINS: u32 = 256;
+
+/// A `STORM_SOCKS` value: a connection accepted in a storming namespace, followed through its
+/// opening exchanges (the server's answer to the client's data, or to the accept for a server
+/// that speaks first), the connect-time work done after `accept()` (middleware, authorisation,
+/// a pool) that the accept queue does not show.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StormSock {
+    pub accepted_ns: u64,
+    /// The client's latest data not yet answered (the accept at first); 0: none pending.
+    pub data_ns: u64,
+    pub exchanges: u32,
+    /// The listener's port.
+    pub port: u32,
+    /// Its network namespace (inode).
+    pub netns: u32,
+    pub _pad: u32,
+}
+
+/// Exchanges followed per storming connection: a Socket.IO session's opening is two (the
+/// upgrade, then its CONNECT answered after the middleware), an HTTP request one, a polling
+/// transport's three; later ones are the session's ordinary traffic.
+pub const STORM_EXCHANGES: u32 = 4;
+/// A storming connection is followed for at most this long after its accept (its entry goes
+/// at its next I/O after it, or at its close).
+pub const STORM_FOLLOW_NS: u64 = 30_000_000_000;
+/// Capacity of `STORM_SOCKS`: connections followed at once (a plain hash, entries go at
+/// close; one that finds it full is counted, `FaultKind::StormFull`).
+pub const STORM_SOCKS: u32 = 65536;
+/// Capacity of `STORM_NETNS`: namespaces storming (or watched for a storm) at once.
+pub const STORM_NETNS: u32 = 1024;
 
 /// recv() flag the tracepoint passes through: a peek reads nothing.
 pub const MSG_PEEK: i32 = 2;

@@ -64,7 +64,7 @@ mod tests {
             [
                 (EventKind::TcpSendReset, FaultKind::RecordRead, 3),
                 (EventKind::TcpSendReset, FaultKind::KernelRead, 0),
-                (EventKind::SockLength, FaultKind::UpstreamFull, 7),
+                (EventKind::SockLength, FaultKind::StormFull, 7),
             ]
         );
     }

@@ -14,6 +14,7 @@ pub mod merge;
 mod options;
 pub mod plan;
 pub mod reader;
+pub mod storming;
 pub mod tracefs;
 pub mod watch;
 
@@ -349,6 +350,20 @@ impl Capture {
     /// Takes `--hold`'s maps (hot namespaces, held connections); call once.
     pub fn take_hold(&mut self) -> Result<hold::Hold, CaptureError> {
         hold::Hold::take(&mut self.ebpf)
+    }
+
+    /// Takes the maps that say which namespaces' accepted connections are followed through
+    /// their opening exchanges; `None` where the send and receive hooks did not attach (the
+    /// entries would never be read, nor removed at their close). Call once.
+    pub fn take_storming(&mut self) -> Result<Option<storming::Storming>, CaptureError> {
+        let attached = self
+            .statuses
+            .iter()
+            .any(|st| st.signal == "upstream_requests" && st.tried.iter().any(|(_, r)| r.is_ok()));
+        if !attached {
+            return Ok(None);
+        }
+        storming::Storming::take(&mut self.ebpf).map(Some)
     }
 
     /// Takes the maps that say which host-namespace traffic to keep; call once.

@@ -6,6 +6,7 @@
 pub mod deploys;
 pub mod probes;
 pub mod retries;
+mod served;
 pub mod starts;
 pub mod stops;
 pub mod storms;
@@ -108,7 +109,27 @@ impl Correlator {
                             Fact::Arrival => self.storms.arrival(&w, &container.name, *port, at),
                             Fact::AcceptWait(secs) => self.storms.accept_wait(&w, *port, *secs, at),
                             Fact::Overflow => self.storms.overflow(&w, *port),
+                            Fact::Answered {
+                                sock,
+                                accepted_at,
+                                data_at,
+                                index,
+                            } => self.storms.answered(
+                                &w,
+                                *port,
+                                storms::Answer {
+                                    sock: *sock,
+                                    accepted_at: *accepted_at,
+                                    data_at: *data_at,
+                                    index: *index,
+                                    at,
+                                },
+                            ),
                         }
+                    }
+                    // Answers are for storms only: no metric.
+                    if matches!(fact, Fact::Answered { .. }) {
+                        continue;
                     }
                     out.push(Emitted::Listener {
                         container: container.clone(),
@@ -304,6 +325,11 @@ impl Correlator {
             .map(str::to_string)
             .collect();
         (keys, self.storms.watched(now))
+    }
+
+    /// Workloads a storm may follow or is open on.
+    pub fn storm_watched(&self, now: Mono) -> HashSet<Workload> {
+        self.storms.watched(now)
     }
 
     /// Workloads whose listen path is sampled fast (a recent stop, or a storm in progress).

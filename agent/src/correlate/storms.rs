@@ -13,6 +13,9 @@ use std::collections::BTreeMap;
 
 use crate::model::{HashSet, ListenCounters, Mono, SECOND, Workload, storm::Storm};
 
+pub use super::served::Answer;
+use super::served::{self, Served};
+
 /// Ticks (seconds) a container's namespace counters are kept without a new sample: longer
 /// than the at-rest sampling period (10 s).
 const STALE_TICKS: u32 = 15;
@@ -33,6 +36,17 @@ pub const QUEUED_SECS: f64 = 0.005;
 /// least this long in the accept queue: below it the service kept up, whatever its measured
 /// capacity says (a service running just at its capacity measures just under the arrivals).
 pub const WINDOW_WAIT_SECS: f64 = 0.1;
+
+/// Clients ÷ capacity this much wider than the window the clients came back in (and by twice
+/// `WINDOW_WAIT_SECS`) is demand the service could not have kept up with, whatever the kernel
+/// saw them wait: clients then waited elsewhere (refused until the replacement listened,
+/// backing off), which stretched their arrivals to the service's pace.
+pub const WINDOW_MARGIN: f64 = 1.25;
+
+/// Whether a needed window `w` is clearly beyond the clients' `span` (see `WINDOW_MARGIN`).
+fn beyond(w: f64, span: f64) -> bool {
+    w > span * WINDOW_MARGIN && w - span >= 2.0 * WINDOW_WAIT_SECS
+}
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -68,6 +82,8 @@ struct Open {
     accepts: Vec<(Mono, f64)>,
     max_depth: u32,
     overflows: u64,
+    /// The server's answers on the storm's connections (a storming namespace's).
+    served: Served,
     /// The namespace's counters before the first arrival, and the latest.
     counters: Option<(ListenCounters, ListenCounters)>,
 }
@@ -79,9 +95,11 @@ impl Open {
         let Some(last) = self.arrivals.last() else {
             return false;
         };
+        // Answers come after the accepts (work done after `accept()`): quiet too.
         now >= last + quiet
             && (self.accepts.len() >= self.arrivals.len()
                 || self.accepts.last().is_none_or(|(at, _)| now >= at + quiet))
+            && self.served.last.is_none_or(|at| now >= at + quiet)
     }
 }
 
@@ -230,6 +248,13 @@ impl Storms {
         }
     }
 
+    /// The server answered on a connection of `workload`'s listener on `port`.
+    pub fn answered(&mut self, workload: &Workload, port: u16, a: Answer) {
+        if let Some(o) = self.open.get_mut(&(workload.clone(), port)) {
+            o.served.answer(a);
+        }
+    }
+
     pub fn overflow(&mut self, workload: &Workload, port: u16) {
         if let Some(o) = self.open.get_mut(&(workload.clone(), port)) {
             o.overflows += 1;
@@ -366,7 +391,33 @@ fn summarize(
     let i95 = ((connections as f64 * 0.95).ceil() as usize).clamp(1, o.arrivals.len()) - 1;
     let peak = buckets.iter().copied().max().unwrap_or(0) as f64 * (SECOND / BUCKET) as f64;
     o.accepts.sort_by_key(|(at, _)| *at);
-    let sustained = capacity(&o.accepts);
+    // What the service took in (accepts) and what it served (answers, where the kernel timed
+    // them): its capacity is the narrower.
+    let accepted = capacity(&o.accepts);
+    let moments = o.served.moments();
+    let answered = served::capacity(&moments);
+    // Answers are per connection: with follow-up connections (Socket.IO's polling transport:
+    // each client's CONNECT is answered on one of its 4-5 connections), connections served
+    // per second are no clients served per second, and the accept rate is not the capacity
+    // either when the answers show work after accept(): no capacity rather than a wrong one.
+    let follow_ups = first_attempts.is_some() && connections > clients + clients / 10;
+    let sustained = match (accepted, answered) {
+        (_, Some(_)) if follow_ups => None,
+        (Some(a), Some(s)) => Some(a.min(s)),
+        (a, s) => a.or(s),
+    };
+    tracing::debug!(
+        port,
+        accepts = o.accepts.len(),
+        served = moments.len(),
+        served_dropped = o.served.dropped,
+        accept_rate = ?accepted,
+        served_rate = ?answered,
+        follow_ups,
+        served_floor = served::floor(&moments),
+        served_wait_p95 = served::wait_p95(&moments),
+        "storm capacity"
+    );
     // A wider window is recommended only when the service needed more time to take every
     // client than they took to come back: a busy service that kept up needs none.
     let span = first_attempts.unwrap_or(last - first) as f64 / SECOND as f64;
@@ -377,9 +428,11 @@ fn summarize(
         .or(waits.last())
         .copied()
         .unwrap_or(0.0);
+    // Clients wait in the accept queue, or for the service's answer beyond its own time.
+    let p95 = p95.max(served::wait_p95(&moments));
     let needed = sustained
         .map(|r| clients as f64 / r)
-        .filter(|w| *w > span && p95 >= WINDOW_WAIT_SECS);
+        .filter(|w| *w > span && (p95 >= WINDOW_WAIT_SECS || beyond(*w, span)));
     Storm {
         namespace,
         workload,
@@ -511,6 +564,83 @@ mod tests {
         assert_eq!(
             (st.clients, st.connections, st.first_attempts_seconds),
             (200, 200, None)
+        );
+    }
+
+    #[test]
+    fn work_after_accept_is_the_capacity_when_the_accept_queue_keeps_up() {
+        // 500 clients back within 1 s (the Socket.IO fleet): accepted at once, each
+        // upgraded at once, then authorised by a pool of 5 × 20 ms (250/s). The accept rate
+        // says nothing; the answers after the pool are the capacity, and the window 2 s.
+        let mut s = Storms::new(Config::default());
+        s.stopped(web(), "old-1", "web-1", T0);
+        let start = T0 + 500 * MS;
+        let mut free = [start; 5];
+        for i in 0..500u64 {
+            let at = start + SECOND * i / 500;
+            s.first_attempt(&web(), at);
+            s.arrival(&web(), "web-2", 8080, at);
+            s.accept_wait(&web(), 8080, 0.0, at);
+            let answer = |index, data_at, answered| Answer {
+                sock: 0x1000 + i,
+                accepted_at: at,
+                data_at,
+                index,
+                at: answered,
+            };
+            s.answered(&web(), 8080, answer(0, at + MS, at + MS));
+            let slot = (0..5).min_by_key(|k| free[*k]).unwrap();
+            let done = free[slot].max(at + 2 * MS) + 20 * MS;
+            free[slot] = done;
+            s.answered(&web(), 8080, answer(1, at + 2 * MS, done));
+        }
+        assert!(
+            s.tick(start + 2 * SECOND).is_empty(),
+            "answers still coming: the pool drains for 2 s"
+        );
+        let st = &s.tick(start + 5 * SECOND)[0];
+        let rate = st.sustained_accept_rate.unwrap();
+        assert!((rate - 250.0).abs() < 5.0, "{rate}");
+        let window = st.recommended_window_seconds.unwrap();
+        assert!((window - 2.0).abs() < 0.05, "{window}");
+    }
+
+    #[test]
+    fn answers_on_follow_up_connections_give_no_capacity() {
+        // 100 clients, each with 4 connections (a polling transport): 400 answered
+        // connections, each waiting for a pool of 5 × 20 ms. Connections served per second
+        // are not clients served per second.
+        let mut s = Storms::new(Config::default());
+        s.stopped(web(), "old-1", "web-1", T0);
+        let start = T0 + 500 * MS;
+        let mut free = [start; 5];
+        for i in 0..400u64 {
+            let at = start + SECOND * i / 400;
+            if i % 4 == 0 {
+                s.first_attempt(&web(), at);
+            }
+            s.arrival(&web(), "web-2", 8080, at);
+            s.accept_wait(&web(), 8080, 0.0, at);
+            let slot = (0..5).min_by_key(|k| free[*k]).unwrap();
+            let done = free[slot].max(at + MS) + 20 * MS;
+            free[slot] = done;
+            s.answered(
+                &web(),
+                8080,
+                Answer {
+                    sock: 0x1000 + i,
+                    accepted_at: at,
+                    data_at: at + MS,
+                    index: 0,
+                    at: done,
+                },
+            );
+        }
+        let st = &s.tick(start + 10 * SECOND)[0];
+        assert_eq!((st.clients, st.connections), (100, 400));
+        assert_eq!(
+            (st.sustained_accept_rate, st.recommended_window_seconds),
+            (None, None)
         );
     }
 

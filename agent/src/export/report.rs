@@ -237,7 +237,7 @@ pub fn render_storms(storms: &[StormView]) -> String {
             s.clients.to_string()
         };
         out.push_str(&format!(
-            "STORM {} port {} after stop {}: {clients} clients back in {} s (95%), peak {} arrivals/s, max queue {}, {} overflows\n  accept wait p50 {} s, p95 {} s, max {} s; capacity {} accepts/s while queued\n  verdict: {verdict}\n\n",
+            "STORM {} port {} after stop {}: {clients} clients back in {} s (95%), peak {} arrivals/s, max queue {}, {} overflows\n  accept wait p50 {} s, p95 {} s, max {} s; capacity {} connections/s while busy\n  verdict: {verdict}\n\n",
             s.container,
             s.port,
             s.stop_id,
@@ -539,7 +539,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("verdict: 2,000 clients reconnected within 1.1 s against 480 accepts/s: spread reconnects over ≥ 4.2 s"),
+            text.contains("verdict: 2,000 clients reconnected within 1.1 s against 480 connections/s: spread reconnects over ≥ 4.2 s"),
             "{text}"
         );
         let calm = json!([{"clients": 2000, "recommended_window_seconds": null}]);

@@ -31,6 +31,16 @@ pub enum Fact {
     AcceptWait(f64),
     /// A completed handshake was dropped: the accept queue was full.
     Overflow,
+    /// The server answered on a connection it accepted at `accepted_at` (a storming
+    /// namespace's, `capture::hooks::sock_length::IoStep::Answered`): its `index`-th exchange,
+    /// answering the client's data at `data_at`, at the observation's time. `sock` tells
+    /// connections apart.
+    Answered {
+        sock: u64,
+        accepted_at: Mono,
+        data_at: Mono,
+        index: u32,
+    },
 }
 
 /// One sample of the listen path (`Enricher::sample_listen_path`).

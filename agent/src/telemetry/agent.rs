@@ -44,6 +44,7 @@ pub struct AgentMetrics {
     /// the agent found (the kernel's own refusals are the fault `upstream_full`).
     addresses_full: Counter,
     upstreams_full: Counter,
+    storm_netns_full: Counter,
     /// `addresses`, `ports`.
     watch_entries: [Gauge; 2],
     watch_failures: Counter,
@@ -96,7 +97,7 @@ impl AgentMetrics {
         );
         registry.register(
             "drainwatch_watch_map_full",
-            "Entries a kernel map had no room for, by map: container addresses (host-side traffic to them is not captured), proxies' upstream sockets the agent found open (their requests are not followed; connects the kernel could not follow are drainwatch_ebpf_faults_total{fault=\"upstream_full\"})",
+            "Entries a kernel map had no room for, by map: container addresses (host-side traffic to them is not captured), proxies' upstream sockets the agent found open (their requests are not followed; connects the kernel could not follow are drainwatch_ebpf_faults_total{fault=\"upstream_full\"}), storming namespaces (their connections' answers are not timed; connections the kernel could not follow are drainwatch_ebpf_faults_total{fault=\"storm_full\"})",
             watch_full.clone(),
         );
         registry.register(
@@ -166,6 +167,9 @@ impl AgentMetrics {
             }),
             upstreams_full: watch_full.get_or_create_owned(&MapLabels {
                 map: WatchMap::UpstreamSockets,
+            }),
+            storm_netns_full: watch_full.get_or_create_owned(&MapLabels {
+                map: WatchMap::StormNamespaces,
             }),
             watch_entries: [WatchMap::Addresses, WatchMap::Ports]
                 .map(|map| watch_entries.get_or_create_owned(&MapLabels { map })),
@@ -279,6 +283,12 @@ impl AgentMetrics {
     /// by `internal::UpstreamsFollowed`.
     pub(super) fn upstreams_refused(&self, refused: u64) {
         self.upstreams_full.inc_by(refused);
+    }
+
+    /// Storming namespaces `STORM_NETNS` had no room for. Counted by
+    /// `internal::StormingSet`.
+    pub(super) fn storm_netns_refused(&self, refused: u64) {
+        self.storm_netns_full.inc_by(refused);
     }
 
     /// Counted by `internal::WatchUpdateFailed`, which also logs.

@@ -172,6 +172,25 @@ impl UpstreamsFollowed {
     }
 }
 
+/// The storming namespaces were written to the kernel (`capture::storming`).
+pub struct StormingSet {
+    pub refused: u64,
+}
+
+impl StormingSet {
+    pub fn emit(&self, t: &Telemetry) {
+        if self.refused > 0 {
+            t.agent.storm_netns_refused(self.refused);
+            log_limited!(
+                t.limits.watch_failed,
+                warn,
+                refused = self.refused,
+                "the storming namespace map is full: these namespaces' connect-time work is not timed"
+            );
+        }
+    }
+}
+
 /// Updating the watch maps failed part-way.
 pub struct WatchUpdateFailed<E> {
     pub error: E,

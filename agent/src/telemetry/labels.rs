@@ -128,13 +128,16 @@ pub enum WatchMap {
     Ports,
     /// `UPSTREAM_SOCKS`: proxies' upstream connections whose requests are followed.
     UpstreamSockets,
+    /// `STORM_NETNS`: namespaces whose accepted connections' answers are timed (a storm).
+    StormNamespaces,
 }
 
 impl WatchMap {
-    pub const ALL: [WatchMap; 3] = [
+    pub const ALL: [WatchMap; 4] = [
         WatchMap::Addresses,
         WatchMap::Ports,
         WatchMap::UpstreamSockets,
+        WatchMap::StormNamespaces,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -142,6 +145,7 @@ impl WatchMap {
             WatchMap::Addresses => "addresses",
             WatchMap::Ports => "ports",
             WatchMap::UpstreamSockets => "upstream_sockets",
+            WatchMap::StormNamespaces => "storm_namespaces",
         }
     }
 
@@ -150,6 +154,7 @@ impl WatchMap {
             WatchMap::Addresses => 0,
             WatchMap::Ports => 1,
             WatchMap::UpstreamSockets => 2,
+            WatchMap::StormNamespaces => 3,
         }
     }
 }

@@ -161,6 +161,7 @@ impl ListenerMetrics {
             Fact::Arrival => "drainwatch_connection_arrivals",
             Fact::AcceptWait(_) => "drainwatch_accept_wait_seconds",
             Fact::Overflow => "drainwatch_listen_overflows",
+            Fact::Answered { .. } => return,
         };
         let Ok(mut cache) = self.handles.lock() else {
             return;
@@ -206,6 +207,7 @@ impl ListenerMetrics {
                     })
                     .inc();
             }
+            Fact::Answered { .. } => {}
         }
         if cache.by_listener.len() >= cache.prune_at {
             cache

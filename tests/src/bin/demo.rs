@@ -267,7 +267,7 @@ fn storm_step(agent: &Agent) -> Kept {
         Some(s) => {
             let g = |k: &str| s[k].as_f64().map_or("-".into(), |v| format!("{v:.3}"));
             say(&format!(
-                "      drainwatch saw   {} clients, 95% within {} s, max queue {}, accept wait p50 {} s, max {} s; capacity {} accepts/s",
+                "      drainwatch saw   {} clients, 95% within {} s, max queue {}, accept wait p50 {} s, max {} s; capacity {} connections/s",
                 s["clients"],
                 g("seconds_to_95_percent"),
                 s["max_queue_depth"],

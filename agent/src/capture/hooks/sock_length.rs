@@ -38,6 +38,15 @@ pub enum IoStep {
         bytes: u64,
         started_at: Mono,
     },
+    /// A server's answer on a connection accepted in a storming namespace (`meta.netns`) on
+    /// listener `port`: its `index`-th exchange (0 first), answering the client's data at
+    /// `data_at` (the accept, if the server spoke first); `meta.ts_ns` is the answer.
+    Answered {
+        port: u16,
+        accepted_at: Mono,
+        data_at: Mono,
+        index: u32,
+    },
 }
 
 pub fn decode(bytes: &[u8], _names: &KernelNames) -> Result<UpstreamIo, DecodeError> {
@@ -57,6 +66,12 @@ pub fn decode(bytes: &[u8], _names: &KernelNames) -> Result<UpstreamIo, DecodeEr
             cut_sock: e.cut_sk,
             bytes: e.req_bytes,
             started_at: e.req_start_ns,
+        },
+        Some(Phase::Answered) => IoStep::Answered {
+            port: e.cut_sk as u16,
+            accepted_at: e.cut_at_ns,
+            data_at: e.req_start_ns,
+            index: e.req_bytes as u32,
         },
         None => return Err(DecodeError::UnknownPhase(e.phase)),
     };

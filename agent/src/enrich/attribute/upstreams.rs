@@ -4,6 +4,7 @@
 //! (`sock_length` events on the proxy's socket) names the backends involved.
 
 use super::Key;
+use crate::model::Fact;
 use std::{collections::VecDeque, net::SocketAddr};
 
 use super::{Enricher, MAX_UPSTREAMS};
@@ -139,6 +140,25 @@ impl<H: HostView> Enricher<H> {
 
     /// A proxy's worker around a cut on one of its upstream connections.
     pub(super) fn upstream_io(&mut self, io: &UpstreamIo, out: &mut Vec<Observation>) {
+        if let IoStep::Answered {
+            port,
+            accepted_at,
+            data_at,
+            index,
+        } = io.step
+        {
+            // A server's answer in a storming namespace: a fact of the listener it came from.
+            if let Some((key, ..)) = self.listeners.open_at(io.meta.ns(), port) {
+                let fact = Fact::Answered {
+                    sock: io.skaddr,
+                    accepted_at,
+                    data_at,
+                    index,
+                };
+                self.listener_fact(&key.clone(), port, fact, out);
+            }
+            return;
+        }
         let Some(up) = self
             .upstreams
             .open
@@ -180,6 +200,7 @@ impl<H: HostView> Enricher<H> {
             IoStep::RetryEnded {
                 cut_sock, bytes, ..
             } => UpstreamStep::RetryEnded { cut_sock, bytes },
+            IoStep::Answered { .. } => return, // taken above
         };
         out.push(Observation::UpstreamRequest {
             key: up.key.clone(),

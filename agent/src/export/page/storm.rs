@@ -106,7 +106,7 @@ fn chart(st: &StormView) -> Markup {
                 @let yr = px(sc.y(r));
                 line class="rate" x1=(LEFT) y1=(yr) x2=(px(RIGHT)) y2=(yr) {}
                 text class="band-label rate-label" x=(px(RIGHT - 4.0)) y=(px(sc.y(r) - 4.0))
-                    text-anchor="end" { "capacity " (thousands(rate.round() as u64)) " accepts/s" }
+                    text-anchor="end" { "capacity " (thousands(rate.round() as u64)) " connections/s" }
             }
             (window(&sc, "observed", wy, observed, format!("95% back in {} s", secs(observed))))
             @if let Some(r) = recommended {

@@ -231,7 +231,7 @@ fn a_storm_is_drawn_under_the_deploy_that_caused_it() {
         "storm inside its deploy"
     );
     assert!(html.contains(&esc(&verdict::storm(&storm).text)));
-    assert!(html.contains("capacity 480 accepts/s"));
+    assert!(html.contains("capacity 480 connections/s"));
     assert!(html.contains("recommended window ≥ 4.2 s"));
     assert!(html.contains("95% back in 1.1 s"));
     assert_eq!(html.matches(r#"class="bar"#).count(), 11);

@@ -1142,7 +1142,7 @@ mod tests {
         assert_eq!(v.level, Level::Warning);
         assert_eq!(
             v.text,
-            "2,000 clients reconnected within 1.1 s against 480 accepts/s: spread reconnects over ≥ 4.2 s"
+            "2,000 clients reconnected within 1.1 s against 480 connections/s: spread reconnects over ≥ 4.2 s"
         );
         let mut dropped = s.clone();
         dropped.overflows = 12;
@@ -1172,7 +1172,7 @@ mod tests {
         }));
         assert_eq!(
             storm(&spread).text,
-            "100 clients reconnected within 3 s, wider than the 2 s its 50 accepts/s need: no change needed"
+            "100 clients reconnected within 3 s, wider than the 2 s its 50 connections/s need: no change needed"
         );
     }
 }

@@ -22,7 +22,7 @@ pub fn storm(storm: &StormView) -> Verdict {
         (Some(w), Some(r)) if w > within => Verdict {
             level: Level::Warning,
             text: format!(
-                "{came} against {} accepts/s: spread reconnects over ≥ {} s",
+                "{came} against {} connections/s: spread reconnects over ≥ {} s",
                 rate(r),
                 secs(ceil_tenth(w))
             ),
@@ -30,7 +30,7 @@ pub fn storm(storm: &StormView) -> Verdict {
         (Some(w), Some(r)) => Verdict {
             level: Level::Good,
             text: format!(
-                "{came}, wider than the {} s its {} accepts/s need: no change needed",
+                "{came}, wider than the {} s its {} connections/s need: no change needed",
                 secs(ceil_tenth(w)),
                 rate(r)
             ),
