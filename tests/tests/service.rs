@@ -209,6 +209,9 @@ fn stale_rule(mode: ProxyMode) {
         refused as u64,
         "refused = the clients' refused attempts"
     );
+    // s1's own RSTs are refusals, never kube-proxy's rejects (conntrack forgets an entry
+    // whose only answer was a RST, as it forgets a rejected one).
+    assert_eq!(stop["loss"]["no_endpoints"].as_u64(), Some(0), "{stop:#}");
     let term = instant(&stop["sigterm_at"]).expect("sigterm_at");
     let lag = stop["routing_lag_seconds"].as_f64().expect("routing lag");
     let truth = secs_since(term, last_syn);
@@ -262,7 +265,7 @@ fn right_way(mode: ProxyMode) {
     assert_eq!(service.escaped().expect("safety counter"), 0);
     let stop = stop_record(&agent, &s1.id);
     println!("drainwatch: {stop:#}");
-    for kind in ["unreachable", "refused", "inflight_cut"] {
+    for kind in ["unreachable", "refused", "inflight_cut", "no_endpoints"] {
         assert_eq!(
             stop["loss"][kind].as_u64().unwrap_or(0),
             0,

@@ -2255,3 +2255,59 @@ fn a_failed_connect_through_a_services_virtual_ip_counts_on_the_pod_it_was_sent_
         (Some(1), Some(1))
     );
 }
+
+#[test]
+fn a_pods_refusal_through_a_virtual_ip_is_its_refusal_never_a_services_reject() {
+    use crate::capture::hooks::inet_sock_set_state::ConnectFailure;
+    let dnat = Dnat {
+        vip: "10.96.0.10:80".parse().unwrap(),
+        empty: "10.96.0.11:80".parse().unwrap(),
+        pod: "10.88.0.5:8080".parse().unwrap(),
+    };
+    let mut e = enricher().with_nat(crate::enrich::nat::Nat::new(Box::new(dnat)));
+    e.scan();
+    // Its listener closed; a SYN through the virtual IP reaches it (DNAT) and is refused.
+    e.on_event(&state(
+        0xf1,
+        NS,
+        "TCP_LISTEN",
+        "TCP_CLOSE",
+        conn("0.0.0.0:8080", "0.0.0.0:0"),
+        TcpCounters::default(),
+    ));
+    let client = "10.88.0.1:41000";
+    e.on_event(&Event::ResetSent(ResetSent {
+        meta: meta(0, NS, 0),
+        skaddr: 0,
+        conn: conn("10.88.0.5:8080", client),
+        state: None,
+        reason: named("NO_SOCKET"),
+        answers_syn: Some(true),
+    }));
+    // The client's socket names the virtual IP, its RST filtered in the kernel; conntrack
+    // forgot the entry (its only answer was a RST), as it never had a rejected one's.
+    let mut failed = state(
+        0xd9,
+        HOST_NS,
+        "TCP_SYN_SENT",
+        "TCP_CLOSE",
+        conn(client, "10.96.0.11:80"),
+        TcpCounters::default(),
+    );
+    if let Event::StateChange(c) = &mut failed {
+        c.failure = Some(ConnectFailure {
+            syn_at: Some(0),
+            errno: libc::ECONNREFUSED,
+        });
+    }
+    let obs = e.on_event(&failed);
+    assert!(
+        matches!(obs.as_slice(), [O::Refused { key, .. }] if key.as_str() == ID),
+        "{obs:#?}"
+    );
+    let lookups = e.nat_lookups();
+    assert!(
+        lookups.iter().all(|(_, n)| *n == 0),
+        "never looked up: {lookups:?}"
+    );
+}

@@ -87,6 +87,11 @@ impl Refusals {
         }
     }
 
+    /// Whether a container's refusal of a SYN from `client` waits for its attempt.
+    pub(super) fn waiting_for(&self, client: SocketAddr) -> bool {
+        self.pending.iter().any(|p| p.client == client)
+    }
+
     /// The container `key` restarted in place, its new run at `since`: its refusals still
     /// waiting from then on are the new run's (`identity`), not the old run's stop's.
     pub(super) fn reassign(&mut self, key: &str, since: Mono, identity: &Arc<ContainerIdentity>) {

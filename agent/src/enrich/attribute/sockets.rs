@@ -239,6 +239,14 @@ impl<H: HostView> Enricher<H> {
                 let rejected = refused
                     || syn_at
                         .is_some_and(|syn| s.meta.ts_ns.saturating_sub(syn) <= REJECTED_WITHIN);
+                // A container's RST that the socket was not seen to take (a host socket to a
+                // Service's virtual IP is filtered in the kernel, and conntrack forgets an
+                // entry whose only answer was a RST): the refusal waiting for this client.
+                if rejected && self.refusals.waiting_for(conn.local) {
+                    self.refusals
+                        .attempt_refused(conn.local, upstream, syn_at, out);
+                    return;
+                }
                 let found = self
                     .nat
                     .lookup(s.meta.ts_ns, conn.local, conn.remote, rejected);
