@@ -2184,11 +2184,8 @@ impl crate::enrich::nat::Resolve for Dnat {
     }
 }
 
-#[test]
-fn a_failed_connect_through_a_services_virtual_ip_counts_on_the_pod_it_was_sent_to() {
-    use crate::capture::hooks::inet_sock_set_state::ConnectFailure;
-    use crate::model::nat::NatOutcome;
-    const S: u64 = 1_000_000_000;
+/// An enricher (scanned) on a node whose connection tracking has `Dnat`'s Service and an empty one.
+fn behind_a_service() -> crate::enrich::Enricher<FakeHost> {
     let dnat = Dnat {
         vip: "10.96.0.10:80".parse().unwrap(),
         empty: "10.96.0.11:80".parse().unwrap(),
@@ -2196,22 +2193,36 @@ fn a_failed_connect_through_a_services_virtual_ip_counts_on_the_pod_it_was_sent_
     };
     let mut e = enricher().with_nat(crate::enrich::nat::Nat::new(Box::new(dnat)));
     e.scan();
+    e
+}
+
+/// A host socket's connect from `local` to `remote` failing, as the tp_btf program reads it.
+fn failed_connect(sk: u64, local: &str, remote: &str, syn_at: Option<u64>, errno: i32) -> Event {
+    let mut ev = state(
+        sk,
+        HOST_NS,
+        "TCP_SYN_SENT",
+        "TCP_CLOSE",
+        conn(local, remote),
+        TcpCounters::default(),
+    );
+    if let Event::StateChange(c) = &mut ev {
+        c.failure =
+            Some(crate::capture::hooks::inet_sock_set_state::ConnectFailure { syn_at, errno });
+    }
+    ev
+}
+
+#[test]
+fn a_failed_connect_through_a_services_virtual_ip_counts_on_the_pod_it_was_sent_to() {
+    use crate::model::nat::NatOutcome;
+    const S: u64 = 1_000_000_000;
+    let mut e = behind_a_service();
     let failed = |sk, remote: &str, syn_at, errno| {
-        let mut ev = stamped(
-            state(
-                sk,
-                HOST_NS,
-                "TCP_SYN_SENT",
-                "TCP_CLOSE",
-                conn("10.0.2.15:40001", remote),
-                TcpCounters::default(),
-            ),
+        stamped(
+            failed_connect(sk, "10.0.2.15:40001", remote, syn_at, errno),
             12 * S,
-        );
-        if let Event::StateChange(c) = &mut ev {
-            c.failure = Some(ConnectFailure { syn_at, errno });
-        }
-        ev
+        )
     };
     // Its SYN from its socket (10 s), the client gave up at 12 s: on the pod DNAT chose.
     let obs = e.on_event(&failed(0xd1, "10.96.0.10:80", Some(10 * S), 0));
@@ -2258,14 +2269,7 @@ fn a_failed_connect_through_a_services_virtual_ip_counts_on_the_pod_it_was_sent_
 
 #[test]
 fn a_pods_refusal_through_a_virtual_ip_is_its_refusal_never_a_services_reject() {
-    use crate::capture::hooks::inet_sock_set_state::ConnectFailure;
-    let dnat = Dnat {
-        vip: "10.96.0.10:80".parse().unwrap(),
-        empty: "10.96.0.11:80".parse().unwrap(),
-        pod: "10.88.0.5:8080".parse().unwrap(),
-    };
-    let mut e = enricher().with_nat(crate::enrich::nat::Nat::new(Box::new(dnat)));
-    e.scan();
+    let mut e = behind_a_service();
     // Its listener closed; a SYN through the virtual IP reaches it (DNAT) and is refused.
     e.on_event(&state(
         0xf1,
@@ -2286,20 +2290,7 @@ fn a_pods_refusal_through_a_virtual_ip_is_its_refusal_never_a_services_reject() 
     }));
     // The client's socket names the virtual IP, its RST filtered in the kernel; conntrack
     // forgot the entry (its only answer was a RST), as it never had a rejected one's.
-    let mut failed = state(
-        0xd9,
-        HOST_NS,
-        "TCP_SYN_SENT",
-        "TCP_CLOSE",
-        conn(client, "10.96.0.11:80"),
-        TcpCounters::default(),
-    );
-    if let Event::StateChange(c) = &mut failed {
-        c.failure = Some(ConnectFailure {
-            syn_at: Some(0),
-            errno: libc::ECONNREFUSED,
-        });
-    }
+    let failed = failed_connect(0xd9, client, "10.96.0.11:80", Some(0), libc::ECONNREFUSED);
     let obs = e.on_event(&failed);
     assert!(
         matches!(obs.as_slice(), [O::Refused { key, .. }] if key.as_str() == ID),
