@@ -37,11 +37,7 @@ fn a_stop_waits_for_attempts_that_fail_after_it_was_due_and_counts_them_at_their
     // Keeps podman's bridge up (and the client's SYNs on it) once s1's address is gone.
     let _bridge = BridgeHolder::start("late");
     let agent = Agent::start(&[]);
-    let opts = BackendOpts {
-        netns_holder: false,
-        drain_delay: Some(Duration::from_millis(800)),
-        ..BackendOpts::default()
-    };
+    let opts = BackendOpts::gone_after_drain();
     let s1 = Backend::start("s1", Mode::Drain, opts);
     s1.require_route();
     let client = LateClient::start(s1.addr(), SYN_RETRIES, BEAT, ATTEMPTS);

@@ -33,11 +33,7 @@ fn the_routing_lag_ends_at_the_last_syn_not_when_the_client_gave_up() {
     // Keeps podman's bridge (and the clients' SYNs) on the machine once s1's address is gone.
     let _bridge = BridgeHolder::start("lag");
     let agent = Agent::start(&[]);
-    let opts = BackendOpts {
-        netns_holder: false,
-        drain_delay: Some(Duration::from_millis(800)),
-        ..BackendOpts::default()
-    };
+    let opts = BackendOpts::gone_after_drain();
     let s1 = Backend::start("s1", Mode::Drain, opts);
     let addr = s1.addr();
     wait_for("the agent knows s1", Duration::from_secs(10), || {

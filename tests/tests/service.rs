@@ -106,15 +106,7 @@ impl Lab {
     fn two_endpoints(mode: ProxyMode) -> Lab {
         let bridge_holder = BridgeHolder::start("svc");
         let agent = Agent::start(&[]);
-        let s1 = Backend::start(
-            "s1",
-            Mode::Drain,
-            BackendOpts {
-                netns_holder: false,
-                drain_delay: Some(Duration::from_millis(800)),
-                ..BackendOpts::default()
-            },
-        );
+        let s1 = Backend::start("s1", Mode::Drain, BackendOpts::gone_after_drain());
         let s2 = Backend::start("s2", Mode::Drain, BackendOpts::default());
         let bridge = require_bridge_route((*s1.addr().ip()).into()).expect("s1 on the bridge");
         let vip: SocketAddrV4 = VIP.parse().unwrap();

@@ -178,6 +178,18 @@ impl StreamDrain {
     }
 }
 
+impl BackendOpts {
+    /// `Drain` for 0.8 s with no network holder: its address goes with it, so connects after
+    /// its exit meet a vanished address (keep a [`BridgeHolder`] while anything sends).
+    pub fn gone_after_drain() -> Self {
+        Self {
+            netns_holder: false,
+            drain_delay: Some(Duration::from_millis(800)),
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for BackendOpts {
     fn default() -> Self {
         Self {
