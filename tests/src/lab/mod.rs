@@ -29,6 +29,8 @@
 //!   a Rust client, a CNI bridge, containerd's own task exits as ground truth.
 //! - [`late`]: a client in a namespace of its own whose connects to a stopped container's
 //!   vanished address fail tens of seconds later (its kernel's SYN retries, or ARP giving up).
+//! - [`service`]: a Kubernetes Service's virtual IP with kube-proxy's own rules (both modes),
+//!   and [`pod_client`]: a client pod whose connects to it are forwarded by the host.
 //! - [`clock`]: `CLOCK_MONOTONIC` conversions shared with the backend's logs (and eBPF).
 //! - [`net`]: lab network safety: the fallback blackhole routes of the lab subnets and the
 //!   route check before sending to a container address.
@@ -47,6 +49,7 @@ pub mod haproxy;
 pub mod late;
 pub mod net;
 pub mod nginx;
+pub mod pod_client;
 mod proxy;
 pub mod retry;
 pub mod scenario;

@@ -16,8 +16,10 @@ use std::{net::IpAddr, process::Command, sync::OnceLock};
 pub const PODMAN_SUBNET: &str = "10.88.0.0/16";
 /// The CRI lab's CNI bridge network.
 pub const CRI_SUBNET: &str = "10.89.0.0/16";
+/// The Service lab's client pod (`lab::pod_client`), routed through the host.
+pub const POD_CLIENT_SUBNET: &str = "10.90.0.0/16";
 /// Every subnet a lab puts containers on: each gets a fallback.
-pub const LAB_SUBNETS: [&str; 2] = [PODMAN_SUBNET, CRI_SUBNET];
+pub const LAB_SUBNETS: [&str; 3] = [PODMAN_SUBNET, CRI_SUBNET, POD_CLIENT_SUBNET];
 /// Above any route a bridge or CNI plugin adds (metric 0), so it only catches what they left.
 pub const FALLBACK_METRIC: u32 = 4000;
 

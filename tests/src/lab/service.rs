@@ -2,19 +2,23 @@
 //! interface has, DNATed to its endpoints (podman containers) by kube-proxy's own rule
 //! structures, in either mode.
 //!
-//! - iptables mode (`iptables-nft`, as Debian's `iptables` is): nat `OUTPUT` → `KUBE-SERVICES`
-//!   → `KUBE-SVC-…` (one `-m statistic --mode random --probability 1/n` rule per endpoint but
-//!   the last) → `KUBE-SEP-…` (`KUBE-MARK-MASQ` for hairpin traffic, then `DNAT`); a Service
-//!   with no endpoints is a filter `KUBE-SERVICES` `REJECT --reject-with icmp-port-unreachable`
-//!   reached from filter `OUTPUT` for new connections. Written with `iptables-restore
-//!   --noflush`, whose declared chains are flushed and refilled in one commit, as kube-proxy
-//!   syncs.
-//! - nftables mode (GA in 1.33): table `ip kube-proxy`, `nat-output` → `services` → the
-//!   `service-ips` verdict map → `service-…` (`numgen random mod n vmap`) → `endpoint-…`
-//!   (`dnat to`); no endpoints: `filter-output` → `service-endpoints-check` → the
-//!   `no-endpoint-services` map → `reject-chain` (`reject`). As in kube-proxy's own
-//!   `pkg/proxy/nftables/proxier_test.go`, plus a `counter` on each endpoint's `dnat` rule for
-//!   the lab's ground truth (kube-proxy's rules carry none).
+//! - iptables mode (`iptables-nft`, as Debian's `iptables` is): nat `OUTPUT` and `PREROUTING`
+//!   → `KUBE-SERVICES` → `KUBE-SVC-…` (one `-m statistic --mode random --probability 1/n` rule
+//!   per endpoint but the last) → `KUBE-SEP-…` (`KUBE-MARK-MASQ` for hairpin traffic, then
+//!   `DNAT`); a Service with no endpoints is a filter `KUBE-SERVICES` `REJECT --reject-with
+//!   icmp-port-unreachable` reached from filter `OUTPUT` and `FORWARD` for new connections.
+//!   Written with `iptables-restore --noflush`, whose declared chains are flushed and refilled
+//!   in one commit, as kube-proxy syncs.
+//! - nftables mode (GA in 1.33): table `ip kube-proxy`, `nat-output` and `nat-prerouting` →
+//!   `services` → the `service-ips` verdict map → `service-…` (`numgen random mod n vmap`) →
+//!   `endpoint-…` (`dnat to`); no endpoints: `filter-output` and `filter-forward` →
+//!   `service-endpoints-check` → the `no-endpoint-services` map → `reject-chain` (`reject`). As
+//!   in kube-proxy's own `pkg/proxy/nftables/proxier_test.go`, plus a `counter` on each
+//!   endpoint's `dnat` rule and on the `reject` for the lab's ground truth (kube-proxy's rules
+//!   carry none).
+//!
+//! Node-local clients take the OUTPUT hooks; a client pod's connects (`lab::pod_client`) are
+//! DNATed in PREROUTING and rejected in FORWARD.
 //!
 //! Safety first (see `lab::net` and ENVIRONMENT.md): a blackhole route for the virtual range,
 //! a /32 route for the virtual IP onto the lab's bridge (a blackhole alone makes `connect()`
@@ -170,15 +174,19 @@ pub fn nft_rules(vip: SocketAddrV4, endpoints: &[SocketAddrV4]) -> String {
          add map ip kube-proxy no-endpoint-services { type ipv4_addr . inet_proto . inet_service : verdict ; comment \"vmap to drop or reject packets to services with no endpoints\" ; }\n\
          add map ip kube-proxy service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment \"ClusterIP, ExternalIP and LoadBalancer IP traffic\" ; }\n\
          add chain ip kube-proxy filter-output { type filter hook output priority 0 ; }\n\
+         add chain ip kube-proxy filter-forward { type filter hook forward priority -110 ; }\n\
          add chain ip kube-proxy mark-for-masquerade\n\
          add chain ip kube-proxy nat-output { type nat hook output priority -100 ; }\n\
+         add chain ip kube-proxy nat-prerouting { type nat hook prerouting priority -100 ; }\n\
          add chain ip kube-proxy reject-chain { comment \"helper for @no-endpoint-services / @no-endpoint-nodeports\" ; }\n\
          add chain ip kube-proxy services\n\
          add chain ip kube-proxy service-endpoints-check\n\
          add rule ip kube-proxy filter-output ct state new jump service-endpoints-check\n\
+         add rule ip kube-proxy filter-forward ct state new jump service-endpoints-check\n\
          add rule ip kube-proxy mark-for-masquerade mark set mark or 0x4000\n\
          add rule ip kube-proxy nat-output jump services\n\
-         add rule ip kube-proxy reject-chain reject\n\
+         add rule ip kube-proxy nat-prerouting jump services\n\
+         add rule ip kube-proxy reject-chain counter reject\n\
          add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @service-ips\n\
          add rule ip kube-proxy service-endpoints-check ip daddr . meta l4proto . th dport vmap @no-endpoint-services\n",
     );
@@ -248,7 +256,9 @@ impl Service {
             Some(&format!(
                 "add table ip {SAFETY_TABLE}\n\
                  add chain ip {SAFETY_TABLE} output {{ type filter hook output priority 10 ; }}\n\
-                 add rule ip {SAFETY_TABLE} output ip daddr {VIP_RANGE} counter drop\n"
+                 add rule ip {SAFETY_TABLE} output ip daddr {VIP_RANGE} counter drop\n\
+                 add chain ip {SAFETY_TABLE} forward {{ type filter hook forward priority 10 ; }}\n\
+                 add rule ip {SAFETY_TABLE} forward ip daddr {VIP_RANGE} counter drop\n"
             )),
         )?;
         ip(&[
@@ -261,7 +271,9 @@ impl Service {
         if mode == ProxyMode::Iptables {
             for table in ["nat", "filter"] {
                 run("iptables", &["-t", table, "-N", "KUBE-SERVICES"], None).ok();
-                run("iptables", &portals_jump(table, "-I"), None)?;
+            }
+            for (table, chain) in PORTALS {
+                run("iptables", &portals_jump(table, chain, "-I"), None)?;
             }
         }
         let mut s = s;
@@ -316,10 +328,32 @@ impl Service {
         }
     }
 
-    /// Packets the safety table dropped (still addressed to the virtual range after NAT):
-    /// 0 unless the lab is broken.
+    /// SYNs the Service's no-endpoint reject answered (retransmissions too): its rule's packet
+    /// counter.
+    pub fn rejected_syns(&self) -> Result<u64, String> {
+        match self.mode {
+            ProxyMode::Iptables => {
+                let out = run(
+                    "iptables",
+                    &["-t", "filter", "-L", "KUBE-SERVICES", "-v", "-x", "-n"],
+                    None,
+                )?;
+                Ok(out
+                    .lines()
+                    .filter(|l| l.contains("REJECT"))
+                    .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+                    .sum())
+            }
+            // Its one rule.
+            ProxyMode::Nftables => nft_packets(&["ip", "kube-proxy", "reject-chain"], "counter"),
+        }
+    }
+
+    /// Packets the safety table dropped (still addressed to the virtual range after NAT, sent
+    /// or forwarded): 0 unless the lab is broken.
     pub fn escaped(&self) -> Result<u64, String> {
-        nft_packets(&["ip", SAFETY_TABLE, "output"], "drop")
+        Ok(nft_packets(&["ip", SAFETY_TABLE, "output"], "drop")?
+            + nft_packets(&["ip", SAFETY_TABLE, "forward"], "drop")?)
     }
 }
 
@@ -338,27 +372,37 @@ fn nft_packets(chain: &[&str], needle: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("no counter on `{needle}` in {chain:?}:\n{out}"))
 }
 
-/// kube-proxy's jump from `table`'s OUTPUT to its KUBE-SERVICES, inserted (`-I`) or deleted
+/// Where kube-proxy jumps to its KUBE-SERVICES: the nat table's for node-local clients and
+/// forwarded ones, the filter table's for new connections, both ways.
+const PORTALS: [(&str, &str); 4] = [
+    ("nat", "OUTPUT"),
+    ("nat", "PREROUTING"),
+    ("filter", "OUTPUT"),
+    ("filter", "FORWARD"),
+];
+
+/// kube-proxy's jump from `table`'s `chain` to its KUBE-SERVICES, inserted (`-I`) or deleted
 /// (`-D`).
-fn portals_jump<'a>(table: &'a str, op: &'a str) -> [&'a str; 10] {
-    [
-        "-t",
-        table,
-        op,
-        "OUTPUT",
+fn portals_jump<'a>(table: &'a str, chain: &'a str, op: &'a str) -> Vec<&'a str> {
+    let mut rule = vec!["-t", table, op, chain];
+    if table == "filter" {
+        rule.extend(["-m", "conntrack", "--ctstate", "NEW"]);
+    }
+    rule.extend([
         "-m",
         "comment",
         "--comment",
         "kubernetes service portals",
         "-j",
         "KUBE-SERVICES",
-    ]
+    ]);
+    rule
 }
 
 /// Removes every rule, chain, table and route the lab may have left for `vip`.
 fn remove_all(vip: Ipv4Addr) {
-    for table in ["nat", "filter"] {
-        while run("iptables", &portals_jump(table, "-D"), None).is_ok() {}
+    for (table, chain) in PORTALS {
+        while run("iptables", &portals_jump(table, chain, "-D"), None).is_ok() {}
     }
     if let Ok(rules) = run("iptables-save", &[], None) {
         let chains: Vec<(String, String)> = {

@@ -78,6 +78,12 @@ pub enum Translation {
 /// rejected many times a second, its tracked connections change slowly.
 const SERVED_BY_REUSE_NS: u64 = 5_000_000_000;
 
+/// How long after a reject answered by ICMP an untracked connect to the same address that
+/// went unanswered is one of the same rejects: the node rate-limits the ICMP errors it sends
+/// to another host (`icmp_ratelimit`, a burst of 6 then one a second per peer), so a pod or a
+/// remote client sees most rejects as a SYN nobody answered.
+const REJECTING_NS: u64 = 10_000_000_000;
+
 /// The enricher's lookups: budgeted per second, each counted by outcome.
 #[derive(Default)]
 pub struct Nat {
@@ -88,6 +94,8 @@ pub struct Nat {
     counts: [u64; NatOutcome::ALL.len()],
     /// The last dump's finding per address, and when it was made.
     served: HashMap<SocketAddr, (u64, Vec<SocketAddr>)>,
+    /// Addresses seen rejected with an ICMP answer, and when last.
+    rejecting: HashMap<SocketAddr, u64>,
 }
 
 impl Nat {
@@ -122,8 +130,10 @@ impl Nat {
     }
 
     /// Where `from` → `to`, a connect that failed at `now` (monotonic ns), was really sent;
-    /// `refused`: with ECONNREFUSED and no RST received. Nothing without a resolver (nothing
-    /// counted: the agent said at start-up why it has none).
+    /// `refused`: with ECONNREFUSED and no RST received. An untracked one is a reject when it
+    /// was refused, or went unanswered while its address was being rejected (within
+    /// [`REJECTING_NS`] of a refused one). Nothing without a resolver (nothing counted: the
+    /// agent said at start-up why it has none).
     pub fn lookup(
         &mut self,
         now: u64,
@@ -147,10 +157,18 @@ impl Nat {
                     (NatOutcome::Translated, Translation::To(real))
                 }
                 Ok(Some(_)) => (NatOutcome::Untranslated, Translation::None),
-                Ok(None) if refused => (
-                    NatOutcome::Rejected,
-                    Translation::Rejected(self.served_by(now, to)),
-                ),
+                Ok(None) if refused || self.rejecting(now, to) => {
+                    if refused {
+                        // Bounded by the addresses rejected within the window.
+                        self.rejecting
+                            .retain(|_, at| now.saturating_sub(*at) < REJECTING_NS);
+                        self.rejecting.insert(to, now);
+                    }
+                    (
+                        NatOutcome::Rejected,
+                        Translation::Rejected(self.served_by(now, to)),
+                    )
+                }
                 Ok(None) => (NatOutcome::NotFound, Translation::None),
                 Err(e) => {
                     tracing::debug!(error = %e, "conntrack lookup failed");
@@ -160,6 +178,12 @@ impl Nat {
         };
         self.counts[outcome as usize] += 1;
         found
+    }
+
+    fn rejecting(&self, now: u64, to: SocketAddr) -> bool {
+        self.rejecting
+            .get(&to)
+            .is_some_and(|at| now.saturating_sub(*at) < REJECTING_NS)
     }
 
     /// Where `to`'s tracked connections went, most first, from a dump at most every 5 s.
@@ -267,8 +291,22 @@ mod tests {
         let mut none = Nat::new(Box::new(Fake(None)));
         assert_eq!(none.lookup(0, from, vip, false), Translation::None);
         let pods = vec![sa("10.88.0.7:8080"), sa("10.88.0.6:8080")];
-        assert_eq!(none.lookup(0, from, vip, true), Translation::Rejected(pods));
-        assert_eq!(count(&none, NatOutcome::NotFound), Some(1));
-        assert_eq!(count(&none, NatOutcome::Rejected), Some(1));
+        assert_eq!(
+            none.lookup(0, from, vip, true),
+            Translation::Rejected(pods.clone())
+        );
+        // Unanswered while the address is rejected: an ICMP answer the node rate-limited.
+        let (late, after) = (REJECTING_NS - 1, REJECTING_NS + 1);
+        assert_eq!(
+            none.lookup(late, from, vip, false),
+            Translation::Rejected(pods)
+        );
+        assert_eq!(none.lookup(after, from, vip, false), Translation::None);
+        assert_eq!(
+            none.lookup(after, from, sa("10.96.0.11:80"), false),
+            Translation::None
+        );
+        assert_eq!(count(&none, NatOutcome::NotFound), Some(3));
+        assert_eq!(count(&none, NatOutcome::Rejected), Some(2));
     }
 }
