@@ -184,6 +184,11 @@ pub fn snmp_tcp(pid: u32, field: &str) -> u64 {
     proc_net_field(pid, "snmp", "Tcp:", field)
 }
 
+/// One field of the namespace's `Icmp:` line in `/proc/<pid>/net/snmp`.
+pub fn snmp_icmp(pid: u32, field: &str) -> u64 {
+    proc_net_field(pid, "snmp", "Icmp:", field)
+}
+
 /// One field of the namespace's `TcpExt:` line in `/proc/<pid>/net/netstat`.
 pub fn tcp_ext(pid: u32, field: &str) -> u64 {
     proc_net_field(pid, "netstat", "TcpExt:", field)

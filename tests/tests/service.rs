@@ -40,6 +40,7 @@ use drainwatch_tests::{
         pod_client::PodClient,
         service::{ProxyMode, Service, VIP_RANGE},
     },
+    snmp_icmp,
 };
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -519,6 +520,9 @@ fn no_endpoints(mode: ProxyMode, clients: Clients) {
     sync(&agent);
     let service_ref = &mut service;
     let synced_at = std::sync::Mutex::new(None);
+    // The node's ICMP errors it did not send, over its rate limit per peer.
+    let limited = || snmp_icmp(1, "OutRateLimitHost");
+    let limited_before = limited();
     let attempts = during(
         pod.as_ref(),
         s1.addr(),
@@ -560,6 +564,12 @@ fn no_endpoints(mode: ProxyMode, clients: Clients) {
         assert!(unanswered <= 2, "{attempts:?}");
     }
     let failed = refused + unanswered;
+    let limited = limited() - limited_before;
+    println!("the node rate-limited {limited} ICMP errors (all peers)");
+    assert!(
+        limited >= rejects - refused as u64,
+        "every rejected SYN but the refused attempts' had its ICMP answer rate-limited"
+    );
     assert!(failed >= 10, "the Service rejected new connections");
     assert!(
         rejects >= failed as u64,
