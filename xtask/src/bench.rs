@@ -47,6 +47,11 @@
 //! - Userspace: events/s through decode → enrich → correlate → export on one core against
 //!   decode alone, and the loss through the agent's queue at 2× that rate and at 200,000/s
 //!   (`bench/src/bin/pipeline.rs`).
+//! - Service lookups (`xtask/src/bench/nat.rs`, `bench/src/bin/nat.rs`): the agent's ctnetlink
+//!   code against the kernel's connection tracking, a GET by tuple (found, not found) and a
+//!   dump by destination, wall and CPU time, and the most the agent's budget lets them cost;
+//!   the pod rows count the lookups made during pod churn (none: only failed connects to
+//!   addresses no container has are looked up).
 //! - Footprint: the agent's CPU and RSS at rest and under capped churn, and the memory the
 //!   pipeline's state takes for 1,000 containers and 100,000 open connections fed through the
 //!   pipeline's code as synthetic events (`bench/src/bin/pipeline.rs footprint`).
@@ -64,6 +69,7 @@ mod agent;
 mod bpf;
 mod held;
 mod keepalive;
+mod nat;
 mod phases;
 mod pod;
 mod report;
@@ -89,6 +95,8 @@ pub enum Phase {
     Pipeline,
     Footprint,
     Scale,
+    /// Service lookups (ctnetlink).
+    Nat,
 }
 
 struct Plan {
@@ -167,6 +175,9 @@ pub fn run(settings: &Settings) -> Result<()> {
     }
     if runs(Phase::Scale) {
         scale::scale_phase(&bin, &plan, &mut rows)?;
+    }
+    if runs(Phase::Nat) {
+        nat::nat_phase(&bin, &plan, &mut rows)?;
     }
 
     let table = report::render(&rows);

@@ -150,6 +150,8 @@ struct Work {
     records: f64,
     shed: f64,
     connections: f64,
+    /// Service lookups the agent made meanwhile (`drainwatch_nat_lookups_total`).
+    nat_lookups: f64,
 }
 
 /// One way of running the agent, measured over the rounds: throughput, its work, and kernel
@@ -182,6 +184,7 @@ impl Variant {
             agent.metric_sum("drainwatch_events_total")?,
         );
         let shed0 = agent.metric_sum("drainwatch_events_shed_total")?;
+        let nat0 = agent.metric_sum("drainwatch_nat_lookups_total")?;
         let (n, rate) = pod.churn(plan, plan.phase_secs)?;
         self.rates.push(rate);
         // The agent folds the kernel's per-CPU counters in once a second and drains the
@@ -190,6 +193,7 @@ impl Variant {
         self.work.cpu_seconds += agent.cpu_seconds()? - cpu0;
         self.work.records += agent.metric_sum("drainwatch_events_total")? - rec0;
         self.work.shed += agent.metric_sum("drainwatch_events_shed_total")? - shed0;
+        self.work.nat_lookups += agent.metric_sum("drainwatch_nat_lookups_total")? - nat0;
         self.work.connections += n;
         // Kernel time per connection of the agent's programs and bpftrace's, from one churn
         // with both attached and the statistics on (they add two clock reads to every run):
@@ -267,6 +271,17 @@ impl Variant {
             budget: "-".into(),
             verdict: Verdict::Info,
         });
+        if budgets {
+            // Only failed connects to addresses no container has are looked up: none here.
+            rows.push(Row {
+                figure: format!("Service lookups (ctnetlink) during pod churn, {what}"),
+                value: format!("{:.0}", work.nat_lookups),
+                baseline: format!("{:.0} connections, 1 in 10 refused", work.connections),
+                ratio: "-".into(),
+                budget: "0".into(),
+                verdict: Verdict::of(work.nat_lookups == 0.0),
+            });
+        }
     }
 }
 
