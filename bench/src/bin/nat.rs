@@ -19,11 +19,18 @@ use std::{
 
 use drainwatch::enrich::nat::Conntrack;
 
+fn fail(what: &str, e: impl std::fmt::Display) -> ! {
+    eprintln!("nat: {what}: {e}");
+    std::process::exit(1)
+}
+
 /// CPU seconds of this process so far (user + system).
 fn cpu_seconds() -> f64 {
     // SAFETY: getrusage fills the struct we pass.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) }, 0);
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        fail("getrusage", std::io::Error::last_os_error());
+    }
     let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
     t(u.ru_utime) + t(u.ru_stime)
 }
@@ -41,36 +48,56 @@ fn timed(n: usize, mut op: impl FnMut()) -> (f64, f64) {
 fn main() {
     let args: Vec<usize> = std::env::args()
         .skip(1)
-        .map(|a| a.parse().expect("nat <lookups> <dump entries>"))
+        .map(|a| {
+            a.parse()
+                .unwrap_or_else(|e| fail("nat <lookups> <dump entries>", e))
+        })
         .collect();
     let (n, entries) = match args[..] {
         [n, e] => (n, e),
-        _ => panic!("nat <lookups> <dump entries>"),
+        _ => fail("usage", "nat <lookups> <dump entries>"),
     };
-    let mut ct = Conntrack::open(true).expect("a ctnetlink socket (root, host namespace)");
-    let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback listener");
-    let to = listener.local_addr().expect("its address");
+    let mut ct = Conntrack::open(true)
+        .unwrap_or_else(|e| fail("a ctnetlink socket (root, host namespace)", e));
+    let listener =
+        TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| fail("a loopback listener", e));
+    let to = listener
+        .local_addr()
+        .unwrap_or_else(|e| fail("its address", e));
     // Both ends held open: tracked for as long as the run.
     let mut held = Vec::new();
     for _ in 0..entries.max(1) {
-        let c = TcpStream::connect(to).expect("connect");
-        let (s, _) = listener.accept().expect("accept");
+        let c = TcpStream::connect(to).unwrap_or_else(|e| fail("connect", e));
+        let (s, _) = listener.accept().unwrap_or_else(|e| fail("accept", e));
         held.push((c, s));
     }
-    let from = held[0].0.local_addr().expect("the client's address");
-    let tracked = ct.lookup(from, to).expect("a lookup").is_some();
+    let from = held[0]
+        .0
+        .local_addr()
+        .unwrap_or_else(|e| fail("the client's address", e));
+    let tracked = ct
+        .lookup(from, to)
+        .unwrap_or_else(|e| fail("a lookup", e))
+        .is_some();
     let (found_ns, found_cpu_ns) = timed(n, || {
-        ct.lookup(from, to).expect("a lookup");
+        ct.lookup(from, to).unwrap_or_else(|e| fail("a lookup", e));
     });
     // A port nothing uses on this listener's address.
     let nobody: SocketAddr = SocketAddr::new(from.ip(), 9);
-    assert!(ct.lookup(nobody, to).expect("a lookup").is_none());
+    if ct
+        .lookup(nobody, to)
+        .unwrap_or_else(|e| fail("a lookup", e))
+        .is_some()
+    {
+        fail("a lookup", "a tuple nobody has was found");
+    }
     let (missing_ns, missing_cpu_ns) = timed(n, || {
-        ct.lookup(nobody, to).expect("a lookup");
+        ct.lookup(nobody, to)
+            .unwrap_or_else(|e| fail("a lookup", e));
     });
     let dumps = (n / 100).max(10);
     let (dump_ns, dump_cpu_ns) = timed(dumps, || {
-        ct.served_by(to).expect("a dump");
+        ct.served_by(to).unwrap_or_else(|e| fail("a dump", e));
     });
     println!(
         "{}",
