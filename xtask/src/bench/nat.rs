@@ -40,11 +40,15 @@ pub(super) fn nat_phase(bin: &Path, plan: &Plan, rows: &mut Vec<Row>) -> Result<
         "Service lookup of a failed connect to an address no container has (ctnetlink GET by \
          its tuple, entry found; wall, CPU)"
             .into(),
-        format!(
-            "{:.1} µs, {:.1} µs CPU",
-            num("found_ns") / 1e3,
-            num("found_cpu_ns") / 1e3
-        ),
+        if v["tracked"].as_bool() == Some(true) {
+            format!(
+                "{:.1} µs, {:.1} µs CPU",
+                num("found_ns") / 1e3,
+                num("found_cpu_ns") / 1e3
+            )
+        } else {
+            "not measured (conntrack does not track loopback here)".into()
+        },
         format!(
             "{:.1} µs, {:.1} µs CPU with no entry; {lookups} lookups each",
             num("not_found_ns") / 1e3,
