@@ -741,6 +741,39 @@ fn inbound_connections_close_by_container_or_by_peer() {
     assert!(
         matches!(e.on_event(&rst).as_slice(), [O::Reset { reason, direction: ResetDirection::Sent, on_connection: true, .. }] if reason == "TCP_ABORT_ON_CLOSE")
     );
+    // Its time-wait socket's RST names the same connection: still its.
+    let same = Event::ResetSent(ResetSent {
+        meta: meta(0, NS, 0),
+        skaddr: 0xa1,
+        conn: conn("10.88.0.5:8080", "10.88.0.1:41000"),
+        state: None,
+        reason: named("TCP_TIMEWAIT_SOCKET"),
+        answers_syn: Some(false),
+    });
+    assert!(matches!(
+        e.on_event(&same).as_slice(),
+        [O::Reset {
+            on_connection: true,
+            ..
+        }]
+    ));
+    // Its memory freed and taken by a loopback connect the kernel filter kept from the agent:
+    // that socket's refusal is no longer the closed connection's.
+    let reused = Event::ResetReceived(crate::capture::event::ResetReceived {
+        meta: meta(0, NS, 0),
+        skaddr: 0xa1,
+        sock_cookie: 0,
+        conn: conn("127.0.0.1:50000", "127.0.0.1:9090"),
+        state: tcp("TCP_SYN_SENT"),
+    });
+    assert!(matches!(
+        e.on_event(&reused).as_slice(),
+        [O::Reset {
+            on_connection: false,
+            direction: ResetDirection::Received,
+            ..
+        }]
+    ));
 }
 
 #[test]
@@ -2254,16 +2287,23 @@ fn a_failed_connect_through_a_services_virtual_ip_counts_on_the_pod_it_was_sent_
         matches!(obs.as_slice(), [O::ServiceRejected { key, at }] if key.as_str() == ID && *at == 11 * S),
         "{obs:#?}"
     );
-    // Without an ICMP reject (the client gave up): not a rejection.
+    // Unanswered while that address is being rejected: the node rate-limited its ICMP
+    // answer (a pod's or a remote client's connect), the same reject.
+    let obs = e.on_event(&failed(0xd5, "10.96.0.11:80", Some(10 * S), 0));
     assert!(
-        e.on_event(&failed(0xd5, "10.96.0.11:80", None, 0))
+        matches!(obs.as_slice(), [O::ServiceRejected { at, .. }] if *at == 10 * S),
+        "{obs:#?}"
+    );
+    // Unanswered elsewhere (the client gave up): not a rejection.
+    assert!(
+        e.on_event(&failed(0xd6, "10.96.0.12:80", None, 0))
             .is_empty()
     );
     let lookups = e.nat_lookups();
     let count = |o| lookups.iter().find(|(k, _)| *k == o).map(|(_, c)| *c);
     assert_eq!(
-        (count(NatOutcome::Rejected), count(NatOutcome::NotFound)),
-        (Some(1), Some(1))
+        (count(NatOutcome::Rejected), count(NatOutcome::Untranslated)),
+        (Some(2), Some(2))
     );
 }
 

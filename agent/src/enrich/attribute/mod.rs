@@ -215,7 +215,7 @@ impl<H: HostView> Enricher<H> {
         self.by_ip.retain(|_, k| !expired.contains(k.as_str()));
         self.sockets
             .recent
-            .retain(|_, k| !expired.contains(k.as_str()));
+            .retain(|_, (k, _)| !expired.contains(k.as_str()));
         self.sockets.retain(|k| !expired.contains(k.as_str()));
     }
 

@@ -25,7 +25,7 @@ use std::{collections::VecDeque, sync::Arc};
 use super::{Enricher, MAX_REFUSED_ATTEMPTS, refusals::Target};
 use crate::model::state::make_room_in_set;
 use crate::{
-    capture::event::{ResetReceived, ResetSent},
+    capture::event::{Endpoints, ResetReceived, ResetSent},
     enrich::host::HostView,
     model::{
         ContainerIdentity, Mono, Netns, Observation, ResetDirection, TcpState, netns::cookies_agree,
@@ -77,7 +77,7 @@ pub(super) struct Unowned {
 impl<H: HostView> Enricher<H> {
     pub(super) fn reset_sent(&mut self, r: &ResetSent, out: &mut Vec<Observation>) {
         let ns = r.meta.ns();
-        let owner = self.owner(r.skaddr, ns, local_port(&r.conn));
+        let owner = self.owner(r.skaddr, ns, r.conn.as_ref());
         if matches!(owner, Owner::NotYet) {
             self.wait_for_owner(Rst::Sent(r.clone()));
             return;
@@ -144,7 +144,7 @@ impl<H: HostView> Enricher<H> {
     }
 
     fn count_received(&mut self, r: &ResetReceived, out: &mut Vec<Observation>) {
-        let owner = self.owner(r.skaddr, r.meta.ns(), local_port(&r.conn));
+        let owner = self.owner(r.skaddr, r.meta.ns(), r.conn.as_ref());
         if matches!(owner, Owner::NotYet) {
             self.wait_for_owner(Rst::Received(r.clone()));
             return;
@@ -158,11 +158,11 @@ impl<H: HostView> Enricher<H> {
         );
     }
 
-    fn owner(&self, skaddr: u64, ns: Netns, port: Option<u16>) -> Owner {
-        if let Some(c) = self.connection_owner(skaddr) {
+    fn owner(&self, skaddr: u64, ns: Netns, conn: Option<&Endpoints>) -> Owner {
+        if let Some(c) = self.connection_owner(skaddr, conn) {
             return Owner::Connection(c);
         }
-        if let Some(c) = self.port_owner(ns, port) {
+        if let Some(c) = self.port_owner(ns, conn.map(|c| c.local.port())) {
             return Owner::Namespace(c);
         }
         if ns.inum != 0 && self.host_netns != Some(ns.inum) {
@@ -172,13 +172,8 @@ impl<H: HostView> Enricher<H> {
         }
     }
 
-    fn owned(
-        &self,
-        skaddr: u64,
-        ns: Netns,
-        conn: &Option<crate::capture::event::Endpoints>,
-    ) -> bool {
-        !matches!(self.owner(skaddr, ns, local_port(conn)), Owner::NotYet)
+    fn owned(&self, skaddr: u64, ns: Netns, conn: &Option<Endpoints>) -> bool {
+        !matches!(self.owner(skaddr, ns, conn.as_ref()), Owner::NotYet)
     }
 
     fn wait_for_owner(&mut self, r: Rst) {
@@ -307,10 +302,6 @@ impl<H: HostView> Enricher<H> {
                 .map(|c| Arc::new(pod_as_a_whole(&c.identity))),
         }
     }
-}
-
-fn local_port(conn: &Option<crate::capture::event::Endpoints>) -> Option<u16> {
-    conn.map(|c| c.local.port())
 }
 
 /// The identity a pod's own RSTs are counted under: its names, no container.

@@ -64,8 +64,9 @@ pub(super) struct Sockets {
     /// their next step (`AttemptEnded`): its stop waits for their outcome. Capped with
     /// `connecting`, evictions counted there.
     pub(super) to_ended: HashMap<u64, Key>,
-    /// Connections closed recently, for a RST the kernel sends after the state change.
-    pub(super) recent: HashMap<u64, Key>,
+    /// Connections closed recently, for a RST the kernel sends after the state change (by
+    /// their time-wait or orphaned socket: the same four-tuple).
+    pub(super) recent: HashMap<u64, (Key, Endpoints)>,
     pub(super) recent_order: VecDeque<u64>,
 }
 
@@ -279,7 +280,7 @@ impl<H: HostView> Enricher<H> {
                 let Some((key, peer_done)) = self.sockets.unfollow(s.skaddr) else {
                     return;
                 };
-                self.remember_closed(s.skaddr, &key);
+                self.remember_closed(s.skaddr, &key, conn);
                 let by_container = !peer_done && old == Some(Established);
                 let pending = s.counters.request_pending();
                 // What the container left unread says whether a request cut on this
@@ -403,14 +404,26 @@ impl<H: HostView> Enricher<H> {
     }
 
     /// The container of a followed (or just closed) connection, as its observations name it.
-    pub(super) fn connection_owner(&self, skaddr: u64) -> Option<Arc<ContainerIdentity>> {
-        self.socket_owner(skaddr)
+    /// The container of the connection at `skaddr`; a closed one's only for a record of the
+    /// same connection (`conn`: a freed socket's memory is soon another's, perhaps one the
+    /// kernel filter kept from the agent).
+    pub(super) fn connection_owner(
+        &self,
+        skaddr: u64,
+        conn: Option<&Endpoints>,
+    ) -> Option<Arc<ContainerIdentity>> {
+        self.socket_owner(skaddr, conn)
             .and_then(|k| self.containers.get(k.as_str()))
             .map(|c| Arc::clone(&c.identity))
     }
 
-    fn remember_closed(&mut self, skaddr: u64, key: &Key) {
-        if self.sockets.recent.insert(skaddr, key.clone()).is_none() {
+    fn remember_closed(&mut self, skaddr: u64, key: &Key, conn: Endpoints) {
+        if self
+            .sockets
+            .recent
+            .insert(skaddr, (key.clone(), conn))
+            .is_none()
+        {
             self.sockets.recent_order.push_back(skaddr);
         }
         while self.sockets.recent_order.len() > Self::RECENT {
@@ -421,12 +434,15 @@ impl<H: HostView> Enricher<H> {
     }
 
     /// The container of a followed (or just closed) connection.
-    fn socket_owner(&self, skaddr: u64) -> Option<Key> {
+    fn socket_owner(&self, skaddr: u64, conn: Option<&Endpoints>) -> Option<Key> {
         self.sockets
             .tracked
             .get(&skaddr)
             .map(|t| t.key.clone())
-            .or_else(|| self.sockets.recent.get(&skaddr).cloned())
+            .or_else(|| {
+                let (key, closed) = self.sockets.recent.get(&skaddr)?;
+                conn.is_none_or(|c| c == closed).then(|| key.clone())
+            })
     }
 
     /// The id the tracker knows a connection by.
