@@ -141,8 +141,8 @@ impl Correlator {
                 _ => {}
             }
             self.tracker.observe(at, o);
-            for (w, back) in self.tracker.take_returns() {
-                self.storms.first_attempt(&w, back);
+            for r in self.tracker.take_returns() {
+                self.storms.first_attempt(&r.workload, r.at, r.shared);
             }
         }
         if event {

@@ -38,6 +38,14 @@ pub struct Served {
 
 impl Served {
     pub fn answer(&mut self, a: Answer) {
+        tracing::trace!(
+            sock = a.sock,
+            accepted = a.accepted_at,
+            data = a.data_at,
+            index = a.index,
+            at = a.at,
+            "answer"
+        );
         let delay = a.at.saturating_sub(a.data_at);
         self.last = Some(self.last.map_or(a.at, |l| l.max(a.at)));
         let key = (a.sock, a.accepted_at);

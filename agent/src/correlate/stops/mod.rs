@@ -16,7 +16,7 @@ mod streams;
 pub use attempts::{MAX_IN_FLIGHT, SynRetries};
 pub use checkpoint::{RECENT_SETTLED, StopsCheckpoint};
 pub use lifecycle::{NO_EXIT_AFTER_KILL, UNKNOWN_GRACE};
-pub use sessions::MAX_HELD as MAX_SESSIONS_WAITING;
+pub use sessions::{MAX_HELD as MAX_SESSIONS_WAITING, Return};
 
 use super::{
     probes::{ProbeSource, Probes},

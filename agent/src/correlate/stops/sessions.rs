@@ -33,6 +33,16 @@ struct Close {
     counted: Option<LossKind>,
 }
 
+/// A client back at its workload: its first attempt after the close it was matched with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Return {
+    pub workload: Workload,
+    pub at: Mono,
+    /// Other closes of the same address were held when it came back: clients behind one
+    /// address, told apart by count only (which of them came back is not known).
+    pub shared: bool,
+}
+
 #[derive(Debug, Default)]
 pub(super) struct Sessions {
     /// Oldest first.
@@ -41,12 +51,12 @@ pub(super) struct Sessions {
     pub(super) dropped: u64,
     /// Clients that came back (a lost session), for the storm they are part of: taken by
     /// the correlator after each observation.
-    returns: Vec<(Workload, Mono)>,
+    returns: Vec<Return>,
 }
 
 impl Tracker {
     /// Clients that came back since the last call: their workload and when.
-    pub fn take_returns(&mut self) -> impl Iterator<Item = (Workload, Mono)> + '_ {
+    pub fn take_returns(&mut self) -> impl Iterator<Item = Return> + '_ {
         self.sessions.returns.drain(..)
     }
 
@@ -110,16 +120,22 @@ impl Tracker {
         let window = self.config.settle;
         // A dual-stack listener's peers are IPv4-mapped; a RST's are plain IPv4.
         let peer = peer.to_canonical();
-        let Some(i) = self.sessions.held.iter().position(|c| {
+        let mine = |c: &Close| {
             c.peer == peer && c.workload == *workload && c.at <= at && at <= c.at + window
-        }) else {
+        };
+        let Some(i) = self.sessions.held.iter().position(mine) else {
             return;
         };
+        let shared = self.sessions.held.iter().skip(i + 1).any(mine);
         if let Some(c) = self.sessions.held.remove(i) {
             if c.counted.is_none() {
                 self.count(&c.key, LossKind::SessionsCut, None, c.at, c.age);
             }
-            self.sessions.returns.push((c.workload, at));
+            self.sessions.returns.push(Return {
+                workload: c.workload,
+                at,
+                shared,
+            });
         }
     }
 
