@@ -266,6 +266,23 @@ fn routing_lag_is_the_last_syn(stop: &serde_json::Value, last_syn: Instant) {
     );
 }
 
+/// The kubelet's SIGTERM to s1, and kube-proxy's sync without it `lag` later (endpoint
+/// propagation), `before_sync` just before; returns once s1 has exited and the sync is done.
+fn sigterm_then_sync(
+    s1: &Backend,
+    service: &mut Service,
+    keep: SocketAddrV4,
+    lag: Duration,
+    before_sync: impl FnOnce(&Service),
+) {
+    thread::scope(|scope| {
+        scope.spawn(|| s1.stop(10));
+        thread::sleep(lag);
+        before_sync(service);
+        service.sync(&[keep]).expect("sync without s1");
+    });
+}
+
 /// s1 closes its listener at SIGTERM and exits (its sandbox keeps the address); its endpoint
 /// goes 3 s later: every attempt DNATed to it meanwhile meets its namespace's RST.
 fn listener_closed(mode: ProxyMode, clients: Clients) {
@@ -275,12 +292,9 @@ fn listener_closed(mode: ProxyMode, clients: Clients) {
     let to_s1 = std::sync::Mutex::new(0);
     let stop = || {
         thread::sleep(Duration::from_millis(500));
-        thread::scope(|scope| {
-            scope.spawn(|| s1.stop(10));
-            thread::sleep(Duration::from_secs(3));
+        sigterm_then_sync(s1, service, s2_addr, Duration::from_secs(3), |service| {
             // s1's DNAT rule goes with its endpoint.
             *to_s1.lock().unwrap() = service.dnat_count(s1.addr()).expect("s1's DNAT counter");
-            service.sync(&[s2_addr]).expect("sync without s1");
         });
     };
     let vip = lab.vip;
@@ -359,11 +373,7 @@ fn no_handler(mode: ProxyMode, clients: Clients) {
     let (s1, service) = (&lab.s1, &mut lab.service);
     let stop = || {
         thread::sleep(Duration::from_millis(2000));
-        thread::scope(|scope| {
-            scope.spawn(|| s1.stop(10));
-            thread::sleep(Duration::from_secs(1));
-            service.sync(&[s2_addr]).expect("sync without s1");
-        });
+        sigterm_then_sync(s1, service, s2_addr, Duration::from_secs(1), |_| {});
     };
     let vip = SocketAddr::V4(lab.vip);
     let tag = format!("vip{}", std::process::id());
