@@ -77,7 +77,7 @@ impl Pod {
     /// Truth beside drainwatch, field by field.
     fn table(&self) {
         let r = &self.run;
-        let rows: [(&str, usize, &Value); 7] = [
+        let rows: [(&str, usize, &Value); 9] = [
             (
                 "app inflight_cut (app log: started, never finished)",
                 r.cut.len(),
@@ -109,6 +109,16 @@ impl Pod {
                 &self.sidecar["loss"]["inflight_cut"],
             ),
             ("sidecar refused", 0, &self.sidecar["loss"]["refused"]),
+            (
+                "app accepted_after_sigterm (clients sent after the app's logged SIGTERM)",
+                r.sent_after(r.app_sigterm),
+                &self.app["loss"]["accepted_after_sigterm"],
+            ),
+            (
+                "sidecar accepted_after_sigterm (clients sent after the wrapper's SIGTERM)",
+                r.sent_after(r.sidecar_sigterm),
+                &self.sidecar["loss"]["accepted_after_sigterm"],
+            ),
         ];
         for (what, truth, dw) in rows {
             println!("{what}: truth {truth}, drainwatch {dw}");
@@ -203,6 +213,33 @@ impl Pod {
         self.check_sidecar_clean();
     }
 
+    /// A draining app, clients gone before it closes: zero everywhere, no bad verdict.
+    fn check_graceful(&self) {
+        self.check_truth();
+        let r = &self.run;
+        assert!(
+            r.sidecar_502.is_empty() && r.cut.is_empty(),
+            "ground truth: nothing lost: {}",
+            r.report()
+        );
+        assert_eq!(r.app_exit, 0);
+        for k in [
+            "inflight_cut",
+            "refused",
+            "upstream_aborts",
+            "retry_duplicates",
+        ] {
+            assert_eq!(
+                loss(&self.app, k),
+                0,
+                "the app lost nothing ({k}): {:#}",
+                self.app
+            );
+        }
+        assert_eq!(self.app["outcome"], "drained", "{:#}", self.app);
+        self.check_sidecar_clean();
+    }
+
     fn check_sidecar_clean(&self) {
         let s = &self.sidecar;
         for k in [
@@ -240,31 +277,15 @@ fn native_order_the_apps_record_has_its_cuts_and_the_sidecars_refused_connects()
 }
 
 #[test]
-fn a_draining_app_behind_its_sidecar_loses_nothing() {
+fn a_draining_app_behind_its_native_sidecar_loses_nothing() {
     let p = pod(SidecarSpec::graceful(Order::Native));
-    p.check_truth();
-    let r = &p.run;
-    assert!(
-        r.sidecar_502.is_empty() && r.cut.is_empty(),
-        "ground truth: nothing lost: {}",
-        r.report()
-    );
-    assert_eq!(r.app_exit, 0);
-    for k in [
-        "inflight_cut",
-        "refused",
-        "upstream_aborts",
-        "retry_duplicates",
-    ] {
-        assert_eq!(
-            loss(&p.app, k),
-            0,
-            "the app lost nothing ({k}): {:#}",
-            p.app
-        );
-    }
-    assert_eq!(p.app["outcome"], "drained", "{:#}", p.app);
-    p.check_sidecar_clean();
+    p.check_graceful();
+}
+
+#[test]
+fn a_draining_app_and_its_sidecar_stopped_together_lose_nothing() {
+    let p = pod(SidecarSpec::graceful(Order::Classic));
+    p.check_graceful();
 }
 
 #[test]

@@ -355,6 +355,9 @@ pub struct SidecarRun {
     pub attempt_fails: u64,
     pub out_rsts: u64,
     pub estab_resets: u64,
+    /// When the app logged its SIGTERM (none: it has no handler) and the wrapper its own.
+    pub app_sigterm: Option<Instant>,
+    pub sidecar_sigterm: Option<Instant>,
 }
 
 impl SidecarLab {
@@ -470,6 +473,8 @@ impl SidecarLab {
             attempt_fails: after[0] - before[0],
             out_rsts: after[1] - before[1],
             estab_resets: after[2] - before[2],
+            app_sigterm: self.app.event_at("sigterm"),
+            sidecar_sigterm: self.sidecar.event_at("sigterm"),
         }
     }
 }
@@ -482,6 +487,11 @@ impl SidecarRun {
             *m.entry(r.outcome.label()).or_insert(0) += 1;
         }
         m
+    }
+
+    /// Requests whose client started connecting at or after `t` (none if `t` is unknown).
+    pub fn sent_after(&self, t: Option<Instant>) -> usize {
+        t.map_or(0, |t| self.requests.iter().filter(|r| r.start >= t).count())
     }
 
     /// The ground truth, for the test's output.
