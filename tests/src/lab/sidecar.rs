@@ -44,6 +44,8 @@ const NGINX: &str = "/usr/sbin/nginx";
 pub const SIDECAR_PORT: u16 = 15001;
 /// The app's port in the pod, `127.0.0.1:APP_PORT` for the sidecar.
 pub const APP_PORT: u16 = 8080;
+/// A second app container's port in the same pod, for a retrying sidecar.
+pub const REPLICA_PORT: u16 = 8081;
 
 /// The wrapper, bind-mounted into the sidecar container.
 fn wrapper_script() -> PathBuf {
@@ -65,9 +67,11 @@ pub struct Sidecar {
 
 impl Sidecar {
     /// Starts the sidecar in `pod`'s network namespace, the wrapper keeping nginx serving
-    /// `drain` after SIGTERM; returns once nginx listens (its pid file) and answers
+    /// `drain` after SIGTERM, proxying to `127.0.0.1` at `upstreams` (round robin, nginx's
+    /// default retries: a request cut before its response headers goes to the next one);
+    /// returns once nginx listens (its pid file) and answers
     /// `/lab-ready` itself (no upstream touched). Panics with its logs otherwise.
-    pub fn start(pod: &Backend, drain: Duration) -> Sidecar {
+    pub fn start(pod: &Backend, drain: Duration, upstreams: &[u16]) -> Sidecar {
         setup_once();
         let holder = pod
             .holder
@@ -79,7 +83,7 @@ impl Sidecar {
         // nginx as root looks up its `user` (root): the busybox image has no /etc.
         fs::write(dir.join("passwd"), "root:x:0:0:root:/root:/bin/sh\n").expect("passwd");
         fs::write(dir.join("group"), "root:x:0:\n").expect("group");
-        let cfg = nginx_conf(&dir);
+        let cfg = nginx_conf(&dir, upstreams);
         fs::write(dir.join("nginx.conf"), cfg).expect("write nginx.conf");
         let mut s = Sidecar {
             container: container.clone(),
@@ -231,10 +235,16 @@ impl Drop for Sidecar {
     }
 }
 
-/// The lab's nginx template with one upstream server, `127.0.0.1:APP_PORT`, and a listener
-/// on every address of the pod. One server: nginx neither retries nor takes it out of the
-/// rotation (`max_fails` is ignored for a single peer), so every request is one connect.
-fn nginx_conf(dir: &Path) -> String {
+/// The lab's nginx template with upstream servers `127.0.0.1:<port>` and a listener on every
+/// address of the pod. One server: nginx neither retries nor takes it out of the rotation
+/// (`max_fails` is ignored for a single peer), so every request is one connect. Several: round
+/// robin, passive health and `proxy_next_upstream error timeout`, nginx's defaults.
+fn nginx_conf(dir: &Path, upstreams: &[u16]) -> String {
+    assert!(!upstreams.is_empty(), "the sidecar needs an upstream");
+    let servers: Vec<String> = upstreams
+        .iter()
+        .map(|p| format!("        server 127.0.0.1:{p};"))
+        .collect();
     let cfg = TEMPLATE
         .replace(
             "{{KEEPALIVE}}",
@@ -256,10 +266,7 @@ fn nginx_conf(dir: &Path) -> String {
             "{{CLIENT_ABORT}}",
             "            # proxy_ignore_client_abort off",
         )
-        .replace(
-            "{{SERVERS}}",
-            &format!("        server 127.0.0.1:{APP_PORT};"),
-        );
+        .replace("{{SERVERS}}", &servers.join("\n"));
     assert!(!cfg.contains("{{"), "unfilled template field in:\n{cfg}");
     cfg
 }
@@ -272,6 +279,9 @@ pub enum Order {
     /// The app first, the sidecar once the app has exited: Kubernetes native sidecars
     /// (an init container with `restartPolicy: Always`).
     Native,
+    /// The app alone (the kubelet restarting it after a failed liveness probe): the sidecar
+    /// and any replica serve on.
+    AppOnly,
 }
 
 /// One run's shape.
@@ -293,6 +303,9 @@ pub struct SidecarSpec {
     pub after: Duration,
     /// The work each request asks the app for (`/work?ms=`).
     pub work: Duration,
+    /// A second app container in the pod (`REPLICA_PORT`, never stopped), the sidecar
+    /// balancing over both and retrying a cut request on the other.
+    pub replica: bool,
 }
 
 impl SidecarSpec {
@@ -308,6 +321,7 @@ impl SidecarSpec {
             lead: Duration::from_secs(2),
             after: Duration::from_secs(2),
             work: Duration::from_millis(1500),
+            replica: false,
         }
     }
 
@@ -323,11 +337,13 @@ impl SidecarSpec {
     }
 }
 
-/// The pod: a bridge holder, the app (with its network holder) and the sidecar. Fields drop
-/// in order: the sidecar, then the app and its holder, then the bridge holder.
+/// The pod: a bridge holder, the app (with its network holder), a replica and the sidecar.
+/// Fields drop in order: the sidecar, the replica, then the app and its holder, then the bridge
+/// holder.
 pub struct SidecarLab {
     pub spec: SidecarSpec,
     pub sidecar: Sidecar,
+    pub replica: Option<Backend>,
     pub app: Backend,
     pub bridge: BridgeHolder,
 }
@@ -337,11 +353,14 @@ pub struct SidecarLab {
 pub struct SidecarRun {
     pub requests: Vec<RequestRecord>,
     pub app_stop: StopTimes,
-    pub sidecar_stop: StopTimes,
+    /// None: the sidecar was not stopped (`Order::AppOnly`).
+    pub sidecar_stop: Option<StopTimes>,
     pub app_exit: i32,
     pub sidecar_exit: Option<i32>,
     /// Ids the app started and never finished (its own work log).
     pub cut: BTreeSet<String>,
+    /// Cut ids the replica started too: the sidecar's retries, run twice.
+    pub duplicates: BTreeSet<String>,
     /// Ids the sidecar answered 502 (its access log).
     pub sidecar_502: BTreeSet<String>,
     /// 502s of requests the app never started: their loopback connect was refused.
@@ -373,10 +392,30 @@ impl SidecarLab {
                 ..BackendOpts::default()
             },
         );
-        let sidecar = Sidecar::start(&app, spec.sidecar_drain);
+        // The replica joins the pod's namespace through its holder's process, at its address.
+        let replica = spec.replica.then(|| {
+            Backend::start(
+                "replica",
+                Mode::NoHandler,
+                BackendOpts {
+                    port: REPLICA_PORT,
+                    netns_holder: false,
+                    netns: Some(format!("/proc/{}/ns/net", app.netns_pid())),
+                    ip: Some(app.ip),
+                    ..BackendOpts::default()
+                },
+            )
+        });
+        let upstreams: &[u16] = if spec.replica {
+            &[APP_PORT, REPLICA_PORT]
+        } else {
+            &[APP_PORT]
+        };
+        let sidecar = Sidecar::start(&app, spec.sidecar_drain, upstreams);
         SidecarLab {
             spec,
             sidecar,
+            replica,
             app,
             bridge,
         }
@@ -420,12 +459,13 @@ impl SidecarLab {
             Order::Classic => std::thread::scope(|sc| {
                 let side = sc.spawn(|| self.sidecar.stop(10));
                 let app = self.app.stop(10);
-                (app, side.join().expect("sidecar stop"))
+                (app, Some(side.join().expect("sidecar stop")))
             }),
             Order::Native => {
                 let app = self.app.stop(10);
-                (app, self.sidecar.stop(10))
+                (app, Some(self.sidecar.stop(10)))
             }
+            Order::AppOnly => (self.app.stop(10), None),
         };
         let requests = clients.join().expect("clients");
         let after = counters();
@@ -440,7 +480,15 @@ impl SidecarLab {
             .filter(|w| !w.started)
             .map(|w| w.id.clone())
             .collect();
-        let cut = started.difference(&ended).cloned().collect();
+        let cut: BTreeSet<String> = started.difference(&ended).cloned().collect();
+        let replica_started: BTreeSet<String> = self
+            .replica
+            .iter()
+            .flat_map(|r| r.work_log())
+            .filter(|w| w.started)
+            .map(|w| w.id)
+            .collect();
+        let duplicates = cut.intersection(&replica_started).cloned().collect();
         let sidecar_502: BTreeSet<String> = self
             .sidecar
             .access_log()
@@ -458,8 +506,9 @@ impl SidecarLab {
             app_stop,
             sidecar_stop,
             app_exit: self.app.exit_code(),
-            sidecar_exit: self.sidecar.exit_code(),
+            sidecar_exit: sidecar_stop.and_then(|_| self.sidecar.exit_code()),
             cut,
+            duplicates,
             sidecar_502,
             refused_502,
             refused_lines: self
@@ -505,8 +554,8 @@ impl SidecarRun {
         );
         let _ = writeln!(
             o,
-            "app: exit {}, cut (started, never finished) {:?}",
-            self.app_exit, self.cut
+            "app: exit {}, cut (started, never finished) {:?}, run again on the replica {:?}",
+            self.app_exit, self.cut, self.duplicates
         );
         let _ = writeln!(
             o,
@@ -528,8 +577,7 @@ impl SidecarRun {
             "stops: app {:?}, sidecar {:?} after the app's was issued",
             self.app_stop.returned - self.app_stop.issued,
             self.sidecar_stop
-                .returned
-                .saturating_duration_since(self.app_stop.issued)
+                .map(|s| s.returned.saturating_duration_since(self.app_stop.issued))
         );
         o
     }
