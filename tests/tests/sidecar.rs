@@ -140,6 +140,22 @@ impl Pod {
         for (what, truth, dw) in rows {
             println!("{what}: truth {truth}, drainwatch {dw}");
         }
+        // Printed, not asserted: OutRsts counts the whole namespace over the load.
+        let resets = |v: &Value| -> u64 {
+            v["loss"]["resets_sent"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter_map(|(_, n)| n.as_u64())
+                .sum()
+        };
+        println!(
+            "pod resets sent (OutRsts): truth {}, drainwatch app {} {} + sidecar {}",
+            r.out_rsts,
+            resets(&self.app),
+            self.app["loss"]["resets_sent"],
+            resets(&self.sidecar)
+        );
         println!(
             "outcomes: app {}, sidecar {}",
             self.app["outcome"], self.sidecar["outcome"]
