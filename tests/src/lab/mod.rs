@@ -31,6 +31,8 @@
 //!   vanished address fail tens of seconds later (its kernel's SYN retries, or ARP giving up).
 //! - [`service`]: a Kubernetes Service's virtual IP with kube-proxy's own rules (both modes),
 //!   and [`pod_client`]: a client pod whose connects to it are forwarded by the host.
+//! - [`sidecar`]: a pod with a mesh-like sidecar (nginx over loopback behind a pilot-agent-like
+//!   wrapper), stopped in classic or native sidecar order; the sidecar's logs as ground truth.
 //! - [`clock`]: `CLOCK_MONOTONIC` conversions shared with the backend's logs (and eBPF).
 //! - [`net`]: lab network safety: the fallback blackhole routes of the lab subnets and the
 //!   route check before sending to a container address.
@@ -55,6 +57,7 @@ pub mod retry;
 pub mod scenario;
 pub mod schedule;
 pub mod service;
+pub mod sidecar;
 pub mod socketio;
 pub mod sse;
 pub mod steady;
