@@ -52,21 +52,25 @@ pub fn tcp_send_reset_btf(ctx: BtfTracePointContext) -> i32 {
         (btf_sock_netns(sk), state)
     };
     let full = !sk.is_null() && (0..32).contains(&state) && f.not_full_states & (1 << state) == 0;
-    let mut answered = 0;
-    if full {
-        btf_sock_tuple(sk, &mut tuple);
-        // An aborted connection may have given up `skc_num` already.
-        if tuple.sport == 0 {
-            tuple.sport = btf_inet_sport(sk);
-        }
-    } else if !skb.is_null() {
-        let k = &CONFIG.kernel;
+    let (mut answered, mut payload) = (0, 0);
+    // The answered segment, full socket or not (its payload tells data at a closed socket from
+    // a late FIN or ACK); its tuple only where no full socket gives one.
+    if !skb.is_null() {
+        let mut scratch = zeroed::<Tuple>();
+        let t = if full { &mut scratch } else { &mut tuple };
         if let (Some(head), Some(data), Some(nh)) = (
             ld::<u64>(skb, cfg(&k.skb_head)),
             ld::<u64>(skb, cfg(&k.skb_data)),
             ld::<u16>(skb, cfg(&k.skb_network_header)),
         ) {
-            answered = packet(head, data, nh, &mut tuple);
+            answered = packet(head, data, nh, t, &mut payload);
+        }
+    }
+    if full {
+        btf_sock_tuple(sk, &mut tuple);
+        // An aborted connection may have given up `skc_num` already.
+        if tuple.sport == 0 {
+            tuple.sport = btf_inet_sport(sk);
         }
     }
     if out_of_scope(EventKind::TcpSendReset, netns, &tuple) {
@@ -85,17 +89,18 @@ pub fn tcp_send_reset_btf(ctx: BtfTracePointContext) -> i32 {
     ev.state = state;
     ev.reason = reason;
     ev.answered = answered;
-    ev._pad = 0;
+    ev.answered_payload = payload;
     submit(entry);
     0
 }
 
 /// The 4-tuple of the packet a RST answers, reversed (local = its destination), from the IP
 /// header at `head + nh` and the TCP header at `data`; returns its flags or'ed with
-/// `ANSWERED_READ` (0 if unread). The packet bytes are behind plain `unsigned char *`
-/// members, which the verifier does not let a program load through.
+/// `ANSWERED_READ` (0 if unread), its payload length in `payload`. The packet bytes are
+/// behind plain `unsigned char *` members, which the verifier does not let a program load
+/// through.
 #[inline(always)]
-fn packet(head: u64, data: u64, nh: u16, t: &mut Tuple) -> u32 {
+fn packet(head: u64, data: u64, nh: u16, t: &mut Tuple, payload: &mut u32) -> u32 {
     // Ports, then the flags byte at offset 13.
     let Ok(th) = (unsafe { bpf_probe_read_kernel(data as *const [u8; 14]) }) else {
         fault(EventKind::TcpSendReset, FaultKind::PacketRead);
@@ -109,21 +114,26 @@ fn packet(head: u64, data: u64, nh: u16, t: &mut Tuple) -> u32 {
     };
     t.dport = u16::from_be_bytes([th[0], th[1]]);
     t.sport = u16::from_be_bytes([th[2], th[3]]);
-    if ip[0] >> 4 == 6 {
+    // Payload = IP length less both headers (IPv6's `payload_len` excludes its own header).
+    let tcp_len = u32::from(th[12] >> 4) * 4;
+    let ip_data = if ip[0] >> 4 == 6 {
         t.family = AF_INET6;
         t.daddr.copy_from_slice(&ip[8..24]);
         t.saddr.copy_from_slice(&ip[24..40]);
+        u32::from(u16::from_be_bytes([ip[4], ip[5]]))
     } else {
         t.family = AF_INET;
         t.daddr[..4].copy_from_slice(&ip[12..16]);
         t.saddr[..4].copy_from_slice(&ip[16..20]);
-    }
+        u32::from(u16::from_be_bytes([ip[2], ip[3]])).saturating_sub(u32::from(ip[0] & 0xf) * 4)
+    };
+    *payload = ip_data.saturating_sub(tcp_len);
     ANSWERED_READ | u32::from(th[13])
 }
 
 /// [`packet`] for an untyped `sk_buff` pointer (classic tracepoint, kprobes).
 #[inline(always)]
-fn packet_probe(skb: u64, t: &mut Tuple) -> u32 {
+fn packet_probe(skb: u64, t: &mut Tuple, payload: &mut u32) -> u32 {
     let k = &CONFIG.kernel;
     let kind = EventKind::TcpSendReset;
     match (
@@ -131,7 +141,7 @@ fn packet_probe(skb: u64, t: &mut Tuple) -> u32 {
         kread::<u64>(kind, skb, cfg(&k.skb_data)),
         kread::<u16>(kind, skb, cfg(&k.skb_network_header)),
     ) {
-        (Some(head), Some(data), Some(nh)) => packet(head, data, nh, t),
+        (Some(head), Some(data), Some(nh)) => packet(head, data, nh, t, payload),
         _ => 0,
     }
 }
@@ -181,13 +191,12 @@ fn try_tcp_send_reset(ctx: &TracePointContext) -> Option<()> {
     } else {
         tp_tuple(&rec, &f.addr, &mut tuple);
     }
-    // The record has the tuple; only the answered segment's flags come from the packet.
-    let mut answered = 0;
-    if skaddr == 0
-        && let Some(skb) = rec.get::<u64>(f.skbaddr)
-    {
+    // The record has the tuple; only the answered segment's flags and payload come from the
+    // packet (none for an active reset).
+    let (mut answered, mut payload) = (0, 0);
+    if let Some(skb) = rec.get::<u64>(f.skbaddr).filter(|skb| *skb != 0) {
         let mut scratch = zeroed::<Tuple>();
-        answered = packet_probe(skb, &mut scratch);
+        answered = packet_probe(skb, &mut scratch, &mut payload);
     }
     if out_of_scope(EventKind::TcpSendReset, netns, &tuple) {
         return None;
@@ -197,7 +206,7 @@ fn try_tcp_send_reset(ctx: &TracePointContext) -> Option<()> {
     fill_header_sock(&mut ev.header, EventKind::TcpSendReset, netns);
     ev.skaddr = skaddr;
     ev.answered = answered;
-    ev._pad = 0;
+    ev.answered_payload = payload;
     ev.tuple = tuple;
     ev.state = if skaddr == 0 {
         -1
@@ -221,7 +230,11 @@ fn probe_send_reset(ctx: &ProbeContext, has_skb: bool) -> Option<()> {
         0
     };
     let mut tuple = zeroed::<Tuple>();
-    let mut answered = 0;
+    let (mut answered, mut payload) = (0, 0);
+    if sk != 0 && skb != 0 {
+        let mut scratch = zeroed::<Tuple>();
+        answered = packet_probe(skb, &mut scratch, &mut payload);
+    }
     let netns = if sk != 0 {
         sock_tuple(EventKind::TcpSendReset, sk, &mut tuple);
         // An abort (close with SO_LINGER 0) resets from tcp_disconnect() after the socket gave
@@ -239,7 +252,7 @@ fn probe_send_reset(ctx: &ProbeContext, has_skb: bool) -> Option<()> {
         }
         sock_netns(EventKind::TcpSendReset, sk)
     } else if skb != 0 {
-        answered = packet_probe(skb, &mut tuple);
+        answered = packet_probe(skb, &mut tuple, &mut payload);
         skb_netns(EventKind::TcpSendReset, skb)
     } else {
         Ns::UNKNOWN
@@ -259,7 +272,7 @@ fn probe_send_reset(ctx: &ProbeContext, has_skb: bool) -> Option<()> {
     };
     ev.reason = ABSENT_U32;
     ev.answered = answered;
-    ev._pad = 0;
+    ev.answered_payload = payload;
     submit(entry);
     Some(())
 }

@@ -21,7 +21,9 @@ pub struct Event {
     /// The TCP flags of the segment the RST answers, or'ed with `ANSWERED_READ`; 0 when
     /// unknown (an active reset answers no segment, or the packet could not be read).
     pub answered: u32,
-    pub _pad: u32,
+    /// The answered segment's payload in bytes (IP length less the IP and TCP headers), read
+    /// with `answered`: data at a socket its process had closed, or a bare FIN/ACK/SYN (0).
+    pub answered_payload: u32,
 }
 
 /// `Event::answered`: the answered segment's flags were read.
@@ -33,6 +35,12 @@ pub const TCP_ACK: u32 = 0x10;
 /// `None` when the answered segment is unknown.
 pub fn answers_syn(answered: u32) -> Option<bool> {
     (answered & ANSWERED_READ != 0).then_some(answered & (TCP_SYN | TCP_ACK) == TCP_SYN)
+}
+
+/// Whether the RST answered a segment that carried data (a request written to a connection
+/// the other side had closed, not its FIN or ACK); `None` when the answered segment is unknown.
+pub fn answers_data(answered: u32, answered_payload: u32) -> Option<bool> {
+    (answered & ANSWERED_READ != 0).then_some(answered_payload > 0)
 }
 
 /// Field offsets in the tracepoint record; `NO_FIELD` where this kernel has none.

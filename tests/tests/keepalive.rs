@@ -207,12 +207,13 @@ fn a_server_that_never_closes_keep_alive_connections_is_told_so_with_its_request
     let kill = instant(&record["sigkill_at"]);
     println!(
         "{} requests, {} cut (server log) + {unread} unread at the kill (TCPAbortOnClose), \
-         {never_seen} sent after the kill on closed connections; \
+         {never_seen} sent after the kill on closed connections (drainwatch {}); \
          request ages at the cut (client/server) {truth_ages:?} vs drainwatch {ages:?}; \
          connections open up to {truth_conn:.2} s; OutRsts +{out_rsts}, metric +{metric}, \
          record {resets:?}; kill {:?} after stop issued; verdict: {verdict}; {:.1} s",
         sent.len(),
         cut.len(),
+        record["loss"]["sent_after_close"],
         kill.map(|k| k - stop.issued),
         started.elapsed().as_secs_f64()
     );
@@ -279,5 +280,21 @@ fn a_server_that_never_closes_keep_alive_connections_is_told_so_with_its_request
     assert_eq!(
         late, never_seen as u64,
         "one RST from a closed socket per request sent after the kill"
+    );
+    // The loss: the clients' requests the server never saw, each counted once.
+    assert_eq!(
+        record["loss"]["sent_after_close"], never_seen as u64,
+        "requests sent on connections it had closed: the clients' that the server never saw"
+    );
+    assert!(
+        verdict.contains(&format!(
+            "{} reached keep-alive connections it had already closed",
+            if never_seen == 1 {
+                "1 request".to_string()
+            } else {
+                format!("{never_seen} requests")
+            }
+        )),
+        "{verdict}"
     );
 }

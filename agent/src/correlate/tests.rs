@@ -912,6 +912,7 @@ fn loss_events_keep_their_times_and_routing_lag_counts_refused_attempts() {
             direction: ResetDirection::Sent,
             reason: "NOT_SPECIFIED".into(),
             on_connection: true,
+            answers_data: false,
         },
     );
     // The namespace's own RSTs (a refused connect elsewhere, a socket nobody follows) are
@@ -923,6 +924,7 @@ fn loss_events_keep_their_times_and_routing_lag_counts_refused_attempts() {
             direction: ResetDirection::Sent,
             reason: "NO_SOCKET".into(),
             on_connection: false,
+            answers_data: false,
         },
     );
     let s = only_stop(&t);
@@ -955,6 +957,8 @@ fn every_rst_the_namespace_sends_in_the_stop_is_counted_time_wait_and_orphans_to
         direction,
         reason: reason.into(),
         on_connection,
+        // Each answers a request written to a closed socket, or a RST it received.
+        answers_data: direction == ResetDirection::Sent,
     };
     // Before the stop: the metrics' only.
     t.observe(ms(10), rst(ResetDirection::Sent, "NO_SOCKET", false));
@@ -967,8 +971,8 @@ fn every_rst_the_namespace_sends_in_the_stop_is_counted_time_wait_and_orphans_to
             ignored: None,
         },
     );
-    // A keep-alive client reusing connections the server had closed: one answered by the
-    // time-wait socket, one by the orphaned socket still in FIN_WAIT2; an abort on a
+    // A keep-alive client reusing connections the server had closed: two answered by the
+    // time-wait socket, one by the orphaned socket still in FIN_WAIT; an abort on a
     // followed connection; a RST it received is no RST sent.
     t.observe(
         ms(200),
@@ -1002,6 +1006,41 @@ fn every_rst_the_namespace_sends_in_the_stop_is_counted_time_wait_and_orphans_to
             ("TCP_TIMEWAIT_SOCKET", 2)
         ]
     );
+    // The three answering data at a closed socket: requests sent after its close.
+    assert_eq!(s.loss.sent_after_close, 3);
+    let kinds: Vec<LossKind> = s.events.iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, [LossKind::SentAfterClose; 3]);
+}
+
+#[test]
+fn a_closed_sockets_rst_answering_no_data_is_no_request_sent_after_close() {
+    let mut t = running(0);
+    t.observe(
+        ms(100),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+            ignored: None,
+        },
+    );
+    // A client's FIN|ACK (no payload) at the time-wait socket of a stream the server ended,
+    // and a SYN in its window: RSTs with a closed socket's reason that no request caused.
+    for at in [200, 210] {
+        t.observe(
+            ms(at),
+            O::Reset {
+                container: std::sync::Arc::new(identity("c1", "web")),
+                direction: ResetDirection::Sent,
+                reason: "TCP_TIMEWAIT_SOCKET".into(),
+                on_connection: false,
+                answers_data: false,
+            },
+        );
+    }
+    let s = only_stop(&t);
+    assert_eq!(s.loss.sent_after_close, 0);
+    assert_eq!(s.loss.resets_sent.values().sum::<u64>(), 2);
     assert!(s.events.is_empty(), "resets are counted, not drawn");
 }
 

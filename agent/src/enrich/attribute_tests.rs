@@ -340,10 +340,11 @@ fn a_syn_to_a_closed_listener_is_refused_only_in_that_namespace() {
             state: None,
             reason: named("NO_SOCKET"),
             answers_syn,
+            answers_data: None,
         })
     };
     let namespace_reset = |obs: &[O]| {
-        matches!(obs, [O::Reset { container, direction: ResetDirection::Sent, reason, on_connection: false }]
+        matches!(obs, [O::Reset { container, direction: ResetDirection::Sent, reason, on_connection: false, .. }]
             if container.id == ID && reason == "NO_SOCKET")
     };
     // Each is the namespace's RST (its container's, the only one there); a refusal is held
@@ -381,6 +382,7 @@ fn a_pods_own_resets_go_to_the_port_holder_else_to_the_pod_as_a_whole() {
             state: None,
             reason: named("NO_SOCKET"),
             answers_syn: Some(false),
+            answers_data: None,
         })
     };
     let owner = |obs: Vec<O>| match obs.as_slice() {
@@ -441,6 +443,7 @@ fn a_refusal_seen_from_the_attempts_side_names_a_proxys_socket_only() {
             state: None,
             reason: named("NO_SOCKET"),
             answers_syn: Some(true),
+            answers_data: None,
         });
         assert!(
             matches!(
@@ -631,6 +634,7 @@ fn failed_attempts_are_dated_at_their_syn_not_when_the_client_gave_up() {
         state: None,
         reason: named("NO_SOCKET"),
         answers_syn: Some(true),
+        answers_data: None,
     });
     e.on_event(&stamped(sent, 32 * S));
     let received = Event::ResetReceived(crate::capture::event::ResetReceived {
@@ -737,6 +741,7 @@ fn inbound_connections_close_by_container_or_by_peer() {
         state: None,
         reason: named("TCP_ABORT_ON_CLOSE"),
         answers_syn: None,
+        answers_data: None,
     });
     assert!(
         matches!(e.on_event(&rst).as_slice(), [O::Reset { reason, direction: ResetDirection::Sent, on_connection: true, .. }] if reason == "TCP_ABORT_ON_CLOSE")
@@ -749,6 +754,7 @@ fn inbound_connections_close_by_container_or_by_peer() {
         state: None,
         reason: named("TCP_TIMEWAIT_SOCKET"),
         answers_syn: Some(false),
+        answers_data: None,
     });
     assert!(matches!(
         e.on_event(&same).as_slice(),
@@ -771,6 +777,65 @@ fn inbound_connections_close_by_container_or_by_peer() {
         [O::Reset {
             on_connection: false,
             direction: ResetDirection::Received,
+            ..
+        }]
+    ));
+}
+
+#[test]
+fn a_rst_from_another_namespace_at_a_closed_connections_address_is_not_the_containers() {
+    let mut e = enricher().with_host_netns(HOST_NS);
+    e.scan();
+    let c = conn("10.88.0.5:8080", "10.88.0.1:41001");
+    e.on_event(&state(
+        0xa1,
+        NS,
+        "TCP_SYN_RECV",
+        "TCP_ESTABLISHED",
+        c,
+        TcpCounters::default(),
+    ));
+    e.on_event(&state(
+        0xa1,
+        NS,
+        "TCP_ESTABLISHED",
+        "TCP_FIN_WAIT1",
+        c,
+        TcpCounters::default(),
+    ));
+    e.on_event(&state(
+        0xa1,
+        NS,
+        "TCP_FIN_WAIT1",
+        "TCP_CLOSE",
+        c,
+        TcpCounters::default(),
+    ));
+    // The kernel gave the freed socket's address to a client's socket on the node, which
+    // resets a stream's last event after its own close (seen in the SSE lab by bpftrace):
+    // the host's RST, never the stopping container's.
+    let rst = |netns, local: &str, remote: &str| {
+        Event::ResetSent(ResetSent {
+            meta: meta(0, netns, 0),
+            skaddr: 0xa1,
+            conn: conn(local, remote),
+            state: None,
+            reason: named("TCP_ABORT_ON_DATA"),
+            answers_syn: Some(false),
+            answers_data: Some(true),
+        })
+    };
+    assert!(
+        e.on_event(&rst(HOST_NS, "10.88.0.1:52890", "10.88.0.5:8080"))
+            .is_empty()
+    );
+    // In its own namespace, the closed socket's: data at a connection it had closed.
+    assert!(matches!(
+        e.on_event(&rst(NS, "10.88.0.5:8080", "10.88.0.1:41001"))
+            .as_slice(),
+        [O::Reset {
+            on_connection: true,
+            answers_data: true,
             ..
         }]
     ));
@@ -1679,6 +1744,7 @@ fn a_restart_in_place_is_found_at_its_first_refusal_and_the_gap_is_split_at_its_
             state: None,
             reason: named("NO_SOCKET"),
             answers_syn: Some(true),
+            answers_data: None,
         })
     };
     // No new run yet: the old run's stop's.
@@ -2052,6 +2118,7 @@ fn a_pods_address_and_namespace_are_its_apps_never_its_sandboxs() {
             state: None,
             reason: named("NO_SOCKET"),
             answers_syn: Some(false),
+            answers_data: None,
         });
         assert!(
             matches!(e.on_event(&rst).as_slice(), [O::Reset { container, .. }] if container.id == ID),
@@ -2113,6 +2180,7 @@ fn a_replacements_refusals_and_resets_are_its_own_though_its_namespace_reused_th
                 state: None,
                 reason: named("NO_SOCKET"),
                 answers_syn: Some(answers_syn),
+                answers_data: None,
             })
         };
         let mut obs = e.on_event(&rst(1_000, new_cookie, 40_001, true));
@@ -2327,6 +2395,7 @@ fn a_pods_refusal_through_a_virtual_ip_is_its_refusal_never_a_services_reject() 
         state: None,
         reason: named("NO_SOCKET"),
         answers_syn: Some(true),
+        answers_data: None,
     }));
     // The client's socket names the virtual IP, its RST filtered in the kernel; conntrack
     // forgot the entry (its only answer was a RST), as it never had a rejected one's.

@@ -163,6 +163,17 @@ loss_kinds! {
             help: Some("Connections a stopping container's exit closed with nothing pending whose client connected to the workload again within 10 s: sessions lost"),
             ..INFO
         };
+        /// A request that reached a connection the container had already closed in its stop
+        /// (a keep-alive client reusing it in the race with the close): its data answered with
+        /// RST by the closed socket (time-wait or orphaned), never seen by the server. Only a
+        /// RST answering data counts: a late FIN or ACK at the same socket is no request. The
+        /// close itself stays `idle_closed`.
+        SentAfterClose sent_after_close KindInfo {
+            words: "requests sent to closed connections", short: "to closed", chip: Some("cut"),
+            mark: Some(Mark::Cut), lost: true,
+            help: Some("Requests that reached a connection a stopping container had already closed (a keep-alive client reusing it), their data answered with RST by the closed socket: the server never saw them"),
+            ..INFO
+        };
         /// A cut request the backend had read, re-sent by a proxy to another backend (done
         /// twice, or maybe twice, invisible to the client).
         RetryDuplicates retry_duplicates KindInfo {

@@ -3,7 +3,7 @@
 
 use drainwatch_common::{
     ABSENT_U32,
-    tcp_send_reset::{Event, Fields, answers_syn},
+    tcp_send_reset::{Event, Fields, answers_data, answers_syn},
 };
 
 use crate::capture::{
@@ -23,6 +23,9 @@ pub struct ResetSent {
     /// Whether it answered a connection attempt (a SYN): a refused connect. `None` when the
     /// answered segment is unknown (an active reset answers none).
     pub answers_syn: Option<bool>,
+    /// Whether the segment it answered carried data (a request written to a socket its
+    /// process had closed), not a bare FIN, ACK or SYN. `None` when the segment is unknown.
+    pub answers_data: Option<bool>,
 }
 
 /// Since 6.10 the addresses are 28-byte sockaddr blobs and `reason` exists; before, separate
@@ -56,6 +59,7 @@ pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<ResetSent, DecodeErro
         state: names.tcp_state(e.state),
         reason: (e.reason != ABSENT_U32).then(|| names.rst_reason(e.reason)),
         answers_syn: answers_syn(e.answered),
+        answers_data: answers_data(e.answered, e.answered_payload),
     })
 }
 
@@ -121,7 +125,7 @@ mod tests {
             reason: 1,
             // It answered a SYN.
             answered: drainwatch_common::tcp_send_reset::ANSWERED_READ | 0x02,
-            _pad: 0,
+            answered_payload: 0,
         };
         let d = decode(&bytes_of(&e), &names).unwrap();
         assert_eq!(d.skaddr, 0);
@@ -146,11 +150,41 @@ mod tests {
             state: 1,
             reason: ABSENT_U32,
             answered: 0,
-            _pad: 0,
+            answered_payload: 0,
         };
         let d = decode(&bytes_of(&e), &KernelNames::default()).unwrap();
         assert_eq!(d.reason, None);
         assert_eq!(d.answers_syn, None);
         assert_eq!(d.state, Some(crate::model::TcpState::Other(1)));
+    }
+
+    #[test]
+    fn tells_a_time_wait_reset_answering_data_from_one_answering_a_bare_fin() {
+        use drainwatch_common::tcp_send_reset::ANSWERED_READ;
+        let names = KernelNames {
+            rst_reasons: fixture("6.18", "tcp_send_reset").symbols("reason"),
+            ..Default::default()
+        };
+        // What bpftrace saw in the keep-alive lab: a request (PSH|ACK, 18 bytes) at a closed
+        // server's time-wait socket; then a client's FIN|ACK with nothing in it.
+        let rst = |answered, answered_payload| Event {
+            header: header(EventKind::TcpSendReset),
+            skaddr: 0xffff_8880_0000_2000,
+            tuple: v4_tuple([10, 88, 0, 5], 8080, [10, 88, 0, 1], 45604),
+            state: 6,
+            reason: 9,
+            answered,
+            answered_payload,
+        };
+        let data = decode(&bytes_of(&rst(ANSWERED_READ | 0x18, 18)), &names).unwrap();
+        assert_eq!(data.answers_data, Some(true));
+        assert_eq!(
+            data.reason.unwrap().name.as_deref(),
+            Some("TCP_TIMEWAIT_SOCKET")
+        );
+        let fin = decode(&bytes_of(&rst(ANSWERED_READ | 0x11, 0)), &names).unwrap();
+        assert_eq!(fin.answers_data, Some(false));
+        let unread = decode(&bytes_of(&rst(0, 0)), &names).unwrap();
+        assert_eq!(unread.answers_data, None);
     }
 }

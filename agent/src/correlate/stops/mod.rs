@@ -28,6 +28,10 @@ use crate::model::{
     stop::{ListenerTimeline, Stop},
 };
 
+/// The kernel's reasons (6.10+) for a RST answering a segment that reached a socket its
+/// process had closed: the time-wait socket's, and the orphaned one's still in FIN_WAIT.
+const CLOSED_SOCKET: [&str; 2] = ["TCP_TIMEWAIT_SOCKET", "TCP_ABORT_ON_DATA"];
+
 #[derive(Debug, Clone)]
 pub struct Config {
     /// How long a gone container's state is kept for late events.
@@ -520,8 +524,16 @@ impl Tracker {
             Observation::Reset {
                 direction: ResetDirection::Sent,
                 reason,
+                answers_data,
                 ..
-            } => self.count(key, LossKind::ResetsSent, Some(reason), now, None),
+            } => {
+                // Data at a socket it had closed: a request written to a connection it closed
+                // (a late FIN or ACK at the same socket is no request: payload only).
+                if answers_data && CLOSED_SOCKET.contains(&reason.as_str()) {
+                    self.count(key, LossKind::SentAfterClose, None, now, None);
+                }
+                self.count(key, LossKind::ResetsSent, Some(reason), now, None);
+            }
             Observation::Reset { .. } | Observation::Listener { .. } => {}
             Observation::Refused {
                 at, upstream, peer, ..

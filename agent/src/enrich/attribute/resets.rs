@@ -86,7 +86,8 @@ impl<H: HostView> Enricher<H> {
             .reason
             .as_ref()
             .map_or_else(|| "unknown".into(), ToString::to_string);
-        self.reset(&owner, ns, ResetDirection::Sent, reason, out);
+        let data = r.answers_data == Some(true);
+        self.reset(&owner, ns, ResetDirection::Sent, reason, data, out);
         let Some(conn) = r.conn.filter(|_| r.skaddr == 0) else {
             return;
         };
@@ -154,6 +155,7 @@ impl<H: HostView> Enricher<H> {
             r.meta.ns(),
             ResetDirection::Received,
             "none".into(),
+            false,
             out,
         );
     }
@@ -222,6 +224,7 @@ impl<H: HostView> Enricher<H> {
         ns: Netns,
         direction: ResetDirection,
         reason: String,
+        answers_data: bool,
         out: &mut Vec<Observation>,
     ) {
         if matches!(owner, Owner::Namespace(_)) && ns.cookie == 0 {
@@ -237,6 +240,7 @@ impl<H: HostView> Enricher<H> {
             direction,
             reason,
             on_connection,
+            answers_data,
         });
     }
 

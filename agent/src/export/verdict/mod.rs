@@ -422,6 +422,10 @@ pub fn stop(stop: &StopView) -> Verdict {
             let d = stop.drain_seconds.map_or("?".into(), secs);
             parts.push(format!("drained for {d} s"));
         }
+        Some(Outcome::Drained) if stop.loss.sent_after_close > 0 => {
+            let d = stop.drain_seconds.map_or("?".into(), secs);
+            parts.push(format!("drained for {d} s"));
+        }
         Some(Outcome::Drained) => {
             level = Level::Good;
             let mut text = match stop.drain_seconds {
@@ -449,6 +453,7 @@ pub fn stop(stop: &StopView) -> Verdict {
     parts.extend(streams::cut(stop));
     parts.extend(streams::ended_at_once(stop));
     parts.extend(sessions::sessions_cut(stop));
+    parts.extend(requests::sent_after_close(stop));
     common_findings(stop, &mut parts);
     parts.extend(lost_notes(stop.events_lost, stop.ebpf_faults));
     if let Some(gap) = &stop.agent_gap {
@@ -839,6 +844,24 @@ mod tests {
             "{}",
             v.text
         );
+    }
+
+    #[test]
+    fn requests_sent_on_connections_it_had_closed_are_a_loss_with_the_keep_alive_fix() {
+        let s = stop_with(
+            "drained",
+            json!({"sent_after_close": 9, "idle_closed": 19}),
+            json!({"drain_seconds": 0.4}),
+        );
+        let v = stop(&s);
+        assert_eq!(v.level, Level::Bad);
+        assert_eq!(
+            v.text,
+            "drained for 0.4 s; 9 requests reached keep-alive connections it had already closed and were reset (the server never saw them): answer `Connection: close` (or GOAWAY) while draining, close idle connections only after routing has moved, and give clients an idle timeout shorter than the server's"
+        );
+        // Idle closes alone cost nothing.
+        let clean = stop_with("drained", json!({"idle_closed": 19}), json!({}));
+        assert_eq!(stop(&clean).level, Level::Good);
     }
 
     #[test]

@@ -109,3 +109,14 @@ fn age(x: f64) -> String {
         format!("{} s", secs(x))
     }
 }
+
+/// Requests that reached connections it had already closed (`LossKind::SentAfterClose`).
+pub(super) fn sent_after_close(stop: &StopView) -> Option<String> {
+    let n = stop.loss.sent_after_close;
+    (n > 0).then(|| {
+        format!(
+            "{} reached keep-alive connections it had already closed and were reset (the server never saw them): answer `Connection: close` (or GOAWAY) while draining, close idle connections only after routing has moved, and give clients an idle timeout shorter than the server's",
+            count(n, "request", "requests")
+        )
+    })
+}
