@@ -42,8 +42,9 @@ struct Sent {
     ok: bool,
 }
 
-/// One keep-alive connection: requests until one fails or `until`; no reconnect and no check
-/// of the connection before reuse.
+/// One keep-alive connection: requests until one fails, the server answers `Connection:
+/// close` (as every client honours it: the client moves on), or `until`; no reconnect and no
+/// check of the connection before reuse.
 fn client(addr: SocketAddrV4, n: usize, seed: u64, until: Instant) -> Vec<Sent> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut out = Vec::new();
@@ -59,14 +60,19 @@ fn client(addr: SocketAddrV4, n: usize, seed: u64, until: Instant) -> Vec<Sent> 
         let req = format!(
             "GET /work?ms={ms}&id={id} HTTP/1.1\r\nHost: lab\r\nUser-Agent: keepalive-client\r\n\r\n"
         );
-        let ok = s.write_all(req.as_bytes()).is_ok() && read_response(&mut s, &id);
+        let answer = if s.write_all(req.as_bytes()).is_ok() {
+            read_response(&mut s, &id)
+        } else {
+            None
+        };
+        let ok = answer.is_some();
         out.push(Sent {
             id,
             connected,
             ended: Instant::now(),
             ok,
         });
-        if !ok {
+        if answer != Some(Reuse::KeepAlive) {
             break;
         }
         thread::sleep(Duration::from_millis(rng.u64(0..=300)));
@@ -74,8 +80,16 @@ fn client(addr: SocketAddrV4, n: usize, seed: u64, until: Instant) -> Vec<Sent> 
     out
 }
 
-/// Reads one response (headers, then Content-Length bytes); true when it answered `id`.
-fn read_response(s: &mut TcpStream, id: &str) -> bool {
+/// Whether the server lets the client reuse the connection after a response.
+#[derive(Debug, PartialEq, Eq)]
+enum Reuse {
+    KeepAlive,
+    /// `Connection: close`.
+    Close,
+}
+
+/// Reads one response (headers, then Content-Length bytes); `None` unless it answered `id`.
+fn read_response(s: &mut TcpStream, id: &str) -> Option<Reuse> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
@@ -87,12 +101,18 @@ fn read_response(s: &mut TcpStream, id: &str) -> bool {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(0);
             if buf.len() >= end + 4 + len {
-                return head.starts_with("http/1.1 200")
+                let ok = head.starts_with("http/1.1 200")
                     && &buf[end + 4..end + 4 + len] == id.as_bytes();
+                let close = head.lines().any(|l| l == "connection: close");
+                return ok.then_some(if close {
+                    Reuse::Close
+                } else {
+                    Reuse::KeepAlive
+                });
             }
         }
         match s.read(&mut chunk) {
-            Ok(0) | Err(_) => return false,
+            Ok(0) | Err(_) => return None,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
@@ -297,4 +317,144 @@ fn a_server_that_never_closes_keep_alive_connections_is_told_so_with_its_request
         )),
         "{verdict}"
     );
+}
+
+/// What one stop of a `Drain` server did to `CLIENTS_RACE` keep-alive clients.
+struct Race {
+    sent: Vec<Sent>,
+    /// Requests the clients lost that the server never received: failed, absent from its
+    /// log, and not the unread ones its close reset (the kernel's `TCPAbortOnClose`).
+    never_seen: u64,
+    record: Value,
+    exit_code: i32,
+}
+
+const CLIENTS_RACE: usize = 20;
+
+/// `Drain` (`Connection: close` on every response from SIGTERM, the listener and the idle
+/// connections closed after `drain_delay`): 20 clients, a request of 20–200 ms every 0–300 ms,
+/// stopped after 2 s of traffic.
+fn race(name: &str, drain_delay: Duration) -> Race {
+    let b = Backend::start(
+        name,
+        Mode::Drain,
+        BackendOpts {
+            drain_delay: Some(drain_delay),
+            ..BackendOpts::default()
+        },
+    );
+    let agent = Agent::start(&[]);
+    wait_for(
+        "the agent adopts the container",
+        Duration::from_secs(15),
+        || {
+            agent
+                .metrics_text()
+                .contains(&format!("container=\"{}\"", b.container))
+        },
+    );
+    b.require_route();
+    let addr = b.addr();
+    let until = Instant::now() + Duration::from_secs(8);
+    let clients: Vec<_> = (0..CLIENTS_RACE)
+        .map(|n| thread::spawn(move || client(addr, n, 4300 + n as u64, until)))
+        .collect();
+    thread::sleep(Duration::from_secs(2));
+    let ns_pid = b.netns_pid();
+    let unread_before = tcp_ext(ns_pid, "TCPAbortOnClose");
+    b.stop(10);
+    let sent: Vec<Sent> = clients
+        .into_iter()
+        .flat_map(|c| c.join().expect("client"))
+        .collect();
+    let exit_code = b.exit_code();
+    let record = stop_record(&agent, &b.id);
+    let unread = tcp_ext(ns_pid, "TCPAbortOnClose") - unread_before;
+    let log = b.work_log();
+    let seen: std::collections::HashSet<&str> = log.iter().map(|e| e.id.as_str()).collect();
+    let lost = sent
+        .iter()
+        .filter(|s| !s.ok && !seen.contains(s.id.as_str()))
+        .count() as u64;
+    Race {
+        never_seen: lost - unread,
+        sent,
+        record,
+        exit_code,
+    }
+}
+
+#[test]
+fn a_server_that_closes_idle_connections_at_sigterm_loses_the_requests_racing_its_close() {
+    // Go's `Shutdown`, Node's `closeIdleConnections()`: on SIGTERM the listener and every
+    // idle keep-alive connection close at once, while clients still reuse them.
+    require_root();
+    let started = Instant::now();
+    let r = race("karace", Duration::ZERO);
+    let verdict = r.record["verdict"].as_str().unwrap_or_default();
+    println!(
+        "{} requests, {} failed; the clients' lost requests the server never received {}, \
+         drainwatch sent_after_close {} (idle_closed {}, inflight_cut {}); exit {}; \
+         verdict: {verdict}; {:.1} s",
+        r.sent.len(),
+        r.sent.iter().filter(|s| !s.ok).count(),
+        r.never_seen,
+        r.record["loss"]["sent_after_close"],
+        r.record["loss"]["idle_closed"],
+        r.record["loss"]["inflight_cut"],
+        r.exit_code,
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(r.exit_code, 0, "it drained and exited by itself");
+    assert!(
+        r.never_seen > 0,
+        "some clients reused a connection it had closed"
+    );
+    assert_eq!(
+        r.record["loss"]["sent_after_close"], r.never_seen,
+        "requests that reached connections it had closed = the clients' the server never saw"
+    );
+    let n = r.never_seen;
+    let requests = if n == 1 {
+        "1 request".to_string()
+    } else {
+        format!("{n} requests")
+    };
+    assert!(
+        verdict.contains(&format!(
+            "{requests} reached keep-alive connections it had already closed"
+        )),
+        "{verdict}"
+    );
+    assert!(verdict.contains("answer `Connection: close`"), "{verdict}");
+}
+
+#[test]
+fn a_server_that_answers_connection_close_before_closing_idle_ones_loses_none_to_closed_connections()
+ {
+    // The fix: `Connection: close` on every response for 1 s (each client asks within 0.5 s
+    // and moves on), then the listener and whatever is still idle.
+    require_root();
+    let started = Instant::now();
+    let r = race("kasafe", Duration::from_secs(1));
+    let failed = r.sent.iter().filter(|s| !s.ok).count();
+    println!(
+        "{} requests, {failed} failed, {} never received; drainwatch sent_after_close {} \
+         (idle_closed {}); exit {}; verdict: {}; {:.1} s",
+        r.sent.len(),
+        r.never_seen,
+        r.record["loss"]["sent_after_close"],
+        r.record["loss"]["idle_closed"],
+        r.exit_code,
+        r.record["verdict"],
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(r.exit_code, 0);
+    assert_eq!(
+        failed, 0,
+        "every client was told to close before the server did"
+    );
+    assert_eq!(r.record["loss"]["sent_after_close"], 0);
+    let verdict = r.record["verdict"].as_str().unwrap_or_default();
+    assert!(!verdict.contains("already closed"), "{verdict}");
 }

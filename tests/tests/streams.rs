@@ -30,7 +30,11 @@ fn case(spec: SseSpec) -> StreamsCase {
     // No client sent a request on a connection the server had closed: streams' clients
     // write nothing after theirs (their own late RSTs, at a reused socket address, are not
     // the server's).
-    assert_eq!(c.stop["loss"]["sent_after_close"], 0, "{:#}", c.stop["loss"]);
+    assert_eq!(
+        c.stop["loss"]["sent_after_close"], 0,
+        "{:#}",
+        c.stop["loss"]
+    );
     println!("lab run in {:.0} s", started.elapsed().as_secs_f64());
     c
 }
