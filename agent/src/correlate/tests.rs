@@ -912,7 +912,7 @@ fn loss_events_keep_their_times_and_routing_lag_counts_refused_attempts() {
             direction: ResetDirection::Sent,
             reason: "NOT_SPECIFIED".into(),
             on_connection: true,
-            answers_data: false,
+            answers_request: false,
         },
     );
     // The namespace's own RSTs (a refused connect elsewhere, a socket nobody follows) are
@@ -924,7 +924,7 @@ fn loss_events_keep_their_times_and_routing_lag_counts_refused_attempts() {
             direction: ResetDirection::Sent,
             reason: "NO_SOCKET".into(),
             on_connection: false,
-            answers_data: false,
+            answers_request: false,
         },
     );
     let s = only_stop(&t);
@@ -958,7 +958,7 @@ fn every_rst_the_namespace_sends_in_the_stop_is_counted_time_wait_and_orphans_to
         reason: reason.into(),
         on_connection,
         // Each answers a request written to a closed socket, or a RST it received.
-        answers_data: direction == ResetDirection::Sent,
+        answers_request: direction == ResetDirection::Sent,
     };
     // Before the stop: the metrics' only.
     t.observe(ms(10), rst(ResetDirection::Sent, "NO_SOCKET", false));
@@ -1034,7 +1034,7 @@ fn a_closed_sockets_rst_answering_no_data_is_no_request_sent_after_close() {
                 direction: ResetDirection::Sent,
                 reason: "TCP_TIMEWAIT_SOCKET".into(),
                 on_connection: false,
-                answers_data: false,
+                answers_request: false,
             },
         );
     }

@@ -783,7 +783,7 @@ fn inbound_connections_close_by_container_or_by_peer() {
 }
 
 #[test]
-fn a_rst_from_another_namespace_at_a_closed_connections_address_is_not_the_containers() {
+fn a_closed_sockets_rst_answers_a_request_only_for_data_to_its_listening_port_in_its_namespace() {
     let mut e = enricher().with_host_netns(HOST_NS);
     e.scan();
     let c = conn("10.88.0.5:8080", "10.88.0.1:41001");
@@ -829,13 +829,24 @@ fn a_rst_from_another_namespace_at_a_closed_connections_address_is_not_the_conta
         e.on_event(&rst(HOST_NS, "10.88.0.1:52890", "10.88.0.5:8080"))
             .is_empty()
     );
-    // In its own namespace, the closed socket's: data at a connection it had closed.
+    // In its own namespace, the closed socket's: data to its listening port, a request at a
+    // connection it had closed.
     assert!(matches!(
         e.on_event(&rst(NS, "10.88.0.5:8080", "10.88.0.1:41001"))
             .as_slice(),
         [O::Reset {
             on_connection: true,
-            answers_data: true,
+            answers_request: true,
+            ..
+        }]
+    ));
+    // Data to a port it never listened on: an upstream answering a connection it had opened
+    // and closed itself (a proxy leaving a stream), no client's request.
+    assert!(matches!(
+        e.on_event(&rst(NS, "10.88.0.5:51000", "10.88.0.9:80"))
+            .as_slice(),
+        [O::Reset {
+            answers_request: false,
             ..
         }]
     ));

@@ -148,14 +148,15 @@ pub enum Observation {
     /// received (reason "none": the kernel gives none). `on_connection`: on a connection the
     /// agent follows (what a stop counts); else the namespace's own, attributed by port (see
     /// `enrich::attribute::resets`), and `container` may be the pod as a whole (name "").
-    /// `answers_data`: a sent RST answering a segment that carried data (never a bare FIN,
-    /// ACK or SYN).
+    /// `answers_request`: a sent RST answering a segment that carried data (never a bare FIN,
+    /// ACK or SYN) to one of its listening ports (a client's request, not an upstream's
+    /// answer on a connection it opened).
     Reset {
         container: Arc<ContainerIdentity>,
         direction: ResetDirection,
         reason: String,
         on_connection: bool,
-        answers_data: bool,
+        answers_request: bool,
     },
     /// A SYN to a listening address it had closed was answered with RST. `upstream`: the
     /// connecting socket, when the attempt was seen from its side too (a process on this

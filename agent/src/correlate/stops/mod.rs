@@ -524,12 +524,12 @@ impl Tracker {
             Observation::Reset {
                 direction: ResetDirection::Sent,
                 reason,
-                answers_data,
+                answers_request,
                 ..
             } => {
                 // Data at a socket it had closed: a request written to a connection it closed
                 // (a late FIN or ACK at the same socket is no request: payload only).
-                if answers_data && CLOSED_SOCKET.contains(&reason.as_str()) {
+                if answers_request && CLOSED_SOCKET.contains(&reason.as_str()) {
                     self.count(key, LossKind::SentAfterClose, None, now, None);
                 }
                 self.count(key, LossKind::ResetsSent, Some(reason), now, None);

@@ -86,8 +86,14 @@ impl<H: HostView> Enricher<H> {
             .reason
             .as_ref()
             .map_or_else(|| "unknown".into(), ToString::to_string);
-        let data = r.answers_data == Some(true);
-        self.reset(&owner, ns, ResetDirection::Sent, reason, data, out);
+        // Data to one of its listening ports (open or closed): a client's request, not an
+        // upstream's answer to a connection it had opened itself.
+        let request = r.answers_data == Some(true)
+            && r.conn.is_some_and(|c| {
+                let p = c.local.port();
+                self.listeners.open_at(ns, p).is_some() || self.listeners.closed_at(ns, p).is_some()
+            });
+        self.reset(&owner, ns, ResetDirection::Sent, reason, request, out);
         let Some(conn) = r.conn.filter(|_| r.skaddr == 0) else {
             return;
         };
@@ -224,7 +230,7 @@ impl<H: HostView> Enricher<H> {
         ns: Netns,
         direction: ResetDirection,
         reason: String,
-        answers_data: bool,
+        answers_request: bool,
         out: &mut Vec<Observation>,
     ) {
         if matches!(owner, Owner::Namespace(_)) && ns.cookie == 0 {
@@ -240,7 +246,7 @@ impl<H: HostView> Enricher<H> {
             direction,
             reason,
             on_connection,
-            answers_data,
+            answers_request,
         });
     }
 
