@@ -140,6 +140,7 @@ pub fn record_count(stop: &Value, gate: &str) -> u64 {
         "refused" => loss("refused"),
         "unreachable" => loss("unreachable"),
         "no-endpoints" => loss("no_endpoints"),
+        "sent-after-close" => loss("sent_after_close"),
         "retry-duplicates" => loss("retry_duplicates"),
         "sigkills" => u64::from(stop["outcome"] == "killed_at_deadline"),
         other => panic!("no gate {other}"),

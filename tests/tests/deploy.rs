@@ -161,8 +161,8 @@ fn the_rendered_chart_validates_with_defaults_and_with_every_option() {
     for (what, values, kinds) in [
         ("defaults", json!({}), 9),
         ("Prometheus Operator objects on", all_on(), 14),
-        // The gates: an AnalysisTemplate and 8 MetricTemplates.
-        ("every option", every_option, 26),
+        // The gates: an AnalysisTemplate and 9 MetricTemplates.
+        ("every option", every_option, 27),
         ("auth without /metrics", auth_without_metrics, 9),
         ("everything optional off", all_off, 1),
     ] {

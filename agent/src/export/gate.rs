@@ -1,6 +1,6 @@
 //! `drainwatch report --gate <namespace>/<workload>`: a rollout gate for pipelines without Argo
 //! Rollouts or Flagger. The pure part: which of the stop records count (the workload's stops
-//! within the window), what they cost by gate (the same eight gates as the chart's
+//! within the window), what they cost by gate (the same nine gates as the chart's
 //! AnalysisTemplate and MetricTemplates), whether that passes the allowances (0 each by
 //! default), and the one line a CI log shows. The I/O (one agent, or every agent through the
 //! API server) is the report's.
@@ -24,18 +24,20 @@ pub enum GateKind {
     Refused,
     Unreachable,
     NoEndpoints,
+    SentAfterClose,
     RetryDuplicates,
     Sigkills,
 }
 
 impl GateKind {
-    pub const ALL: [GateKind; 8] = [
+    pub const ALL: [GateKind; 9] = [
         GateKind::RequestsCut,
         GateKind::StreamsCut,
         GateKind::SessionsCut,
         GateKind::Refused,
         GateKind::Unreachable,
         GateKind::NoEndpoints,
+        GateKind::SentAfterClose,
         GateKind::RetryDuplicates,
         GateKind::Sigkills,
     ];
@@ -48,6 +50,7 @@ impl GateKind {
             GateKind::Refused => "refused",
             GateKind::Unreachable => "unreachable",
             GateKind::NoEndpoints => "no-endpoints",
+            GateKind::SentAfterClose => "sent-after-close",
             GateKind::RetryDuplicates => "retry-duplicates",
             GateKind::Sigkills => "sigkills",
         }
@@ -63,6 +66,7 @@ impl GateKind {
             GateKind::Refused => l.refused,
             GateKind::Unreachable => l.unreachable,
             GateKind::NoEndpoints => l.no_endpoints,
+            GateKind::SentAfterClose => l.sent_after_close,
             GateKind::RetryDuplicates => l.retry_duplicates,
             GateKind::Sigkills => u64::from(s.outcome == Some(Outcome::KilledAtDeadline)),
         }
@@ -286,7 +290,7 @@ mod tests {
         assert_eq!(
             r.line(),
             "drainwatch gate PASS shop/web: 2 stop(s) in the last 10m: requests-cut 0, \
-             streams-cut 0, sessions-cut 0, refused 0, unreachable 0, no-endpoints 0, retry-duplicates 0, sigkills 0"
+             streams-cut 0, sessions-cut 0, refused 0, unreachable 0, no-endpoints 0, sent-after-close 0, retry-duplicates 0, sigkills 0"
         );
     }
 
@@ -322,6 +326,12 @@ mod tests {
                 "drained",
                 GateKind::Unreachable,
                 1,
+            ),
+            (
+                json!({"sent_after_close": 9}),
+                "drained",
+                GateKind::SentAfterClose,
+                9,
             ),
             (
                 json!({"retry_duplicates": 2}),

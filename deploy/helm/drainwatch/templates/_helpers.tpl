@@ -52,6 +52,7 @@ of its series. */}}
 - {name: refused, metric: drainwatch_stop_refused_total, what: "connects the stopping containers refused"}
 - {name: unreachable, metric: drainwatch_stop_unreachable_total, what: "connects to the stopped containers' addresses"}
 - {name: no-endpoints, metric: drainwatch_stop_no_endpoints_total, what: "connects to the workload's Service kube-proxy rejected: no ready endpoints"}
+- {name: sent-after-close, metric: drainwatch_stop_sent_after_close_total, what: "requests sent to connections the stops had already closed"}
 - {name: retry-duplicates, metric: drainwatch_retry_duplicates_total, what: "cut requests a proxy ran twice"}
 - {name: sigkills, metric: drainwatch_container_stops_total, matchers: ", outcome=\"killed_at_deadline\"", what: "stops SIGKILLed at the end of their grace period"}
 {{- end }}
