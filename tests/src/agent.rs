@@ -340,4 +340,14 @@ impl Agent {
         assert_eq!(status, 200);
         body
     }
+
+    /// Waits (15 s at most) until the agent's metrics name `container` (its name): adopted.
+    pub fn wait_adopted(&self, container: &str) {
+        let named = format!("container=\"{container}\"");
+        wait_for(
+            "the agent adopts the container",
+            Duration::from_secs(15),
+            || self.metrics_text().contains(&named),
+        );
+    }
 }

@@ -28,7 +28,7 @@ use std::{
 };
 
 use drainwatch_tests::{
-    agent::{Agent, instant, metric_sum, stop_record, sync, wait_for},
+    agent::{Agent, instant, metric_sum, stop_record, sync},
     lab::container::{Backend, BackendOpts, Mode, http_get},
     require_root, snmp_tcp, tcp_ext,
 };
@@ -138,15 +138,7 @@ fn a_server_that_never_closes_keep_alive_connections_is_told_so_with_its_request
     let started = Instant::now();
     let b = Backend::start("ka", Mode::KeepAlive, BackendOpts::default());
     let agent = Agent::start(&[]);
-    wait_for(
-        "the agent adopts the container",
-        Duration::from_secs(15),
-        || {
-            agent
-                .metrics_text()
-                .contains(&format!("container=\"{}\"", b.container))
-        },
-    );
+    agent.wait_adopted(&b.container);
     // Two closed connections over a second apart: the agent learns the kernel's tick, which
     // request ages are read in.
     b.require_route();
@@ -350,15 +342,7 @@ fn race(name: &str, drain_delay: Duration) -> Race {
         },
     );
     let agent = Agent::start(&[]);
-    wait_for(
-        "the agent adopts the container",
-        Duration::from_secs(15),
-        || {
-            agent
-                .metrics_text()
-                .contains(&format!("container=\"{}\"", b.container))
-        },
-    );
+    agent.wait_adopted(&b.container);
     b.require_route();
     let addr = b.addr();
     let until = Instant::now() + Duration::from_secs(8);

@@ -7,11 +7,11 @@
 //! closed by a RST either way, and aborts too), so received RSTs are checked against the
 //! sockets' own errors: ECONNREFUSED, ECONNRESET, EPIPE.
 
-use std::{fs, time::Duration};
+use std::fs;
 
 use drainwatch_tests::agent::metric_sum as sum;
 use drainwatch_tests::{
-    agent::{Agent, sync, wait_for},
+    agent::{Agent, sync},
     lab::container::{Backend, BackendOpts, Mode, lab_python, podman},
     require_root, snmp_tcp,
 };
@@ -55,15 +55,7 @@ fn every_reset_and_refusal_of_a_container_equals_the_kernels_count() {
     };
     let b = Backend::start("rsts", Mode::CloseListener, opts);
     let agent = Agent::start(&[]);
-    wait_for(
-        "the agent adopts the container",
-        Duration::from_secs(15),
-        || {
-            agent
-                .metrics_text()
-                .contains(&format!("container=\"{}\"", b.container))
-        },
-    );
+    agent.wait_adopted(&b.container);
     let before = counts(&agent, &b);
 
     fs::copy(
