@@ -25,6 +25,9 @@
 //! - [`socketio`]: a Socket.IO fleet with the real libraries (socket.io and socket.io-client
 //!   from npm, run by the host's Node in podman containers): the server stopped and replaced
 //!   at the same address, the clients' own logs of every session lost and reconnect.
+//! - [`keepalive`]: keep-alive clients of two kinds (reuse without a check; Node's
+//!   `http.Agent` pool, which drops an idle connection the server closed) against a server
+//!   closing idle connections at SIGTERM, a draining one and one that never closes them.
 //! - [`cri`]: a pod as Kubernetes makes it: containerd's CRI driven in the kubelet's order by
 //!   a Rust client, a CNI bridge, containerd's own task exits as ground truth.
 //! - [`late`]: a client in a namespace of its own whose connects to a stopped container's
@@ -48,6 +51,7 @@ pub mod connect;
 pub mod container;
 pub mod cri;
 pub mod haproxy;
+pub mod keepalive;
 pub mod late;
 pub mod net;
 pub mod nginx;
