@@ -1,7 +1,7 @@
 //! Ground truth over randomized shapes (`drainwatch_tests::accuracy`): every seed's record
 //! field by field against the proxies', backends' and clients' own logs and counts.
 //! `DRAINWATCH_ACCURACY_SEEDS` picks the seeds: items `LAB:` and a comma-separated list of seeds and `FIRST-LAST` ranges (labs
-//! `retry`, `slow`, `gone`, `stop`, `storm`, `streams`, `socketio`; no `LAB:` is `retry`), or `regressions`: every seed that
+//! `retry`, `slow`, `gone`, `stop`, `storm`, `streams`, `socketio`, `keepalive`; no `LAB:` is `retry`), or `regressions`: every seed that
 //! ever failed (`cargo xtask accuracy` sets it). By default a short slice for CI.
 
 use std::collections::BTreeMap;

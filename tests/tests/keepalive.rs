@@ -21,108 +21,24 @@
 
 use std::{
     collections::HashMap,
-    io::{Read, Write},
-    net::{SocketAddrV4, TcpStream},
     thread,
     time::{Duration, Instant},
 };
 
 use drainwatch_tests::{
     agent::{Agent, instant, metric_sum, stop_record, sync},
-    lab::container::{Backend, BackendOpts, Mode, http_get},
+    lab::{
+        container::{Backend, BackendOpts, Mode, http_get},
+        keepalive::{ClientKind, KaRequest, KaRun, KaSpec, ServerKind, plain_client},
+    },
     require_root, snmp_tcp, tcp_ext,
 };
 use serde_json::Value;
 
 const CLIENTS: usize = 12;
 const GRACE_SECS: u32 = 4;
-
-/// What one client saw of one request.
-#[derive(Debug)]
-struct Sent {
-    id: String,
-    /// When its connection was opened, the request written, and it ended.
-    connected: Instant,
-    ended: Instant,
-    /// Answered in full.
-    ok: bool,
-}
-
-/// One keep-alive connection: requests until one fails, the server answers `Connection:
-/// close` (as every client honours it: the client moves on), or `until`; no reconnect and no
-/// check of the connection before reuse.
-fn client(addr: SocketAddrV4, n: usize, seed: u64, until: Instant) -> Vec<Sent> {
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let mut out = Vec::new();
-    let mut s = TcpStream::connect_timeout(&addr.into(), Duration::from_secs(2)).expect("connect");
-    let connected = Instant::now();
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    for k in 0.. {
-        if Instant::now() > until {
-            break;
-        }
-        let id = format!("c{n}-{k}");
-        let ms = rng.u64(20..=200);
-        let req = format!(
-            "GET /work?ms={ms}&id={id} HTTP/1.1\r\nHost: lab\r\nUser-Agent: keepalive-client\r\n\r\n"
-        );
-        let answer = if s.write_all(req.as_bytes()).is_ok() {
-            read_response(&mut s, &id)
-        } else {
-            None
-        };
-        let ok = answer.is_some();
-        out.push(Sent {
-            id,
-            connected,
-            ended: Instant::now(),
-            ok,
-        });
-        if answer != Some(Reuse::KeepAlive) {
-            break;
-        }
-        thread::sleep(Duration::from_millis(rng.u64(0..=300)));
-    }
-    out
-}
-
-/// Whether the server lets the client reuse the connection after a response.
-#[derive(Debug, PartialEq, Eq)]
-enum Reuse {
-    KeepAlive,
-    /// `Connection: close`.
-    Close,
-}
-
-/// Reads one response (headers, then Content-Length bytes); `None` unless it answered `id`.
-fn read_response(s: &mut TcpStream, id: &str) -> Option<Reuse> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0);
-            if buf.len() >= end + 4 + len {
-                let ok = head.starts_with("http/1.1 200")
-                    && &buf[end + 4..end + 4 + len] == id.as_bytes();
-                let close = head.lines().any(|l| l == "connection: close");
-                return ok.then_some(if close {
-                    Reuse::Close
-                } else {
-                    Reuse::KeepAlive
-                });
-            }
-        }
-        match s.read(&mut chunk) {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-}
+/// A client's pause between requests and each request's work (ms).
+const SHAPE: ((u64, u64), (u64, u64)) = ((0, 300), (20, 200));
 
 fn sent_rsts(agent: &Agent, b: &Backend) -> f64 {
     metric_sum(
@@ -147,7 +63,7 @@ fn a_server_that_never_closes_keep_alive_connections_is_told_so_with_its_request
     let warmup = Duration::from_secs(3);
     let until = Instant::now() + warmup + Duration::from_secs(u64::from(GRACE_SECS) + 2);
     let clients: Vec<_> = (0..CLIENTS)
-        .map(|n| thread::spawn(move || client(addr, n, 43 + n as u64, until)))
+        .map(|n| thread::spawn(move || plain_client(addr, n, 43 + n as u64, SHAPE, until)))
         .collect();
     thread::sleep(Duration::from_millis(1500));
     http_get(b.addr(), "/health", Duration::from_secs(2)).expect("health");
@@ -159,7 +75,7 @@ fn a_server_that_never_closes_keep_alive_connections_is_told_so_with_its_request
     let (out_rsts_before, sent_before) = (snmp_tcp(ns_pid, "OutRsts"), sent_rsts(&agent, &b));
     let unread_before = tcp_ext(ns_pid, "TCPAbortOnClose");
     let stop = b.stop(GRACE_SECS);
-    let sent: Vec<Sent> = clients
+    let sent: Vec<KaRequest> = clients
         .into_iter()
         .flat_map(|c| c.join().expect("client"))
         .collect();
@@ -184,8 +100,8 @@ fn a_server_that_never_closes_keep_alive_connections_is_told_so_with_its_request
         .filter(|e| e.started)
         .map(|e| (e.id.as_str(), e.at))
         .collect();
-    let failed: Vec<&Sent> = sent.iter().filter(|s| !s.ok).collect();
-    let cut: Vec<&Sent> = failed
+    let failed: Vec<&KaRequest> = sent.iter().filter(|s| !s.ok).collect();
+    let cut: Vec<&KaRequest> = failed
         .iter()
         .copied()
         .filter(|s| started_at.contains_key(s.id.as_str()) && !ended.contains(s.id.as_str()))
@@ -204,7 +120,7 @@ fn a_server_that_never_closes_keep_alive_connections_is_told_so_with_its_request
     truth_ages.sort_by(f64::total_cmp);
     let truth_conn = cut
         .iter()
-        .map(|s| (s.ended - s.connected).as_secs_f64())
+        .filter_map(|s| Some((s.ended - s.connected?).as_secs_f64()))
         .fold(0.0, f64::max);
     let events: Vec<&Value> = record["loss_events"]
         .as_array()
@@ -317,61 +233,12 @@ fn a_server_that_never_closes_keep_alive_connections_is_told_so_with_its_request
     );
 }
 
-/// What one stop of a `Drain` server did to `CLIENTS_RACE` keep-alive clients.
-struct Race {
-    sent: Vec<Sent>,
-    /// Requests the clients lost that the server never received: failed, absent from its
-    /// log, and not the unread ones its close reset (the kernel's `TCPAbortOnClose`).
-    never_seen: u64,
-    record: Value,
-    exit_code: i32,
-}
-
-const CLIENTS_RACE: usize = 20;
-
 /// `Drain` (`Connection: close` on every response from SIGTERM, the listener and the idle
-/// connections closed after `drain_delay`): 20 clients, a request of 20–200 ms every 0–300 ms,
-/// stopped after 2 s of traffic.
-fn race(name: &str, drain_delay: Duration) -> Race {
-    let b = Backend::start(
-        name,
-        Mode::Drain,
-        BackendOpts {
-            drain_delay: Some(drain_delay),
-            ..BackendOpts::default()
-        },
-    );
+/// connections closed after `drain_delay`: 0 or 1 s): 20 clients, a request of 20–200 ms every
+/// 0–300 ms, stopped after 2 s of traffic.
+fn race(server: ServerKind) -> KaRun {
     let agent = Agent::start(&[]);
-    agent.wait_adopted(&b.container);
-    b.require_route();
-    let addr = b.addr();
-    let until = Instant::now() + Duration::from_secs(8);
-    let clients: Vec<_> = (0..CLIENTS_RACE)
-        .map(|n| thread::spawn(move || client(addr, n, 4300 + n as u64, until)))
-        .collect();
-    thread::sleep(Duration::from_secs(2));
-    let ns_pid = b.netns_pid();
-    let unread_before = tcp_ext(ns_pid, "TCPAbortOnClose");
-    b.stop(10);
-    let sent: Vec<Sent> = clients
-        .into_iter()
-        .flat_map(|c| c.join().expect("client"))
-        .collect();
-    let exit_code = b.exit_code();
-    let record = stop_record(&agent, &b.id);
-    let unread = tcp_ext(ns_pid, "TCPAbortOnClose") - unread_before;
-    let log = b.work_log();
-    let seen: std::collections::HashSet<&str> = log.iter().map(|e| e.id.as_str()).collect();
-    let lost = sent
-        .iter()
-        .filter(|s| !s.ok && !seen.contains(s.id.as_str()))
-        .count() as u64;
-    Race {
-        never_seen: lost - unread,
-        sent,
-        record,
-        exit_code,
-    }
+    KaRun::run(&agent, &KaSpec::new(ClientKind::Plain, server))
 }
 
 #[test]
@@ -380,31 +247,19 @@ fn a_server_that_closes_idle_connections_at_sigterm_loses_the_requests_racing_it
     // idle keep-alive connection close at once, while clients still reuse them.
     require_root();
     let started = Instant::now();
-    let r = race("karace", Duration::ZERO);
-    let verdict = r.record["verdict"].as_str().unwrap_or_default();
-    println!(
-        "{} requests, {} failed; the clients' lost requests the server never received {}, \
-         drainwatch sent_after_close {} (idle_closed {}, inflight_cut {}); exit {}; \
-         verdict: {verdict}; {:.1} s",
-        r.sent.len(),
-        r.sent.iter().filter(|s| !s.ok).count(),
-        r.never_seen,
-        r.record["loss"]["sent_after_close"],
-        r.record["loss"]["idle_closed"],
-        r.record["loss"]["inflight_cut"],
-        r.exit_code,
-        started.elapsed().as_secs_f64()
-    );
+    let r = race(ServerKind::Race);
+    let verdict = r.verdict();
+    println!("{}; {:.1} s", r.report(), started.elapsed().as_secs_f64());
     assert_eq!(r.exit_code, 0, "it drained and exited by itself");
-    assert!(
-        r.never_seen > 0,
-        "some clients reused a connection it had closed"
-    );
+    let n = r
+        .sent_after_close()
+        .expect("the kernel's unread <= the clients' lost");
+    assert!(n > 0, "some clients reused a connection it had closed");
     assert_eq!(
-        r.record["loss"]["sent_after_close"], r.never_seen,
+        r.loss("sent_after_close"),
+        n,
         "requests that reached connections it had closed = the clients' the server never saw"
     );
-    let n = r.never_seen;
     let requests = if n == 1 {
         "1 request".to_string()
     } else {
@@ -426,25 +281,15 @@ fn a_server_that_answers_connection_close_before_closing_idle_ones_loses_none_to
     // and moves on), then the listener and whatever is still idle.
     require_root();
     let started = Instant::now();
-    let r = race("kasafe", Duration::from_secs(1));
-    let failed = r.sent.iter().filter(|s| !s.ok).count();
-    println!(
-        "{} requests, {failed} failed, {} never received; drainwatch sent_after_close {} \
-         (idle_closed {}); exit {}; verdict: {}; {:.1} s",
-        r.sent.len(),
-        r.never_seen,
-        r.record["loss"]["sent_after_close"],
-        r.record["loss"]["idle_closed"],
-        r.exit_code,
-        r.record["verdict"],
-        started.elapsed().as_secs_f64()
-    );
+    let r = race(ServerKind::Safe);
+    let failed = r.failed().count();
+    println!("{}; {:.1} s", r.report(), started.elapsed().as_secs_f64());
     assert_eq!(r.exit_code, 0);
     assert_eq!(
         failed, 0,
         "every client was told to close before the server did"
     );
-    assert_eq!(r.record["loss"]["sent_after_close"], 0);
-    let verdict = r.record["verdict"].as_str().unwrap_or_default();
+    assert_eq!(r.loss("sent_after_close"), 0);
+    let verdict = r.verdict();
     assert!(!verdict.contains("already closed"), "{verdict}");
 }

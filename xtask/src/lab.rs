@@ -28,10 +28,11 @@ pub struct AccuracyArgs {
     first: u64,
     /// The labs, comma-separated: retry (its wide draw), slow (its first draw), gone (the
     /// wide draw through nginx, clients giving up around the stop), stop, storm, streams,
-    /// socketio (socket.io and socket.io-client from npm; seeds 1-6 are issue 41's setups)
+    /// socketio (socket.io and socket.io-client from npm; seeds 1-6 are issue 41's setups),
+    /// keepalive (keep-alive clients, plain or Node's http.Agent pool, against three servers)
     #[arg(
         long,
-        default_value = "retry,stop,storm,streams,socketio",
+        default_value = "retry,stop,storm,streams,socketio,keepalive",
         value_delimiter = ','
     )]
     lab: Vec<String>,

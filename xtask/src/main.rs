@@ -114,10 +114,10 @@ enum Cmd {
         Example: cargo xtask bench --no-setup"
     )]
     Bench(BenchArgs),
-    /// Run the retry, stop, storm, stream and Socket.IO labs over randomized shapes; compare every record field
+    /// Run the retry, stop, storm, stream, Socket.IO and keep-alive labs over randomized shapes; compare every record field
     /// with ground truth
     #[command(
-        long_about = "Run the retry, stop, storm, stream and Socket.IO labs over randomized shapes against ground truth.\n\n\
+        long_about = "Run the retry, stop, storm, stream, Socket.IO and keep-alive labs over randomized shapes against ground truth.\n\n\
         Builds the agent (`cargo build --release -p drainwatch`), then runs the privileged test \
         `tests/tests/accuracy.rs` for seeds FIRST..FIRST+N-1 of each lab chosen \
         (DRAINWATCH_ACCURACY_SEEDS). A retry seed draws a proxy setup (nginx with or without \
@@ -135,7 +135,10 @@ enum Cmd {
         Socket.IO server (socket.io 4.8, no SIGTERM handler, an authorising middleware: a pool \
         or a synchronous hash) and a fleet of socket.io-client 4.8 clients (500-1,500, \
         websocket-only or default transports), the server replaced at the same address; seeds \
-        1-6 are issue 41's setups. A gone seed (lab `gone`, not in \
+        1-6 are issue 41's setups. A keepalive seed draws keep-alive clients (5-30, plain \
+        or Node's http.Agent pool, their pause and work) and a server that closes its idle \
+        connections at SIGTERM, answers `Connection: close` for 1 s first, or never closes \
+        them (SIGKILL at a 2-4 s grace). A gone seed (lab `gone`, not in \
         the default list) draws a retry shape through nginx where some clients give up around \
         the stop, nginx's `proxy_ignore_client_abort` on or off: a cut whose client is gone \
         gets no answer, and must still never match a later request as its retry. --load N \
@@ -144,7 +147,7 @@ enum Cmd {
         real agent; every record field is compared with the proxies', backends' and clients' \
         own logs and counts and the kernel's counters. Prints each seed's shape and \
         mismatches, then per-field exactness; exits non-zero on any mismatch. About 15 s a \
-        retry seed, 25 s a stop seed, 30 s a storm seed, 15 s a streams seed, 25 s a socketio seed. `cargo xtask test` runs a short \
+        retry seed, 25 s a stop seed, 30 s a storm seed, 15 s a streams seed, 25 s a socketio seed, 10 s a keepalive seed. `cargo xtask test` runs a short \
         slice of it.\n\n\
         Example: cargo xtask accuracy --no-setup --lab stop --seeds 50"
     )]

@@ -1,9 +1,11 @@
 //! Ground truth over randomized shapes (`cargo xtask accuracy`): each seed draws a shape of
-//! one lab (the retry labs, the stop lab, the storm lab, the stream lab, the Socket.IO lab), runs it against the real agent,
+//! one lab (the retry labs, the stop lab, the storm lab, the stream lab, the Socket.IO lab, the
+//! keep-alive lab), runs it against the real agent,
 //! and compares every record field the lab's ground truth knows with it: the balancers' and
 //! backends' own logs, the clients' own counts and clocks, the kernel's own counters. Never
 //! drainwatch's arithmetic.
 
+pub mod keepalive;
 pub mod retry;
 pub mod socketio;
 pub mod stop;
@@ -104,12 +106,15 @@ pub enum Lab {
     /// The Socket.IO lab: socket.io and socket.io-client from npm, the server replaced at the
     /// same address.
     Socketio,
+    /// The keep-alive lab: clients reusing their connections (without a check, or Node's
+    /// `http.Agent` pool) against a server closing them, draining or never closing them.
+    Keepalive,
 }
 
 impl Lab {
     /// The name a seed list uses: `retry` (the wide draw), `slow` (the retry labs' first
     /// draw), `gone` (the wide draw through nginx with clients giving up), `stop`, `storm`,
-    /// `streams`, `socketio`.
+    /// `streams`, `socketio`, `keepalive`.
     pub fn parse(name: &str) -> Option<Lab> {
         Some(match name {
             "retry" => Lab::Retry(Draw::Wide),
@@ -119,6 +124,7 @@ impl Lab {
             "storm" => Lab::Storm,
             "streams" => Lab::Streams,
             "socketio" => Lab::Socketio,
+            "keepalive" => Lab::Keepalive,
             _ => return None,
         })
     }
@@ -132,6 +138,7 @@ impl Lab {
             Lab::Storm => "storm",
             Lab::Streams => "streams",
             Lab::Socketio => "socketio",
+            Lab::Keepalive => "keepalive",
         }
     }
 }
@@ -145,7 +152,7 @@ pub fn parse_seeds(spec: &str) -> Result<Vec<(Lab, u64)>, String> {
             Some((name, seeds)) => (
                 Lab::parse(name).ok_or_else(|| {
                     format!(
-                        "{name:?} is no lab (retry, slow, gone, stop, storm, streams, socketio)"
+                        "{name:?} is no lab (retry, slow, gone, stop, storm, streams, socketio, keepalive)"
                     )
                 })?,
                 seeds,
@@ -194,6 +201,11 @@ pub fn run(lab: Lab, seed: u64) -> (String, Vec<Check>) {
             let shape = socketio::SioShape::from_seed(seed);
             println!("=== {shape}");
             (shape.to_string(), socketio::run(&shape))
+        }
+        Lab::Keepalive => {
+            let shape = keepalive::KaShape::from_seed(seed);
+            println!("=== {shape}");
+            (shape.to_string(), keepalive::run(&shape))
         }
     }
 }

@@ -482,14 +482,9 @@ impl KaRun {
         self.lost_on_reuse().checked_sub(self.unread)
     }
 
-    /// Failed requests the server started and never ended: cut in flight.
+    /// Failed requests the server had read (its log has their start): cut in flight, whether
+    /// its work ended or not (a response its close or its kill cut off is lost all the same).
     pub fn cut_in_server(&self) -> u64 {
-        let ended: HashSet<&str> = self
-            .log
-            .iter()
-            .filter(|e| !e.started)
-            .map(|e| e.id.as_str())
-            .collect();
         let started: HashSet<&str> = self
             .log
             .iter()
@@ -497,8 +492,20 @@ impl KaRun {
             .map(|e| e.id.as_str())
             .collect();
         self.failed()
-            .filter(|r| started.contains(r.id.as_str()) && !ended.contains(r.id.as_str()))
+            .filter(|r| started.contains(r.id.as_str()))
             .count() as u64
+    }
+
+    /// The stop's outcome by the truth: SIGKILLed at the deadline (exit 137); else its listener
+    /// closed early if a client's connect was refused; else drained.
+    pub fn outcome(&self) -> &'static str {
+        if self.exit_code == 137 {
+            "killed_at_deadline"
+        } else if self.refused() > 0 {
+            "listener_closed_early"
+        } else {
+            "drained"
+        }
     }
 
     /// New connections refused (the pool's, once its connection was dropped).
@@ -537,6 +544,45 @@ impl KaRun {
         self.record["verdict"].as_str().unwrap_or_default()
     }
 
+    /// Each failed request, one line each: its id, connection, errno, whether the server
+    /// started and ended it, and when it was sent and ended after the stop was issued (ms).
+    pub fn failures(&self) -> String {
+        let log: HashSet<(&str, bool)> = self
+            .log
+            .iter()
+            .map(|e| (e.id.as_str(), e.started))
+            .collect();
+        let ms = |t: Instant| {
+            if t >= self.stop.issued {
+                format!("+{:.1}", (t - self.stop.issued).as_secs_f64() * 1e3)
+            } else {
+                format!("-{:.1}", (self.stop.issued - t).as_secs_f64() * 1e3)
+            }
+        };
+        self.failed()
+            .map(|r| {
+                format!(
+                    "  {} {} {} server:{}{} sent {} ended {}\n",
+                    r.id,
+                    if r.reused { "reused" } else { "new" },
+                    r.code.as_deref().unwrap_or("?"),
+                    if log.contains(&(r.id.as_str(), true)) {
+                        "started"
+                    } else {
+                        "-"
+                    },
+                    if log.contains(&(r.id.as_str(), false)) {
+                        ",ended"
+                    } else {
+                        ""
+                    },
+                    ms(r.sent),
+                    ms(r.ended)
+                )
+            })
+            .collect()
+    }
+
     /// Truth against drainwatch, one line.
     pub fn report(&self) -> String {
         let codes = {
@@ -559,7 +605,7 @@ impl KaRun {
              unread {} = sent after close {:?} (drainwatch {}); cut in server {} + unread {} \
              (drainwatch inflight_cut {}); refused {} (drainwatch {}); lost on new {}; pool \
              dropped {} idle connections on FIN; OutRsts +{}, record {}, metric +{}; \
-             idle_closed {}; exit {}; verdict: {}",
+             idle_closed {}, sessions_cut {}; resets {}; exit {}; verdict: {}",
             self.spec.client.as_str(),
             self.spec.server.as_str(),
             self.requests.len(),
@@ -579,6 +625,8 @@ impl KaRun {
             self.record_rsts(),
             self.rsts_metric,
             self.record["loss"]["idle_closed"],
+            self.record["loss"]["sessions_cut"],
+            self.record["loss"]["resets_sent"],
             self.exit_code,
             self.verdict()
         )
