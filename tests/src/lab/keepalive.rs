@@ -122,6 +122,8 @@ pub struct KaRequest {
     pub id: String,
     /// Sent on a connection that had carried an earlier request.
     pub reused: bool,
+    /// The client's port (its connection), when known.
+    pub port: Option<u16>,
     /// When its connection was opened (plain clients), the request written, and it ended.
     pub connected: Option<Instant>,
     pub sent: Instant,
@@ -166,6 +168,7 @@ pub fn plain_client(
     let mut out = Vec::new();
     let mut s = TcpStream::connect_timeout(&addr.into(), Duration::from_secs(2)).expect("connect");
     let connected = Instant::now();
+    let port = s.local_addr().ok().map(|a| a.port());
     s.set_read_timeout(Some(Duration::from_secs(10))).ok();
     for k in 0.. {
         if Instant::now() > until {
@@ -184,6 +187,7 @@ pub fn plain_client(
         out.push(KaRequest {
             id,
             reused: k > 0,
+            port,
             connected: Some(connected),
             sent,
             ended: Instant::now(),
@@ -339,6 +343,7 @@ impl PoolClient {
             reqs.push(KaRequest {
                 id: v["req"].as_str().expect("req").to_string(),
                 reused: v["reused"] == true,
+                port: v["port"].as_u64().and_then(|p| u16::try_from(p).ok()),
                 connected: None,
                 sent: ns("sent"),
                 ended: ns("ended"),
@@ -544,6 +549,40 @@ impl KaRun {
         self.record["verdict"].as_str().unwrap_or_default()
     }
 
+    /// How long its connection had been idle when `r` was sent: since the answer to the
+    /// connection's previous request (the same client port) reached the client. The pool's
+    /// LIFO reuse hands a request the connection another client's answer just freed, so this
+    /// is often far shorter than the client's own pause.
+    pub fn connection_idle(&self, r: &KaRequest) -> Option<Duration> {
+        let port = r.port?;
+        self.requests
+            .iter()
+            .filter(|p| p.port == Some(port) && p.ok && p.ended <= r.sent)
+            .map(|p| r.sent - p.ended)
+            .min()
+    }
+
+    /// Cuts (failed requests the server read) whose connection carried the previous answer
+    /// less than one kernel tick before: the server received the request in the same tick
+    /// as it sent that answer, or the next. drainwatch decides "a request pending" at the close
+    /// from the connection's last received and last sent data in ticks (`lrcvtime`,
+    /// `lsndtime`): in the same tick the request reads as answered and the cut is missed. A
+    /// cut on a connection idle for a tick or more is never in this set (the server's gap
+    /// between its answer and the next request is longer than the client's).
+    pub fn same_tick_cuts(&self) -> u64 {
+        let tick = kernel_tick();
+        let started: HashSet<&str> = self
+            .log
+            .iter()
+            .filter(|e| e.started)
+            .map(|e| e.id.as_str())
+            .collect();
+        self.failed()
+            .filter(|r| r.reused && started.contains(r.id.as_str()))
+            .filter(|r| self.connection_idle(r).is_none_or(|d| d < tick))
+            .count() as u64
+    }
+
     /// Each failed request, one line each: its id, connection, errno, whether the server
     /// started and ended it, and when it was sent and ended after the stop was issued (ms).
     pub fn failures(&self) -> String {
@@ -559,11 +598,16 @@ impl KaRun {
                 format!("-{:.1}", (self.stop.issued - t).as_secs_f64() * 1e3)
             }
         };
+        let idle = |r: &KaRequest| {
+            self.connection_idle(r)
+                .map(|d| format!(" connection idle {:.1} ms", d.as_secs_f64() * 1e3))
+        };
         self.failed()
             .map(|r| {
                 format!(
-                    "  {} {} {} server:{}{} sent {} ended {}\n",
+                    "  {} port {} {} {} server:{}{} sent {} ended {}{}\n",
                     r.id,
+                    r.port.map_or("-".into(), |p| p.to_string()),
                     if r.reused { "reused" } else { "new" },
                     r.code.as_deref().unwrap_or("?"),
                     if log.contains(&(r.id.as_str(), true)) {
@@ -577,7 +621,12 @@ impl KaRun {
                         ""
                     },
                     ms(r.sent),
-                    ms(r.ended)
+                    ms(r.ended),
+                    if r.reused {
+                        idle(r).unwrap_or_default()
+                    } else {
+                        String::new()
+                    }
                 )
             })
             .collect()
@@ -603,7 +652,8 @@ impl KaRun {
         format!(
             "{} clients vs {} server: {} requests, {} failed ({codes:?}); lost on reuse {} - \
              unread {} = sent after close {:?} (drainwatch {}); cut in server {} + unread {} \
-             (drainwatch inflight_cut {}); refused {} (drainwatch {}); lost on new {}; pool \
+             (drainwatch inflight_cut {}; {} of the cuts within a tick of their connection's \
+             previous answer); refused {} (drainwatch {}); lost on new {}; pool \
              dropped {} idle connections on FIN; OutRsts +{}, record {}, metric +{}; \
              idle_closed {}, sessions_cut {}; resets {}; exit {}; verdict: {}",
             self.spec.client.as_str(),
@@ -617,6 +667,7 @@ impl KaRun {
             self.cut_in_server(),
             self.unread,
             self.record["loss"]["inflight_cut"],
+            self.same_tick_cuts(),
             self.refused(),
             self.record["loss"]["refused"],
             self.lost_on_new(),
@@ -631,4 +682,19 @@ impl KaRun {
             self.verdict()
         )
     }
+}
+
+/// The kernel's tick (1 / `CONFIG_HZ`) from its config in `/boot`; 10 ms (HZ=100, the
+/// coarsest) when it cannot be read.
+pub fn kernel_tick() -> Duration {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let config = fs::read_to_string(format!("/boot/config-{}", release.trim())).unwrap_or_default();
+    config
+        .lines()
+        .find_map(|l| l.strip_prefix("CONFIG_HZ="))
+        .and_then(|hz| hz.trim().parse::<u64>().ok())
+        .filter(|hz| *hz > 0)
+        .map_or(Duration::from_millis(10), |hz| {
+            Duration::from_micros(1_000_000 / hz)
+        })
 }
