@@ -147,7 +147,7 @@ enum Cmd {
         real agent; every record field is compared with the proxies', backends' and clients' \
         own logs and counts and the kernel's counters. Prints each seed's shape and \
         mismatches, then per-field exactness; exits non-zero on any mismatch. About 15 s a \
-        retry seed, 25 s a stop seed, 30 s a storm seed, 15 s a streams seed, 25 s a socketio seed, 10 s a keepalive seed. `cargo xtask test` runs a short \
+        retry seed, 25 s a stop seed, 30 s a storm seed, 15 s a streams seed, 25 s a socketio seed, 7 s a keepalive seed. `cargo xtask test` runs a short \
         slice of it.\n\n\
         Example: cargo xtask accuracy --no-setup --lab stop --seeds 50"
     )]
