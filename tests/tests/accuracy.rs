@@ -103,6 +103,13 @@ const GONE: Lab = Lab::Retry(Draw::Gone);
 /// clients) 4 of 10 cuts were counted with the pool and 2 of 10 with plain clients. The lab
 /// prints the cuts within a tick of their connection's previous answer (`KaRun::
 /// same_tick_cuts`): every shortfall so far was at most that count.
+///
+/// Keepalive 44 (29 plain clients, a server that never closes them), once: `sent_after_close`
+/// 23 for a truth of 24 and `inflight_cut` 6 for 5. The truth's own error: a request sent 12 ms
+/// before the kill, read by the server (not unread: `TCPAbortOnClose` 0, and no RST answered
+/// it: `TcpOutRsts` 23) but killed before it logged it, was taken for one sent after the close.
+/// A request sent before any client saw the kill may be either now (`KaRun::
+/// read_unlogged_at_most`).
 const REGRESSIONS: &[(Lab, u64)] = &[
     (SLOW, 1),
     (SLOW, 3),
@@ -164,6 +171,7 @@ const REGRESSIONS: &[(Lab, u64)] = &[
     (Lab::Keepalive, 22),
     (Lab::Keepalive, 31),
     (Lab::Keepalive, 39),
+    (Lab::Keepalive, 44),
 ];
 
 /// The slice CI runs when no seeds are given: fresh seeds, and the latest regression of each

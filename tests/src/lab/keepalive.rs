@@ -487,6 +487,41 @@ impl KaRun {
         self.lost_on_reuse().checked_sub(self.unread)
     }
 
+    /// Of [`sent_after_close`](Self::sent_after_close), how many may instead have been read by
+    /// a killed server that died before logging them (cuts). Only a SIGKILLed server can: its
+    /// connections all close at the exit, so a request sent before any client saw the exit
+    /// (the earliest failure) reached a live socket, and only the kernel's `TCPAbortOnClose`
+    /// tells how many of those were unread; the rest were read, unlogged. 0 for a server that
+    /// exits by itself (it logs every request it reads).
+    pub fn read_unlogged_at_most(&self) -> u64 {
+        if self.exit_code != 137 {
+            return 0;
+        }
+        let Some(first) = self.failed().map(|r| r.ended).min() else {
+            return 0;
+        };
+        let seen = self.seen();
+        let before = self
+            .failed()
+            .filter(|r| r.reused && !seen.contains(r.id.as_str()) && r.sent < first)
+            .count() as u64;
+        before.saturating_sub(self.unread)
+    }
+
+    /// `sent_after_close` as the truth knows it: `(lo, hi)`, hi less those that may have been
+    /// read unlogged (see [`read_unlogged_at_most`](Self::read_unlogged_at_most)).
+    pub fn sent_after_close_range(&self) -> Option<(u64, u64)> {
+        let hi = self.sent_after_close()?;
+        Some((hi.saturating_sub(self.read_unlogged_at_most()), hi))
+    }
+
+    /// `inflight_cut` as the truth knows it: the server's cuts and the unread, and up to
+    /// [`read_unlogged_at_most`](Self::read_unlogged_at_most) more.
+    pub fn inflight_cut_range(&self) -> (u64, u64) {
+        let lo = self.cut_in_server() + self.unread;
+        (lo, lo + self.read_unlogged_at_most())
+    }
+
     /// Failed requests the server had read (its log has their start): cut in flight, whether
     /// its work ended or not (a response its close or its kill cut off is lost all the same).
     pub fn cut_in_server(&self) -> u64 {
@@ -651,7 +686,8 @@ impl KaRun {
         };
         format!(
             "{} clients vs {} server: {} requests, {} failed ({codes:?}); lost on reuse {} - \
-             unread {} = sent after close {:?} (drainwatch {}); cut in server {} + unread {} \
+             unread {} = sent after close {:?} (less up to {} read unlogged at the kill; \
+             drainwatch {}); cut in server {} + unread {} \
              (drainwatch inflight_cut {}; {} of the cuts within a tick of their connection's \
              previous answer); refused {} (drainwatch {}); lost on new {}; pool \
              dropped {} idle connections on FIN; OutRsts +{}, record {}, metric +{}; \
@@ -663,6 +699,7 @@ impl KaRun {
             self.lost_on_reuse(),
             self.unread,
             self.sent_after_close(),
+            self.read_unlogged_at_most(),
             self.record["loss"]["sent_after_close"],
             self.cut_in_server(),
             self.unread,
