@@ -614,7 +614,12 @@ fn observed(events: &[Event], ports: &[u16]) -> Vec<String> {
         .iter()
         .filter_map(|e| match e {
             Event::StateChange(s) if mine(&s.conn) => {
-                let c = s.counters;
+                // `snd_wl1` is read on tp_btf only (the classic program is at its verifier's
+                // limit): both judge a pending request without it here.
+                let c = drainwatch::capture::event::TcpCounters {
+                    since_answer: None,
+                    ..s.counters
+                };
                 Some(format!(
                     "state {:#x} {:?} {:?}->{:?} rx={} tx={} unread={} pending={} backlog={:?} ns={} task={}/{}/{}",
                     s.skaddr,
