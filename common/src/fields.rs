@@ -78,6 +78,9 @@ pub struct KernelOffsets {
     pub tcp_lrcvtime: u32,
     pub tcp_data_segs_in: u32,
     pub tcp_data_segs_out: u32,
+    /// `tcp_sock.snd_wl1`: the sequence number of the peer's segment that last moved the send
+    /// window (`tcp_update_wl`), on the fast path the one that acknowledged new data.
+    pub tcp_snd_wl1: u32,
     /// `tcp_sock.retrans_stamp`: a connecting socket's first SYN (`tcp_connect`).
     pub tcp_retrans_stamp: u32,
     /// From a task to the socket behind one of its file descriptors (accept's return value).
@@ -135,6 +138,7 @@ impl KernelOffsets {
         tcp_lrcvtime: NO_OFFSET,
         tcp_data_segs_in: NO_OFFSET,
         tcp_data_segs_out: NO_OFFSET,
+        tcp_snd_wl1: NO_OFFSET,
         tcp_retrans_stamp: NO_OFFSET,
         task_files: NO_OFFSET,
         files_fdt: NO_OFFSET,
@@ -158,7 +162,7 @@ impl KernelOffsets {
 pod!(KernelOffsets, AddrFields);
 
 const _: () = assert!(core::mem::size_of::<AddrFields>() == 16);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 160);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 164);
 
 #[cfg(test)]
 mod tests {

@@ -33,6 +33,11 @@ pub struct Event {
     /// segments per segment it receives, a request/response connection about as many.
     pub data_segs_in: u32,
     pub data_segs_out: u32,
+    /// `tcp_sock.snd_wl1` (with the counters on the tp_btf program, else 0): where the peer's
+    /// data since it acknowledged this side's last data starts, so `rcv_nxt - snd_wl1` is what
+    /// it sent after this side's last answer reached it.
+    pub snd_wl1: u32,
+    pub _pad: u32,
     /// A connect's failure (SYN_SENT to CLOSE) on the tp_btf program, else 0: when its first
     /// SYN went out (`tcp_sock.retrans_stamp`, which `tcp_connect` sets: milliseconds of the
     /// monotonic clock, low 32 bits), and `sk_err`, why it failed (ECONNREFUSED with no RST
@@ -153,4 +158,4 @@ impl Fields {
 pod!(Event, Fields, Held, HoldEntry);
 
 // The layout is a contract with the kernel side (see the crate root).
-const _: () = assert!(core::mem::size_of::<Event>() == 192);
+const _: () = assert!(core::mem::size_of::<Event>() == 200);

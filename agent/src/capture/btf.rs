@@ -132,6 +132,7 @@ const MEMBERS: &[(&str, &str, Slot)] = &[
     }),
     ("tcp_sock", "data_segs_in", |k| &mut k.tcp_data_segs_in),
     ("tcp_sock", "data_segs_out", |k| &mut k.tcp_data_segs_out),
+    ("tcp_sock", "snd_wl1", |k| &mut k.tcp_snd_wl1),
     ("tcp_sock", "retrans_stamp", |k| &mut k.tcp_retrans_stamp),
     ("task_struct", "files", |k| &mut k.task_files),
     ("files_struct", "fdt", |k| &mut k.files_fdt),
@@ -255,6 +256,7 @@ mod tests {
             k.tcp_data_segs_out,
             bpftool_offset("tcp_sock", "data_segs_out")
         );
+        assert_eq!(k.tcp_snd_wl1, bpftool_offset("tcp_sock", "snd_wl1"));
         assert_eq!(k.files_fdt, bpftool_offset("files_struct", "fdt"));
         assert_eq!(k.fdtable_fd, bpftool_offset("fdtable", "fd"));
         assert_eq!(k.socket_sk, bpftool_offset("socket", "sk"));

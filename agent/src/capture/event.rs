@@ -436,6 +436,8 @@ pub(crate) mod tests {
             jiffies: 0,
             data_segs_in: 0,
             data_segs_out: 0,
+            snd_wl1: 0,
+            _pad: 0,
             syn_ms: 0,
             error: 0,
             held,

@@ -17,6 +17,8 @@
 //   C error NS CODE                  that attempt failed (ECONNREFUSED, EHOSTUNREACH, ...)
 //   C reconnect NS N                 reconnected after N attempts
 //   C connect_error NS MESSAGE       the middleware refused it
+//   C upgrade NS TRANSPORT           the engine upgraded (default transports: to websocket)
+//   C ping NS                        the server's ping arrived (the client answers a pong)
 //   tcp START CONNECTED LOCAL_PORT   one TCP connection of any client (Node's diagnostics
 //                                    channel `net.client.socket`): connect() called, connected
 //   tcp-fail START AT CODE           one that never connected
@@ -47,8 +49,8 @@ const bound = Number(arg("bound", "120"));
 
 const now = () => process.hrtime.bigint();
 const events = Array.from({ length: n }, () => []);
-const state = Array.from({ length: n }, () => ({ up: false, lost: false, back: false }));
-const counts = { up: 0, lost: 0, back: 0 };
+const state = Array.from({ length: n }, () => ({ up: false, lost: false, back: false, upgraded: false }));
+const counts = { up: 0, lost: 0, back: 0, upgraded: 0 };
 
 // Every TCP connection the clients open (websocket, each polling request): the lab joins them
 // to the server's accepts by port.
@@ -123,6 +125,16 @@ function startOne() {
       counts.lost++;
     }
   });
+  socket.io.on("open", () => {
+    socket.io.engine.once("upgrade", (t) => {
+      ev.push(`upgrade ${now()} ${t.name}`);
+      if (!st.upgraded) {
+        st.upgraded = true;
+        counts.upgraded++;
+      }
+    });
+  });
+  socket.io.on("ping", () => ev.push(`ping ${now()}`));
   socket.on("connect_error", (err) => ev.push(`connect_error ${now()} ${String(err.message).replace(/ /g, "_")}`));
   socket.io.on("reconnect_attempt", (k) => ev.push(`attempt ${now()} ${k}`));
   socket.io.on("reconnect_error", (err) => ev.push(`error ${now()} ${errorCode(err)}`));

@@ -41,6 +41,8 @@ const poolSize = Number(arg("pool", "10"));
 const ioMs = Number(arg("io-ms", "20"));
 const cpuIterations = Number(arg("cpu-iterations", "20000"));
 const listenDelayMs = Number(arg("listen-delay-ms", "0"));
+// The engine's ping period (the library's default 25 s when absent).
+const pingIntervalMs = arg("ping-interval-ms");
 const logFd = fs.openSync(arg("log", "/lab/log/server.log"), "a");
 
 const now = () => process.hrtime.bigint();
@@ -94,7 +96,7 @@ async function authorise(client, token) {
 const httpServer = http.createServer();
 httpServer.on("connection", (s) => log("accept", now(), s.remotePort));
 
-const io = new Server(httpServer);
+const io = new Server(httpServer, pingIntervalMs ? { pingInterval: Number(pingIntervalMs) } : {});
 
 io.use(async (socket, next) => {
   const a = socket.handshake.auth || {};

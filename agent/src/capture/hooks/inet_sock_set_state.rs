@@ -84,21 +84,37 @@ pub struct TcpCounters {
     /// Data segments received and sent.
     pub segs_in: u32,
     pub segs_out: u32,
+    /// Bytes the peer sent after this side's last data reached it (`rcv_nxt - snd_wl1`: its
+    /// segment acknowledging that data, or its first after; `None`: not read, or not
+    /// believable): what an unanswered request would be.
+    pub since_answer: Option<u32>,
 }
+
+/// The fewest bytes a request takes: HTTP/2's smallest (a HEADERS frame, 9 bytes, with
+/// `:method`, `:scheme` and `:path` indexed, one byte each); HTTP/1's is 18
+/// (`GET / HTTP/1.0\r\n\r\n`). A websocket client's upgrade packet or pong (Socket.IO's `5` and
+/// `3` framed and masked: 7 bytes) is shorter: the session's own traffic, which the server
+/// never answers by design.
+pub const MIN_REQUEST_BYTES: u32 = 12;
 
 impl TcpCounters {
     /// Whether the peer was waiting for an answer: data arrived after the last data this side
     /// sent, or sits unread. Jiffies are coarse (4 ms at HZ=250): a request that arrives in the
-    /// same tick as the previous response counts as answered.
+    /// same tick as the previous response counts as answered. After an answer, what the peer
+    /// sent since it had that answer must be a request's worth ([`MIN_REQUEST_BYTES`]): a
+    /// shorter frame (a websocket client's upgrade packet or pong, never answered by design,
+    /// read or still unread when the process died) leaves the connection a session, not a
+    /// request cut.
     pub fn request_pending(&self) -> bool {
-        if self.unread > 0 {
-            return true;
-        }
-        if self.bytes_received == 0 {
+        if self.bytes_received == 0 && self.unread == 0 {
             return false;
         }
+        if self.bytes_sent == 0 {
+            return true;
+        }
         // Wrapping comparison, as the kernel's own `after()` does.
-        self.bytes_sent == 0 || (self.last_received.wrapping_sub(self.last_sent) as i32) > 0
+        let after = (self.last_received.wrapping_sub(self.last_sent) as i32) > 0;
+        (self.unread > 0 || after) && self.since_answer.is_none_or(|b| b >= MIN_REQUEST_BYTES)
     }
 
     /// In jiffies: since the last data segment either way, and how long this side had been
@@ -174,6 +190,12 @@ pub const EMIT_OLD: &[&str] = &[
     "TCP_CLOSE_WAIT",
 ];
 
+/// `rcv_nxt - snd_wl1` when read (0: not read) and within what the peer ever sent.
+fn since_answer(e: &Event) -> Option<u32> {
+    let b = e.rcv_nxt.wrapping_sub(e.snd_wl1);
+    (e.snd_wl1 != 0 && u64::from(b) <= e.bytes_received).then_some(b)
+}
+
 pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<StateChange, DecodeError> {
     let e: Event = read_record("inet_sock_set_state", bytes)?;
     Ok(StateChange {
@@ -191,6 +213,7 @@ pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<StateChange, DecodeEr
             now: e.jiffies,
             segs_in: e.data_segs_in,
             segs_out: e.data_segs_out,
+            since_answer: since_answer(&e),
         },
         max_ack_backlog: (names.tcp_state(e.newstate) == Some(TcpState::Listen))
             .then_some(e.max_ack_backlog),
@@ -270,6 +293,8 @@ mod tests {
             jiffies: 1100,
             data_segs_in: 3,
             data_segs_out: 9,
+            snd_wl1: 0,
+            _pad: 0,
             syn_ms: 0,
             error: 0,
             held: Default::default(),
@@ -353,5 +378,73 @@ mod tests {
             ..answered
         };
         assert!(wrapped.request_pending());
+        // After an answer, a request's worth since the peer had it: the next request.
+        let next_request = TcpCounters {
+            since_answer: Some(18),
+            ..waiting
+        };
+        assert!(next_request.request_pending());
+        // A websocket client's upgrade packet or pong (7 bytes) after the server's last
+        // frame: the session's own traffic.
+        let pong = TcpCounters {
+            since_answer: Some(7),
+            ..waiting
+        };
+        assert!(!pong.request_pending());
+        // Still unread when the process died: the same pong.
+        assert!(!TcpCounters { unread: 7, ..pong }.request_pending());
+        // A request unread after an answer, or no answer yet: pending however short.
+        assert!(
+            TcpCounters {
+                unread: 18,
+                since_answer: Some(18),
+                ..answered
+            }
+            .request_pending()
+        );
+        assert!(
+            TcpCounters {
+                bytes_sent: 0,
+                ..pong
+            }
+            .request_pending()
+        );
+    }
+
+    #[test]
+    fn since_answer_is_what_the_peer_sent_after_its_ack_of_the_last_answer() {
+        let names = KernelNames::default();
+        let ev = |rcv_nxt: u32, snd_wl1: u32, bytes_received: u64| {
+            let mut e = Event {
+                header: header(EventKind::InetSockSetState),
+                skaddr: 1,
+                tuple: v4_tuple([10, 0, 0, 2], 8080, [10, 0, 0, 3], 50000),
+                oldstate: 1,
+                newstate: 4,
+                bytes_received,
+                bytes_sent: 100,
+                rcv_nxt,
+                copied_seq: rcv_nxt,
+                lrcvtime: 0,
+                lsndtime: 0,
+                max_ack_backlog: 0,
+                jiffies: 0,
+                data_segs_in: 0,
+                data_segs_out: 0,
+                snd_wl1,
+                _pad: 0,
+                syn_ms: 0,
+                error: 0,
+                held: Default::default(),
+            };
+            e.rcv_nxt = rcv_nxt;
+            decode(&bytes_of(&e), &names).unwrap().counters.since_answer
+        };
+        assert_eq!(ev(1007, 1000, 300), Some(7));
+        // Across the sequence space's wrap.
+        assert_eq!(ev(3, u32::MAX - 3, 300), Some(7));
+        // Not read (the classic tracepoint), or beyond what the peer ever sent: unknown.
+        assert_eq!(ev(1007, 0, 300), None);
+        assert_eq!(ev(1007, 5, 300), None);
     }
 }

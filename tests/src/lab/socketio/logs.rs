@@ -159,6 +159,15 @@ pub enum ClientEvent {
         at: u64,
         message: String,
     },
+    /// The engine upgraded to `transport` (default transports: polling to websocket).
+    Upgrade {
+        at: u64,
+        transport: String,
+    },
+    /// The server's ping arrived (the library answers it with a pong at once).
+    Ping {
+        at: u64,
+    },
 }
 
 /// One TCP connection a client opened.
@@ -267,6 +276,11 @@ impl FleetLog {
                             n: num(g(3)).unwrap_or(0),
                         },
                         "connect_error" => ClientEvent::ConnectError { at, message: rest },
+                        "upgrade" => ClientEvent::Upgrade {
+                            at,
+                            transport: rest,
+                        },
+                        "ping" => ClientEvent::Ping { at },
                         _ => continue,
                     };
                     if let Some(events) = log.clients.get_mut(c) {

@@ -83,6 +83,11 @@ pub struct SioSpec {
     /// The fleet pinned to this CPU and the servers to the others (`--cpuset-cpus`), to see
     /// what the fleet's own CPU does to the truth; `DRAINWATCH_SIO_FLEET_CPU` sets it.
     pub fleet_cpu: Option<u32>,
+    /// The engine's ping period (`pingInterval`; the library's 25 s when `None`): shorter, the
+    /// sessions have had pings (and sent their pongs) before the stop.
+    pub ping_interval: Option<Duration>,
+    /// How long the fleet stays connected (upgraded, with default transports) before the stop.
+    pub connected_for: Duration,
 }
 
 impl SioSpec {
@@ -101,6 +106,8 @@ impl SioSpec {
             fleet_cpu: std::env::var("DRAINWATCH_SIO_FLEET_CPU")
                 .ok()
                 .and_then(|c| c.parse().ok()),
+            ping_interval: None,
+            connected_for: Duration::ZERO,
         }
     }
 
@@ -124,6 +131,9 @@ impl SioSpec {
         ]
         .map(String::from)
         .to_vec();
+        if let Some(p) = self.ping_interval {
+            a.extend(["--ping-interval-ms".into(), p.as_millis().to_string()]);
+        }
         match self.auth {
             AuthWork::Io { pool, query } => a.extend([
                 "--auth".into(),
@@ -190,10 +200,15 @@ pub struct SioRun {
 
 /// Reads the fleet's `status` (clients up, lost, back).
 fn fleet_status(fleet: &NodeContainer) -> (usize, usize, usize) {
+    let n = fleet_count(fleet);
+    (n("up"), n("lost"), n("back"))
+}
+
+/// One count of the fleet's `status` (`up`, `lost`, `back`, `upgraded`).
+fn fleet_count(fleet: &NodeContainer) -> impl Fn(&str) -> usize {
     let text = fs::read_to_string(fleet.log_dir.join("status")).unwrap_or_default();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-    let n = |k: &str| v[k].as_u64().unwrap_or(0) as usize;
-    (n("up"), n("lost"), n("back"))
+    move |k: &str| v[k].as_u64().unwrap_or(0) as usize
 }
 
 /// Waits (polling every `every`, until `deadline`) for `done`; false on timeout.
@@ -295,6 +310,22 @@ impl SioLab {
             spec.bound,
             fleet.output()
         );
+        // Default transports: every session on its websocket before the stop (none has a
+        // polling request in flight, which would be a request cut).
+        if spec.transports == Transports::Default {
+            let upgraded = poll(
+                Instant::now() + spec.bound,
+                Duration::from_millis(50),
+                || fleet_count(fleet)("upgraded") == n,
+            );
+            assert!(
+                upgraded,
+                "only {} of {n} clients upgraded to websocket within {:?}",
+                fleet_count(fleet)("upgraded"),
+                spec.bound
+            );
+        }
+        std::thread::sleep(spec.connected_for);
         let old_pid = self.old.init_pid().expect("the old server's pid");
         let old_sampler = Sampler::start(old_pid, Duration::from_millis(5));
         let cpu_before = cpu_ticks();

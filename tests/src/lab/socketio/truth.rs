@@ -20,6 +20,10 @@ pub struct ClientTruth {
     pub errors: Vec<(u64, String)>,
     /// Connected again (the middleware passed) after the loss.
     pub back: Option<u64>,
+    /// Its engine's first upgrade (default transports: to websocket) before the loss.
+    pub upgraded: Option<u64>,
+    /// The server's last ping before the loss (each answered with a pong at once).
+    pub last_ping: Option<u64>,
 }
 
 impl ClientTruth {
@@ -45,6 +49,10 @@ impl ClientTruth {
                 ClientEvent::Error { at, code } if t.lost.is_some() && t.back.is_none() => {
                     t.errors.push((*at, code.clone()))
                 }
+                ClientEvent::Upgrade { at, .. } if t.lost.is_none() && t.upgraded.is_none() => {
+                    t.upgraded = Some(*at)
+                }
+                ClientEvent::Ping { at } if t.lost.is_none() => t.last_ping = Some(*at),
                 _ => {}
             }
         }
@@ -118,6 +126,40 @@ impl SioRun {
         (self.clients().iter())
             .filter(|c| c.lost.is_some() && c.back.is_some())
             .count()
+    }
+
+    /// The frame each session's client sent last before the stop, which the server never
+    /// answers by design, as (the upgrade packet `5`, a pong): a pong when the server's ping
+    /// came after the upgrade (or, websocket-only, at all), else the upgrade packet (default
+    /// transports), else none (websocket-only, no ping: the server spoke last). Of the
+    /// clients that lost their session, from their own logs.
+    pub fn unanswered_last_frames(&self) -> (usize, usize) {
+        let default = self.spec.transports == super::Transports::Default;
+        let lost: Vec<ClientTruth> = (self.clients().into_iter())
+            .filter(|c| c.lost.is_some())
+            .collect();
+        let pong = |c: &ClientTruth| match (c.last_ping, c.upgraded) {
+            (Some(p), Some(u)) => p > u,
+            (Some(_), None) => !default,
+            (None, _) => false,
+        };
+        let pongs = lost.iter().filter(|c| pong(c)).count();
+        let upgrades = (lost.iter())
+            .filter(|c| default && c.upgraded.is_some() && !pong(c))
+            .count();
+        (upgrades, pongs)
+    }
+
+    /// How the clients' sessions ended, by the reason their library gave (`transport close`:
+    /// the connection closed under an open session; `transport error`: a request failed).
+    pub fn loss_reasons(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut m = std::collections::BTreeMap::new();
+        for c in self.clients() {
+            if let Some((_, r)) = c.lost {
+                *m.entry(r).or_insert(0) += 1;
+            }
+        }
+        m
     }
 
     /// Sessions open on the old server when it was stopped, by its own log.
