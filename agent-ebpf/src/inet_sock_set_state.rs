@@ -46,7 +46,7 @@ fn no_counters(ev: &mut Event) {
         core::ptr::write_volatile(&mut ev.data_segs_in, 0);
         core::ptr::write_volatile(&mut ev.data_segs_out, 0);
         core::ptr::write_volatile(&mut ev.snd_wl1, 0);
-        core::ptr::write_volatile(&mut ev._pad, 0);
+        core::ptr::write_volatile(&mut ev.unacked, 0);
     }
     nothing_held(ev);
 }
@@ -368,7 +368,10 @@ impl Socket for Direct {
         ev.data_segs_in = ld::<u32>(tp, cfg(&k.tcp_data_segs_in)).unwrap_or(0);
         ev.data_segs_out = ld::<u32>(tp, cfg(&k.tcp_data_segs_out)).unwrap_or(0);
         ev.snd_wl1 = ld::<u32>(tp, cfg(&k.tcp_snd_wl1)).unwrap_or(0);
-        ev._pad = 0;
+        let una = ld::<u32>(tp, cfg(&k.tcp_snd_una)).unwrap_or(0);
+        ev.unacked = ld::<u32>(tp, cfg(&k.tcp_snd_nxt))
+            .unwrap_or(0)
+            .wrapping_sub(una);
     }
 
     #[inline(always)]
@@ -464,7 +467,7 @@ impl Socket for Probed<'_> {
         ev.data_segs_out = u32_at(cfg(&k.tcp_data_segs_out));
         // Not read here (this program is at its verifier's limit on 5.10 and 6.1): 0, unknown.
         ev.snd_wl1 = 0;
-        ev._pad = 0;
+        ev.unacked = 0;
     }
 
     #[inline(always)]

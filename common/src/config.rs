@@ -75,7 +75,7 @@ pub fn per_window(per_sec: u32) -> u32 {
 pod!(Config);
 
 // No implicit padding: the agent writes these bytes verbatim into the program's global.
-const _: () = assert!(core::mem::size_of::<Config>() == 372);
+const _: () = assert!(core::mem::size_of::<Config>() == 380);
 
 #[cfg(test)]
 mod tests {

@@ -81,6 +81,10 @@ pub struct KernelOffsets {
     /// `tcp_sock.snd_wl1`: the sequence number of the peer's segment that last moved the send
     /// window (`tcp_update_wl`), on the fast path the one that acknowledged new data.
     pub tcp_snd_wl1: u32,
+    /// `tcp_sock.snd_una` / `snd_nxt`: the first byte this side sent that the peer has not
+    /// acknowledged, and the next it will send.
+    pub tcp_snd_una: u32,
+    pub tcp_snd_nxt: u32,
     /// `tcp_sock.retrans_stamp`: a connecting socket's first SYN (`tcp_connect`).
     pub tcp_retrans_stamp: u32,
     /// From a task to the socket behind one of its file descriptors (accept's return value).
@@ -139,6 +143,8 @@ impl KernelOffsets {
         tcp_data_segs_in: NO_OFFSET,
         tcp_data_segs_out: NO_OFFSET,
         tcp_snd_wl1: NO_OFFSET,
+        tcp_snd_una: NO_OFFSET,
+        tcp_snd_nxt: NO_OFFSET,
         tcp_retrans_stamp: NO_OFFSET,
         task_files: NO_OFFSET,
         files_fdt: NO_OFFSET,
@@ -162,7 +168,7 @@ impl KernelOffsets {
 pod!(KernelOffsets, AddrFields);
 
 const _: () = assert!(core::mem::size_of::<AddrFields>() == 16);
-const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 164);
+const _: () = assert!(core::mem::size_of::<KernelOffsets>() == 172);
 
 #[cfg(test)]
 mod tests {

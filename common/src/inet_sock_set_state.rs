@@ -37,7 +37,10 @@ pub struct Event {
     /// data since it acknowledged this side's last data starts, so `rcv_nxt - snd_wl1` is what
     /// it sent after this side's last answer reached it.
     pub snd_wl1: u32,
-    pub _pad: u32,
+    /// `snd_nxt - snd_una` (with `snd_wl1`, else 0): this side's data the peer had not yet
+    /// acknowledged. With the tick clocks unable to order a request and the answer before it,
+    /// 0 says the answer had reached the peer before what it sent since.
+    pub unacked: u32,
     /// A connect's failure (SYN_SENT to CLOSE) on the tp_btf program, else 0: when its first
     /// SYN went out (`tcp_sock.retrans_stamp`, which `tcp_connect` sets: milliseconds of the
     /// monotonic clock, low 32 bits), and `sk_err`, why it failed (ECONNREFUSED with no RST

@@ -133,6 +133,8 @@ const MEMBERS: &[(&str, &str, Slot)] = &[
     ("tcp_sock", "data_segs_in", |k| &mut k.tcp_data_segs_in),
     ("tcp_sock", "data_segs_out", |k| &mut k.tcp_data_segs_out),
     ("tcp_sock", "snd_wl1", |k| &mut k.tcp_snd_wl1),
+    ("tcp_sock", "snd_una", |k| &mut k.tcp_snd_una),
+    ("tcp_sock", "snd_nxt", |k| &mut k.tcp_snd_nxt),
     ("tcp_sock", "retrans_stamp", |k| &mut k.tcp_retrans_stamp),
     ("task_struct", "files", |k| &mut k.task_files),
     ("files_struct", "fdt", |k| &mut k.files_fdt),
@@ -257,6 +259,8 @@ mod tests {
             bpftool_offset("tcp_sock", "data_segs_out")
         );
         assert_eq!(k.tcp_snd_wl1, bpftool_offset("tcp_sock", "snd_wl1"));
+        assert_eq!(k.tcp_snd_una, bpftool_offset("tcp_sock", "snd_una"));
+        assert_eq!(k.tcp_snd_nxt, bpftool_offset("tcp_sock", "snd_nxt"));
         assert_eq!(k.files_fdt, bpftool_offset("files_struct", "fdt"));
         assert_eq!(k.fdtable_fd, bpftool_offset("fdtable", "fd"));
         assert_eq!(k.socket_sk, bpftool_offset("socket", "sk"));

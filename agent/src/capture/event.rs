@@ -437,7 +437,7 @@ pub(crate) mod tests {
             data_segs_in: 0,
             data_segs_out: 0,
             snd_wl1: 0,
-            _pad: 0,
+            unacked: 0,
             syn_ms: 0,
             error: 0,
             held,

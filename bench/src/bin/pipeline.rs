@@ -234,7 +234,7 @@ fn connection(k: u64, containers: u32, states: &dyn Fn(&str) -> i32, shape: Shap
             data_segs_in: 2,
             data_segs_out: 2,
             snd_wl1: 0,
-            _pad: 0,
+            unacked: 0,
             syn_ms: 0,
             error: 0,
             held: Default::default(),

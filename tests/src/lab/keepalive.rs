@@ -599,11 +599,11 @@ impl KaRun {
 
     /// Cuts (failed requests the server read) whose connection carried the previous answer
     /// less than one kernel tick before: the server received the request in the same tick
-    /// as it sent that answer, or the next. drainwatch decides "a request pending" at the close
-    /// from the connection's last received and last sent data in ticks (`lrcvtime`,
-    /// `lsndtime`): in the same tick the request reads as answered and the cut is missed. A
-    /// cut on a connection idle for a tick or more is never in this set (the server's gap
-    /// between its answer and the next request is longer than the client's).
+    /// as it sent that answer, or the next: the cuts the tick clocks (`lrcvtime`, `lsndtime`)
+    /// cannot order, which drainwatch counts from the peer's acknowledgement (printed: they
+    /// were missed before). A cut on a connection idle for a tick or more is never in this
+    /// set (the server's gap between its answer and the next request is longer than the
+    /// client's).
     pub fn same_tick_cuts(&self) -> u64 {
         let tick = kernel_tick();
         let started: HashSet<&str> = self

@@ -88,6 +88,9 @@ pub struct TcpCounters {
     /// segment acknowledging that data, or its first after; `None`: not read, or not
     /// believable): what an unanswered request would be.
     pub since_answer: Option<u32>,
+    /// This side's bytes the peer had not acknowledged (`snd_nxt - snd_una`; read with
+    /// `since_answer`, else 0).
+    pub unacked: u32,
 }
 
 /// The fewest bytes a request takes: HTTP/2's smallest (a HEADERS frame, 9 bytes, with
@@ -114,7 +117,16 @@ impl TcpCounters {
         }
         // Wrapping comparison, as the kernel's own `after()` does.
         let after = (self.last_received.wrapping_sub(self.last_sent) as i32) > 0;
-        (self.unread > 0 || after) && self.since_answer.is_none_or(|b| b >= MIN_REQUEST_BYTES)
+        let request = self.since_answer.is_none_or(|b| b >= MIN_REQUEST_BYTES);
+        // In the tick of the last answer the clocks cannot order the two. The peer's
+        // acknowledgement can: with all this side sent acknowledged (the answer reached the
+        // peer), a request's worth sent since that acknowledgement came after the answer.
+        // Unacknowledged, the answer was the last word (the request it answered is what
+        // `since_answer` counts).
+        let in_tick = self.last_received == self.last_sent
+            && self.unacked == 0
+            && self.since_answer.is_some();
+        (self.unread > 0 || after || in_tick) && request
     }
 
     /// In jiffies: since the last data segment either way, and how long this side had been
@@ -214,6 +226,7 @@ pub fn decode(bytes: &[u8], names: &KernelNames) -> Result<StateChange, DecodeEr
             segs_in: e.data_segs_in,
             segs_out: e.data_segs_out,
             since_answer: since_answer(&e),
+            unacked: e.unacked,
         },
         max_ack_backlog: (names.tcp_state(e.newstate) == Some(TcpState::Listen))
             .then_some(e.max_ack_backlog),
@@ -294,7 +307,7 @@ mod tests {
             data_segs_in: 3,
             data_segs_out: 9,
             snd_wl1: 0,
-            _pad: 0,
+            unacked: 0,
             syn_ms: 0,
             error: 0,
             held: Default::default(),
@@ -412,6 +425,54 @@ mod tests {
     }
 
     #[test]
+    fn in_the_tick_of_the_last_answer_the_peers_acknowledgement_orders_a_request() {
+        // A keep-alive pool hands a connection to the next request as soon as its answer is
+        // read: both in one 4 ms tick.
+        let same_tick = TcpCounters {
+            bytes_received: 200,
+            bytes_sent: 2000,
+            last_received: 500,
+            last_sent: 500,
+            since_answer: Some(95),
+            unacked: 0,
+            ..TcpCounters::default()
+        };
+        assert!(same_tick.request_pending());
+        // The answer not yet acknowledged: it answered what `since_answer` counts.
+        assert!(
+            !TcpCounters {
+                unacked: 1200,
+                ..same_tick
+            }
+            .request_pending()
+        );
+        // Acknowledged with nothing sent since: answered.
+        assert!(
+            !TcpCounters {
+                since_answer: Some(0),
+                ..same_tick
+            }
+            .request_pending()
+        );
+        // A pong in the tick of the server's ping: a session's frame.
+        assert!(
+            !TcpCounters {
+                since_answer: Some(7),
+                ..same_tick
+            }
+            .request_pending()
+        );
+        // Not read (the classic tracepoint): the ticks alone, answered.
+        assert!(
+            !TcpCounters {
+                since_answer: None,
+                ..same_tick
+            }
+            .request_pending()
+        );
+    }
+
+    #[test]
     fn since_answer_is_what_the_peer_sent_after_its_ack_of_the_last_answer() {
         let names = KernelNames::default();
         let ev = |rcv_nxt: u32, snd_wl1: u32, bytes_received: u64| {
@@ -432,7 +493,7 @@ mod tests {
                 data_segs_in: 0,
                 data_segs_out: 0,
                 snd_wl1,
-                _pad: 0,
+                unacked: 0,
                 syn_ms: 0,
                 error: 0,
                 held: Default::default(),
