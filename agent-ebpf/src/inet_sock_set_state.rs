@@ -104,21 +104,24 @@ fn emit<S: Socket>(
         // connect's own event, which a retry's start (emitted here) refers to. Not on the
         // classic tracepoint, whose program the verifier then finds too long (sock_length
         // needs tp_btf anyway).
-        let to_container = follow_containers && {
-            let mut tuple = zeroed::<Tuple>();
-            s.tuple(&mut tuple);
-            crate::util::watched_addr(tuple.family, &tuple.daddr)
-        };
+        // A sidecar's loopback connect to its app (`loopback::Connect::Pod`) is one too.
+        let to_container = follow_containers
+            && (r == Ok(loopback::Connect::Pod) || {
+                let mut tuple = zeroed::<Tuple>();
+                s.tuple(&mut tuple);
+                crate::util::watched_addr(tuple.family, &tuple.daddr)
+            });
         crate::sock_length::on_connect(
             skaddr,
             (bpf_get_current_pid_tgid() >> 32) as u32,
             to_container,
         );
     }
-    r.ok()
+    r.ok().map(|_| ())
 }
 
 /// Why a step made no record.
+#[derive(PartialEq, Eq)]
 enum Skip {
     /// A connect dropped as `unused_connect`: no proxy's, to no container.
     LoopbackConnect,
@@ -133,15 +136,16 @@ fn child_first_step(f: &Fields, oldstate: i32, newstate: i32) -> bool {
     newstate == cfg(&f.syn_recv_state) && in_mask(cfg(&f.backlog_new), oldstate)
 }
 
-/// A connect no part of the agent reads (see `loopback`): to a loopback or unset address, by a
-/// process that is no proxy (marked, so that its later steps go too).
+/// Whether a connect is one no part of the agent reads (see `loopback`): to a loopback or
+/// unset address, by a process that is no proxy, to no pod's shared listener (marked, so that
+/// its later steps go too).
 #[inline(always)]
-fn unused_connect(sk: u64, t: &Tuple) -> bool {
-    // A proxy's connect stays: `sock_length` follows its socket, whose I/O the agent matches
-    // by address (`UpstreamIo`), and this record is where it forgets a closed upstream that
-    // had the address.
+fn unused_connect(sk: u64, t: &Tuple, netns: Ns) -> loopback::Connect {
+    // A proxy's connect stays whole: `sock_length` follows its socket, whose I/O the agent
+    // matches by address (`UpstreamIo`), and this record is where it forgets a closed upstream
+    // that had the address. So does a sidecar's to its app, which makes it known as a proxy.
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    loopback::on_connect(sk, t) && !crate::sock_length::is_proxy(tgid)
+    loopback::on_connect(sk, t, netns, tgid)
 }
 
 /// Such a connect's steps after SYN_SENT but its failure (no step is a connect here).
@@ -164,7 +168,7 @@ fn emit_event<S: Socket>(
     oldstate: i32,
     newstate: i32,
     btf: bool,
-) -> Result<(), Skip> {
+) -> Result<loopback::Connect, Skip> {
     if btf && loopback::lean() && child_first_step(f, oldstate, newstate) {
         count_filtered(KIND);
         return Err(Skip::Other);
@@ -203,11 +207,15 @@ fn emit_event<S: Socket>(
     if !listener && !host_failure && out_of_scope(KIND, netns, &tuple) {
         return Err(Skip::Other);
     }
+    let mut kind = loopback::Connect::Other;
     if lean {
         let connect = in_mask(cfg(&f.connect_new), newstate);
-        if connect && unused_connect(skaddr, &tuple) {
-            count_filtered(KIND);
-            return Err(Skip::LoopbackConnect);
+        if connect {
+            kind = unused_connect(skaddr, &tuple, netns);
+            if kind == loopback::Connect::Unused {
+                count_filtered(KIND);
+                return Err(Skip::LoopbackConnect);
+            }
         }
         if !connect && is_host(netns) && unused_later(f, skaddr, oldstate, newstate) {
             count_filtered(KIND);
@@ -264,7 +272,7 @@ fn emit_event<S: Socket>(
         0
     };
     submit(entry);
-    Ok(())
+    Ok(kind)
 }
 
 /// Before a reset hook's record of `sk`: what was held for it, in a record of its own, so that

@@ -14,6 +14,18 @@ pub const ANY_PORT: u32 = 0;
 /// Capacity of `WATCH_ADDRS`: containers' addresses outside the host namespace.
 pub const ADDRS: u32 = 16384;
 
+/// Capacity of `POD_LISTENERS`: listening ports (open or closed) in pods' namespaces that more
+/// than one container shares, by [`pod_listener`]. A loopback connect to one is another
+/// container's (a sidecar's) proxying: kept whole. `POD_PORTS` (one byte per port, as
+/// `WATCH_PORTS`) says which ports have any entry, so most loopback connects cost no lookup.
+pub const POD_LISTENERS: u32 = 16384;
+
+/// The `POD_LISTENERS` key of `port` in the namespace of inode `inum`.
+#[inline(always)]
+pub fn pod_listener(inum: u32, port: u16) -> u64 {
+    (u64::from(inum) << 16) | u64::from(port)
+}
+
 /// A `WATCH_ADDRS` key: an IPv4 address (first 4 bytes, rest zero) or an IPv6 one. Aligned to
 /// 4 for word stores on the eBPF side (see `Tuple`).
 #[repr(C, align(4))]

@@ -4,11 +4,11 @@
 //! `drainwatch_tests::lab::sidecar`). The real agent; ground truth from the clients, the app's
 //! own work log, the sidecar's access and error logs and the pod namespace's counters.
 //!
-//! What holds today: the app's record has its cut requests and the sidecar's refused loopback
-//! connects exactly, the sidecar's own record is clean, a graceful pod reads zero. What does
-//! not yet (issue 43 item 4): the sidecar is not taken for a proxy, so the cuts it answered
-//! with 502 are no `upstream_aborts`, and the cuts a retrying sidecar ran again on another
-//! container of its pod are no `retry_duplicates` (the ignored tests say the right values).
+//! The app's record has its cut requests and the sidecar's refused loopback connects exactly,
+//! the sidecar's own record is clean, a graceful pod reads zero; and the sidecar is taken for
+//! a proxy (issue 43 item 4), so the cuts it answered with 502 are the app's
+//! `upstream_aborts`, and the cuts a retrying sidecar ran again on another container of its
+//! pod are the app's `retry_duplicates`.
 
 use std::time::{Duration, Instant};
 
@@ -356,7 +356,6 @@ fn a_retrying_sidecar_runs_the_apps_cut_requests_again_on_its_replica() {
 }
 
 #[test]
-#[ignore = "issue 43 item 4: a sidecar proxying over loopback is not taken for a proxy yet"]
 fn a_retrying_sidecars_reruns_are_retry_duplicates() {
     let p = pod(retrying());
     p.check_truth();
@@ -371,7 +370,6 @@ fn a_retrying_sidecars_reruns_are_retry_duplicates() {
 }
 
 #[test]
-#[ignore = "issue 43 item 4: a sidecar proxying over loopback is not taken for a proxy yet"]
 fn a_sidecars_502s_for_cut_requests_are_upstream_aborts() {
     let p = pod(SidecarSpec::cut(Order::Classic));
     p.check_truth();

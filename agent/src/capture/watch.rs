@@ -8,7 +8,7 @@ use aya::maps::{Array, HashMap, MapData, MapError};
 use drainwatch_common::{
     AF_INET, AF_INET6,
     sock_length::ReqState,
-    watch::{ANY_PORT, Addr},
+    watch::{ANY_PORT, Addr, pod_listener},
 };
 
 use super::CaptureError;
@@ -22,6 +22,10 @@ pub struct WatchSet {
     /// Proxies (thread-group ids): their connects get followed upstream sockets
     /// (`sock_length`).
     pub proxies: BTreeSet<u32>,
+    /// Listening ports (open or closed) of pods' namespaces that more than one container
+    /// shares, by (namespace inode, port): a loopback connect to one is kept whole and
+    /// followed (a sidecar proxying to its app), where other loopback connects are dropped.
+    pub pod_listeners: BTreeSet<(u32, u16)>,
 }
 
 /// The map key for an address; `None` for those the programs never look up (loopback, unset).
@@ -40,6 +44,9 @@ pub struct Watch {
     ports: Array<MapData, u8>,
     addrs: HashMap<MapData, Addr, u8>,
     proxies: HashMap<MapData, u32, u8>,
+    /// `POD_PORTS` and `POD_LISTENERS` (`WatchSet::pod_listeners`).
+    pod_ports: Array<MapData, u8>,
+    pod_listeners: HashMap<MapData, u64, u8>,
     /// `UPSTREAM_SOCKS`.
     upstreams: HashMap<MapData, u64, ReqState>,
     current: WatchSet,
@@ -68,10 +75,18 @@ impl Watch {
         let upstreams = ebpf
             .take_map("UPSTREAM_SOCKS")
             .ok_or(CaptureError::NoMap("UPSTREAM_SOCKS"))?;
+        let pod_ports = ebpf
+            .take_map("POD_PORTS")
+            .ok_or(CaptureError::NoMap("POD_PORTS"))?;
+        let pod_listeners = ebpf
+            .take_map("POD_LISTENERS")
+            .ok_or(CaptureError::NoMap("POD_LISTENERS"))?;
         Ok(Self {
             ports: Array::try_from(ports)?,
             addrs: HashMap::try_from(addrs)?,
             proxies: HashMap::try_from(proxies)?,
+            pod_ports: Array::try_from(pod_ports)?,
+            pod_listeners: HashMap::try_from(pod_listeners)?,
             upstreams: HashMap::try_from(upstreams)?,
             current: WatchSet::default(),
         })
@@ -148,14 +163,54 @@ impl Watch {
         for new in want.proxies.difference(&self.current.proxies) {
             note(self.proxies.insert(new, 1, 0));
         }
+        let pod_listeners = self.apply_pod_listeners(&want.pod_listeners, &mut applied, &mut note);
         applied.addrs = addrs.len();
         applied.ports = want.ports.len();
         self.current = WatchSet {
             addrs,
             ports: want.ports.clone(),
             proxies: want.proxies.clone(),
+            pod_listeners,
         };
         first_err.map_or(Ok(applied), Err)
+    }
+
+    /// `POD_LISTENERS` and its ports' bytes in `POD_PORTS`: entries first, so a port's byte is
+    /// never set before its entries are there to look up (a byte set early only costs a
+    /// lookup). Returns what the map holds now (an entry refused, full, is retried next time).
+    fn apply_pod_listeners(
+        &mut self,
+        want: &BTreeSet<(u32, u16)>,
+        applied: &mut Applied,
+        note: &mut impl FnMut(Result<(), MapError>),
+    ) -> BTreeSet<(u32, u16)> {
+        let current = &self.current.pod_listeners;
+        for (ns, port) in current.difference(want) {
+            note(self.pod_listeners.remove(&pod_listener(*ns, *port)));
+        }
+        let mut now: BTreeSet<(u32, u16)> = current.intersection(want).copied().collect();
+        for (ns, port) in want.difference(current) {
+            match self.pod_listeners.insert(pod_listener(*ns, *port), 1, 0) {
+                Ok(()) => {
+                    now.insert((*ns, *port));
+                }
+                Err(MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::E2BIG) =>
+                {
+                    applied.refused += 1;
+                }
+                Err(e) => note(Err(e)),
+            }
+        }
+        let ports = |s: &BTreeSet<(u32, u16)>| s.iter().map(|(_, p)| *p).collect::<BTreeSet<_>>();
+        let (before, after) = (ports(current), ports(&now));
+        for gone in before.difference(&after) {
+            note(self.pod_ports.set(u32::from(*gone), 0, 0));
+        }
+        for new in after.difference(&before) {
+            note(self.pod_ports.set(u32::from(*new), 1, 0));
+        }
+        now
     }
 }
 

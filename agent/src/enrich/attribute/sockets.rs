@@ -191,7 +191,7 @@ impl<H: HostView> Enricher<H> {
                 out.push(Observation::InboundEstablished {
                     key: key.clone(),
                     sock: if adopted { seed } else { s.skaddr },
-                    upstream: self.upstream_of(conn),
+                    upstream: self.upstream_of(ns, conn),
                     peer: conn.remote.ip(),
                 });
                 if adopted {
@@ -286,7 +286,11 @@ impl<H: HostView> Enricher<H> {
                 // What the container left unread says whether a request cut on this
                 // connection ever ran (the proxy's side of the cut comes from its worker).
                 if by_container
-                    && let Some(up) = self.upstreams.by_tuple.get(&(conn.remote, conn.local))
+                    && let Some(up) = self.upstreams.by_tuple.get(&super::upstreams::tuple_key(
+                        ns,
+                        conn.remote,
+                        conn.local,
+                    ))
                 {
                     out.push(Observation::UpstreamPeerClosed {
                         key: key.clone(),
@@ -299,7 +303,7 @@ impl<H: HostView> Enricher<H> {
                     sock: self.sock_id(s.skaddr),
                     by_container,
                     pending,
-                    upstream: self.upstream_of(conn),
+                    upstream: self.upstream_of(ns, conn),
                     request_bytes: s.counters.bytes_received,
                     port: conn.local.port(),
                     activity: Activity {

@@ -4,8 +4,11 @@
 //! (`sock_length` events on the proxy's socket) names the backends involved.
 
 use super::Key;
-use crate::model::Fact;
-use std::{collections::VecDeque, net::SocketAddr};
+use crate::model::{Fact, Netns};
+use std::{
+    collections::VecDeque,
+    net::{IpAddr, SocketAddr},
+};
 
 use super::{Enricher, MAX_UPSTREAMS};
 use crate::model::state::make_room;
@@ -28,15 +31,39 @@ pub(super) struct Upstream {
     pub(super) established: bool,
 }
 
+/// A proxy's connection by (namespace, proxy's end, container's end): the namespace (its
+/// inode) only where the container's end is a local address (loopback, unset: an in-pod
+/// proxy's), which every pod has, else 0 (a container's address names its pod).
+pub(super) type TupleKey = (u32, SocketAddr, SocketAddr);
+
+/// The `TupleKey` of a connection between `proxy` and `container` seen in namespace `ns`.
+pub(super) fn tuple_key(ns: u32, proxy: SocketAddr, container: SocketAddr) -> TupleKey {
+    (
+        if is_local(container.ip()) { ns } else { 0 },
+        proxy,
+        container,
+    )
+}
+
+/// A loopback or unset address (IPv4, IPv6 or IPv4-mapped): a connect to it stays in the
+/// connecting socket's namespace.
+pub(super) fn is_local(ip: IpAddr) -> bool {
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    };
+    ip.is_loopback() || ip.is_unspecified()
+}
+
 /// Proxies and their connections to containers.
 #[derive(Debug, Default)]
 pub(super) struct Upstreams {
     /// Open connections from proxy processes to containers, by kernel address.
     pub(super) open: HashMap<u64, Upstream>,
-    /// The same, by (proxy's local, container's) address, kept a while after they close:
-    /// how the container side of a cut finds the proxy.
-    pub(super) by_tuple: HashMap<(SocketAddr, SocketAddr), Upstream>,
-    pub(super) order: VecDeque<(SocketAddr, SocketAddr)>,
+    /// The same, by (proxy's local, container's) address (`TupleKey`), kept a while after
+    /// they close: how the container side of a cut finds the proxy.
+    pub(super) by_tuple: HashMap<TupleKey, Upstream>,
+    pub(super) order: VecDeque<TupleKey>,
     /// Closed connections by kernel address, kept a while: a reset closes the proxy's socket
     /// before its worker reads the error (the cut).
     pub(super) closed: HashMap<u64, Upstream>,
@@ -122,6 +149,21 @@ impl<H: HostView> Enricher<H> {
                 .map_or(key, |(k, ..)| k)
                 .clone(),
         )
+    }
+
+    /// The container a connect from a socket in `ns` to `remote` reaches: over loopback (or
+    /// to an unset address), the one listening on the port in that namespace (a sidecar's
+    /// app), or that listened there last; else as [`Self::backend_of`].
+    pub(super) fn backend_at(&self, ns: Netns, remote: SocketAddr) -> Option<Key> {
+        if !is_local(remote.ip()) {
+            return self.backend_of(remote);
+        }
+        if let Some((k, ..)) = self.listeners.open_at(ns, remote.port()) {
+            return Some(k.clone());
+        }
+        self.listeners
+            .closed_at(ns, remote.port())
+            .map(|(k, ..)| k.clone())
     }
 
     /// The proxies the kernel is to follow the connects of. Not probers: a probe is never
@@ -224,11 +266,11 @@ impl<H: HostView> Enricher<H> {
     }
 
     /// The socket of the proxy or prober on this node at the other end of a container's
-    /// inbound connection, if one opened it.
-    pub(super) fn upstream_of(&self, inbound: Endpoints) -> Option<u64> {
+    /// inbound connection (seen in namespace `ns`), if one opened it.
+    pub(super) fn upstream_of(&self, ns: u32, inbound: Endpoints) -> Option<u64> {
         self.upstreams
             .by_tuple
-            .get(&(inbound.remote, inbound.local))
+            .get(&tuple_key(ns, inbound.remote, inbound.local))
             .map(|u| u.sock)
     }
 
@@ -246,10 +288,17 @@ impl<H: HostView> Enricher<H> {
                 // over (the kernel follows every connection to a container, a proxy's or
                 // not, and its I/O must not be read as the old proxy connection's).
                 self.upstreams.closed.remove(&s.skaddr);
-                // connect(): process context, the local port is not chosen yet.
-                let Some(key) = self.backend_of(conn.remote) else {
+                // connect(): process context, the local port is not chosen yet. Over loopback,
+                // to another container of the pod (a sidecar's to its app).
+                let Some(key) = self.backend_at(s.meta.ns(), conn.remote) else {
                     return false;
                 };
+                // A container's connect to itself (its own health check over loopback) is no
+                // proxying.
+                let own = self.container_of_task(s.meta.tgid, s.meta.cgroup_id, out);
+                if own.as_deref() == Some(key.as_str()) {
+                    return false;
+                }
                 let now = s.meta.ts_ns;
                 let Some((proxy, found_at)) = self.proxy(s.meta.tgid, &s.meta.comm, now) else {
                     return false;
@@ -278,7 +327,7 @@ impl<H: HostView> Enricher<H> {
                 true
             }
             (Some(SynSent), Some(Established)) => {
-                let tuple = (conn.local, conn.remote);
+                let tuple = tuple_key(s.meta.netns, conn.local, conn.remote);
                 let Some(up) = self.upstreams.open.get_mut(&s.skaddr) else {
                     // Another process's connection on a tuple a closed upstream had.
                     self.upstreams.by_tuple.remove(&tuple);

@@ -7,7 +7,7 @@ use super::Enricher;
 use crate::{
     capture::watch::WatchSet,
     enrich::host::HostView,
-    model::{HashSet, Workload},
+    model::{HashMap, HashSet, Workload},
 };
 
 impl<H: HostView> Enricher<H> {
@@ -29,6 +29,7 @@ impl<H: HostView> Enricher<H> {
     pub fn watch_set(&self) -> WatchSet {
         let mut set = WatchSet {
             proxies: self.proxy_tgids().collect(),
+            pod_listeners: self.pod_listeners(),
             ..WatchSet::default()
         };
         let Some(host) = self.host_netns else {
@@ -47,6 +48,28 @@ impl<H: HostView> Enricher<H> {
         set.ports
             .extend(ports.filter(|(ns, _)| *ns == host).map(|(_, port)| *port));
         set
+    }
+
+    /// Listening ports (open or closed) of the namespaces more than one container (not
+    /// counting a pod's sandbox) shares, but the host's: a loopback connect to one may be a
+    /// sidecar proxying to its app, which the kernel then keeps whole (see `upstreams`).
+    fn pod_listeners(&self) -> BTreeSet<(u32, u16)> {
+        let mut members: HashMap<u32, u32> = HashMap::default();
+        for c in self.containers.values() {
+            if let Some(ns) = c.netns.filter(|ns| Some(*ns) != self.host_netns)
+                && !c.identity.is_sandbox()
+            {
+                *members.entry(ns).or_default() += 1;
+            }
+        }
+        let shared = |ns: &u32| members.get(ns).is_some_and(|n| *n > 1);
+        self.listeners
+            .open
+            .keys()
+            .chain(self.listeners.closed.keys())
+            .filter(|(ns, _)| shared(ns))
+            .copied()
+            .collect()
     }
 
     /// The network namespaces of the containers `keys` names and of those of `workloads`
