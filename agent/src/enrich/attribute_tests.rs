@@ -2422,3 +2422,107 @@ fn a_pods_refusal_through_a_virtual_ip_is_its_refusal_never_a_services_reject() 
         "never looked up: {lookups:?}"
     );
 }
+
+/// A sidecar proxying to its app over loopback (issue 43 item 4): a process in the app's
+/// namespace that listens and connects to 127.0.0.1 at the app's port is a proxy to the app;
+/// the app's own loopback connect to itself is none, nor is one in another namespace.
+#[test]
+fn a_sidecar_connecting_over_loopback_to_its_pods_app_is_a_proxy_to_the_app() {
+    let mut e = enricher();
+    e.scan();
+    assert!(
+        e.watch_set().pod_listeners.is_empty(),
+        "a namespace of one container: its loopback connects stay dropped in the kernel"
+    );
+    e.add_test_container("sidecar", NS);
+    assert_eq!(
+        e.watch_set().pod_listeners.into_iter().collect::<Vec<_>>(),
+        [(NS, 8080)],
+        "the kernel keeps loopback connects to the shared namespace's listeners"
+    );
+    let connect = |sock: u64, tgid: u32, ns: u32| {
+        let mut ev = state(
+            sock,
+            ns,
+            "TCP_CLOSE",
+            "TCP_SYN_SENT",
+            conn("127.0.0.1:0", "127.0.0.1:8080"),
+            TcpCounters::default(),
+        );
+        if let Event::StateChange(s) = &mut ev {
+            s.meta.tgid = tgid;
+            s.meta.comm = "nginx".into();
+        }
+        ev
+    };
+    let opened = |obs: &[O]| {
+        obs.iter().find_map(|o| match o {
+            O::UpstreamOpened { key, proxy, .. } => Some((key.to_string(), proxy.tgid)),
+            _ => None,
+        })
+    };
+    // The app itself (pid 101) checking its own port: no proxy.
+    assert_eq!(opened(&e.on_event(&connect(0xe0, 101, NS))), None);
+    // Another namespace's loopback: nothing listens there.
+    assert_eq!(opened(&e.on_event(&connect(0xe2, 60, NS + 1))), None);
+    // The sidecar's worker (tgid 60 holds a listener): a proxy to the app.
+    assert_eq!(
+        opened(&e.on_event(&connect(0xe1, 60, NS))),
+        Some((ID.to_string(), 60))
+    );
+    assert_eq!(e.watch_set().proxies.into_iter().collect::<Vec<_>>(), [60]);
+    let mut est = connect(0xe1, 60, NS);
+    if let Event::StateChange(s) = &mut est {
+        s.old = tcp("TCP_SYN_SENT");
+        s.new = tcp("TCP_ESTABLISHED");
+        s.conn = conn("127.0.0.1:50000", "127.0.0.1:8080");
+    }
+    e.on_event(&est);
+    // The app's side of the same connection names the sidecar's socket; the same loopback
+    // tuple in another pod would not (every pod has 127.0.0.1).
+    let inbound = |ns: u32| {
+        state(
+            0xa9,
+            ns,
+            "TCP_SYN_RECV",
+            "TCP_ESTABLISHED",
+            conn("127.0.0.1:8080", "127.0.0.1:50000"),
+            TcpCounters::default(),
+        )
+    };
+    let upstream = |obs: &[O]| {
+        obs.iter().find_map(|o| match o {
+            O::InboundEstablished { upstream, .. } => Some(*upstream),
+            _ => None,
+        })
+    };
+    assert_eq!(upstream(&e.on_event(&inbound(NS))), Some(Some(0xe1)));
+    // Cut by the app with 7 bytes unread: the sidecar's socket is told.
+    let mut counters = pending();
+    counters.unread = 7;
+    let obs = e.on_event(&state(
+        0xa9,
+        NS,
+        "TCP_ESTABLISHED",
+        "TCP_CLOSE",
+        conn("127.0.0.1:8080", "127.0.0.1:50000"),
+        counters,
+    ));
+    assert!(
+        matches!(
+            obs.as_slice(),
+            [
+                O::UpstreamPeerClosed {
+                    sock: 0xe1,
+                    unread: 7,
+                    ..
+                },
+                O::InboundClosed {
+                    upstream: Some(0xe1),
+                    ..
+                }
+            ]
+        ),
+        "{obs:#?}"
+    );
+}
