@@ -116,8 +116,8 @@ impl Pod {
                 &self.app["loss"]["retry_duplicates"],
             ),
             (
-                "app retried_unexecuted",
-                0,
+                "app retried_unexecuted (reset before the app read them, run on the replica)",
+                r.reset_unread.len(),
                 &self.app["loss"]["retried_unexecuted"],
             ),
             (
@@ -382,4 +382,37 @@ fn a_sidecars_502s_for_cut_requests_are_upstream_aborts() {
     );
     assert_eq!(loss(&p.app, "retry_duplicates"), 0);
     assert_eq!(loss(&p.app, "retried_unexecuted"), 0);
+}
+
+/// A retrying sidecar that keeps trying the stopped app (Envoy's connect-failure retries with
+/// no outlier detection): every request whose turn the app has is refused over loopback and
+/// re-sent to the replica. Each refusal is the app's `refused` (the sidecar's error log), the
+/// cuts it re-ran are `retry_duplicates`, and no client saw an error, so nothing is an abort.
+#[test]
+fn a_sidecar_retrying_refused_connects_elsewhere_counts_them_refused_and_no_abort() {
+    let p = pod(SidecarSpec {
+        keep_trying: true,
+        ..retrying()
+    });
+    p.check_truth();
+    let r = &p.run;
+    assert!(
+        r.refused_lines > 0 && r.sidecar_502.is_empty(),
+        "ground truth: refused connects, each retried on the replica: {}",
+        r.report()
+    );
+    p.check_app_exact();
+    assert_eq!(
+        loss(&p.app, "retry_duplicates"),
+        r.duplicates.len() as u64,
+        "{:#}",
+        p.app
+    );
+    assert_eq!(loss(&p.app, "upstream_aborts"), 0, "{:#}", p.app);
+    assert_eq!(
+        loss(&p.app, "retried_unexecuted"),
+        r.reset_unread.len() as u64,
+        "{:#}",
+        p.app
+    );
 }

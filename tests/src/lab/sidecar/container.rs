@@ -51,8 +51,9 @@ impl Sidecar {
     /// `drain` after SIGTERM, proxying to `127.0.0.1` at `upstreams` (round robin, nginx's
     /// default retries: a request cut before its response headers goes to the next one);
     /// returns once nginx listens (its pid file) and answers
-    /// `/lab-ready` itself (no upstream touched). Panics with its logs otherwise.
-    pub fn start(pod: &Backend, drain: Duration, upstreams: &[u16]) -> Sidecar {
+    /// `/lab-ready` itself (no upstream touched). Panics with its logs otherwise. With
+    /// `keep_trying`, no upstream is ever taken out of the rotation (`max_fails=0`).
+    pub fn start(pod: &Backend, drain: Duration, upstreams: &[u16], keep_trying: bool) -> Sidecar {
         setup_once();
         let holder = pod
             .holder
@@ -64,7 +65,7 @@ impl Sidecar {
         // nginx as root looks up its `user` (root): the busybox image has no /etc.
         fs::write(dir.join("passwd"), "root:x:0:0:root:/root:/bin/sh\n").expect("passwd");
         fs::write(dir.join("group"), "root:x:0:\n").expect("group");
-        let cfg = nginx_conf(&dir, upstreams);
+        let cfg = nginx_conf(&dir, upstreams, keep_trying);
         fs::write(dir.join("nginx.conf"), cfg).expect("write nginx.conf");
         let mut s = Sidecar {
             container: container.clone(),
@@ -219,12 +220,14 @@ impl Drop for Sidecar {
 /// The lab's nginx template with upstream servers `127.0.0.1:<port>` and a listener on every
 /// address of the pod. One server: nginx neither retries nor takes it out of the rotation
 /// (`max_fails` is ignored for a single peer), so every request is one connect. Several: round
-/// robin, passive health and `proxy_next_upstream error timeout`, nginx's defaults.
-fn nginx_conf(dir: &Path, upstreams: &[u16]) -> String {
+/// robin, passive health and `proxy_next_upstream error timeout`, nginx's defaults; with
+/// `keep_trying`, no passive health (`max_fails=0`).
+fn nginx_conf(dir: &Path, upstreams: &[u16], keep_trying: bool) -> String {
     assert!(!upstreams.is_empty(), "the sidecar needs an upstream");
+    let health = if keep_trying { " max_fails=0" } else { "" };
     let servers: Vec<String> = upstreams
         .iter()
-        .map(|p| format!("        server 127.0.0.1:{p};"))
+        .map(|p| format!("        server 127.0.0.1:{p}{health};"))
         .collect();
     let cfg = TEMPLATE
         .replace(

@@ -72,6 +72,11 @@ pub struct SidecarSpec {
     /// A second app container in the pod (`REPLICA_PORT`, never stopped), the sidecar
     /// balancing over both and retrying a cut request on the other.
     pub replica: bool,
+    /// The sidecar never takes an upstream out of its rotation (`max_fails=0`): each request
+    /// whose turn the stopped app has is refused and retried on the replica (Envoy retrying
+    /// connect failures with no outlier detection). Otherwise nginx's passive health marks the
+    /// app down at its first failure and nothing is refused after.
+    pub keep_trying: bool,
 }
 
 impl SidecarSpec {
@@ -88,6 +93,7 @@ impl SidecarSpec {
             after: Duration::from_secs(2),
             work: Duration::from_millis(1500),
             replica: false,
+            keep_trying: false,
         }
     }
 
@@ -135,6 +141,9 @@ pub struct SidecarRun {
     pub refused_lines: usize,
     /// The sidecar's error log: `upstream prematurely closed` lines.
     pub premature_lines: usize,
+    /// Requests the sidecar saw reset by the app (its error log) that the app never started
+    /// and the replica did: re-sent unexecuted.
+    pub reset_unread: BTreeSet<String>,
     /// The pod namespace's `Tcp:` counters over the load: failed connects, RSTs sent,
     /// established connections reset.
     pub attempt_fails: u64,
@@ -177,7 +186,7 @@ impl SidecarLab {
         } else {
             &[APP_PORT]
         };
-        let sidecar = Sidecar::start(&app, spec.sidecar_drain, upstreams);
+        let sidecar = Sidecar::start(&app, spec.sidecar_drain, upstreams, spec.keep_trying);
         SidecarLab {
             spec,
             sidecar,
@@ -255,6 +264,13 @@ impl SidecarLab {
             .map(|w| w.id)
             .collect();
         let duplicates = cut.intersection(&replica_started).cloned().collect();
+        let reset_unread = self
+            .sidecar
+            .error_lines("(104: Connection reset by peer)")
+            .iter()
+            .filter_map(|l| request_id(l))
+            .filter(|id| !started.contains(id) && replica_started.contains(id))
+            .collect();
         let sidecar_502: BTreeSet<String> = self
             .sidecar
             .access_log()
@@ -285,6 +301,7 @@ impl SidecarLab {
                 .sidecar
                 .error_lines("upstream prematurely closed")
                 .len(),
+            reset_unread,
             attempt_fails: after[0] - before[0],
             out_rsts: after[1] - before[1],
             estab_resets: after[2] - before[2],
@@ -292,6 +309,13 @@ impl SidecarLab {
             sidecar_sigterm: self.sidecar.event_at("sigterm"),
         }
     }
+}
+
+/// The lab's request id in one of nginx's error log lines (`request: "GET /work?...&id=ID ..."`).
+fn request_id(line: &str) -> Option<String> {
+    let rest = &line[line.find("&id=")? + 4..];
+    let end = rest.find([' ', '&', '"']).unwrap_or(rest.len());
+    Some(rest[..end].to_string())
 }
 
 impl SidecarRun {
@@ -326,12 +350,14 @@ impl SidecarRun {
         let _ = writeln!(
             o,
             "sidecar: exit {:?}, 502s {} ({} of requests the app never started), error log: \
-             {} refused connects, {} premature closes",
+             {} refused connects, {} premature closes, reset before the app read them and run \
+             on the replica {:?}",
             self.sidecar_exit,
             self.sidecar_502.len(),
             self.refused_502.len(),
             self.refused_lines,
-            self.premature_lines
+            self.premature_lines,
+            self.reset_unread
         );
         let _ = writeln!(
             o,
