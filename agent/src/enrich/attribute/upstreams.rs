@@ -294,9 +294,15 @@ impl<H: HostView> Enricher<H> {
                     return false;
                 };
                 // A container's connect to itself (its own health check over loopback) is no
-                // proxying.
-                let own = self.container_of_task(s.meta.tgid, s.meta.cgroup_id, out);
-                if own.as_deref() == Some(key.as_str()) {
+                // proxying. Only a process in the backend's namespace can be in it (no lookup
+                // for a node proxy's connects).
+                let same_ns =
+                    self.containers.get(key.as_str()).and_then(|c| c.netns) == Some(s.meta.netns);
+                if same_ns
+                    && self
+                        .container_of_task(s.meta.tgid, s.meta.cgroup_id, out)
+                        .is_some_and(|own| own == key.as_str())
+                {
                     return false;
                 }
                 let now = s.meta.ts_ns;
