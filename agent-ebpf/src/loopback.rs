@@ -47,9 +47,11 @@ static LOOPBACK_CONNECTS: LruHashMap<u64, u8> =
 static POD_PORTS: Array<u8> = Array::with_max_entries(watch::PORTS, 0);
 
 /// Listening ports (open or closed) of namespaces more than one container shares, by
-/// `watch::pod_listener` (the agent fills it).
+/// `watch::pod_listener` (the agent fills it). Allocated per entry (only the agent writes it,
+/// rarely): about 1 MiB of kernel memory preallocated would hold a few entries.
 #[map]
-static POD_LISTENERS: HashMap<u64, u8> = HashMap::with_max_entries(watch::POD_LISTENERS, 0);
+static POD_LISTENERS: HashMap<u64, u8> =
+    HashMap::with_max_entries(watch::POD_LISTENERS, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
 
 #[inline(always)]
 pub fn lean() -> bool {
