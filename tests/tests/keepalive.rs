@@ -278,17 +278,7 @@ fn a_server_that_closes_idle_connections_at_sigterm_loses_the_requests_racing_it
         n,
         "requests that reached connections it had closed = the clients' the server never saw"
     );
-    let requests = if n == 1 {
-        "1 request".to_string()
-    } else {
-        format!("{n} requests")
-    };
-    assert!(
-        verdict.contains(&format!(
-            "{requests} reached keep-alive connections it had already closed"
-        )),
-        "{verdict}"
-    );
+    r.assert_verdict_names(n);
     assert!(verdict.contains("answer `Connection: close`"), "{verdict}");
 }
 

@@ -37,26 +37,6 @@ fn run(server: ServerKind) -> KaRun {
     r
 }
 
-/// The verdict names the requests sent to closed connections exactly when there were some.
-fn assert_verdict_names(r: &KaRun, n: u64) {
-    let verdict = r.verdict();
-    if n == 0 {
-        assert!(!verdict.contains("already closed"), "{verdict}");
-        return;
-    }
-    let requests = if n == 1 {
-        "1 request".to_string()
-    } else {
-        format!("{n} requests")
-    };
-    assert!(
-        verdict.contains(&format!(
-            "{requests} reached keep-alive connections it had already closed"
-        )),
-        "{verdict}"
-    );
-}
-
 #[test]
 fn a_checking_pool_drops_the_connections_a_racing_server_closed_and_loses_only_the_late_fins() {
     let r = run(ServerKind::Race);
@@ -84,7 +64,7 @@ fn a_checking_pool_drops_the_connections_a_racing_server_closed_and_loses_only_t
         r.cut_in_server() + r.unread,
         "cuts: the server's unfinished requests and the unread at its close"
     );
-    assert_verdict_names(&r, truth);
+    r.assert_verdict_names(truth);
 }
 
 #[test]
@@ -99,7 +79,7 @@ fn a_checking_pool_against_a_server_answering_connection_close_first_loses_nothi
     for field in ["sent_after_close", "inflight_cut", "refused", "unreachable"] {
         assert_eq!(r.loss(field), 0, "{field}: {}", r.record["loss"]);
     }
-    assert_verdict_names(&r, 0);
+    r.assert_verdict_names(0);
 }
 
 #[test]
@@ -136,5 +116,5 @@ fn a_checking_pool_against_a_server_that_never_closes_loses_the_cuts_and_the_ref
     );
     assert_eq!(r.record_rsts(), r.out_rsts, "resets_sent = TcpOutRsts");
     assert_eq!(r.rsts_metric, r.out_rsts as f64, "the metric = TcpOutRsts");
-    assert_verdict_names(&r, truth);
+    r.assert_verdict_names(truth);
 }

@@ -525,6 +525,11 @@ impl KaRun {
     /// Failed requests the server had read (its log has their start): cut in flight, whether
     /// its work ended or not (a response its close or its kill cut off is lost all the same).
     pub fn cut_in_server(&self) -> u64 {
+        self.cuts().count() as u64
+    }
+
+    /// The failed requests the server had read.
+    fn cuts(&self) -> impl Iterator<Item = &KaRequest> {
         let started: HashSet<&str> = self
             .log
             .iter()
@@ -532,8 +537,7 @@ impl KaRun {
             .map(|e| e.id.as_str())
             .collect();
         self.failed()
-            .filter(|r| started.contains(r.id.as_str()))
-            .count() as u64
+            .filter(move |r| started.contains(r.id.as_str()))
     }
 
     /// The stop's outcome by the truth: SIGKILLed at the deadline (exit 137); else its listener
@@ -580,6 +584,27 @@ impl KaRun {
             .map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
     }
 
+    /// Asserts that the verdict names the requests sent to closed connections exactly when
+    /// there were some (`n`).
+    pub fn assert_verdict_names(&self, n: u64) {
+        let verdict = self.verdict();
+        if n == 0 {
+            assert!(!verdict.contains("already closed"), "{verdict}");
+            return;
+        }
+        let requests = if n == 1 {
+            "1 request".to_string()
+        } else {
+            format!("{n} requests")
+        };
+        assert!(
+            verdict.contains(&format!(
+                "{requests} reached keep-alive connections it had already closed"
+            )),
+            "{verdict}"
+        );
+    }
+
     pub fn verdict(&self) -> &str {
         self.record["verdict"].as_str().unwrap_or_default()
     }
@@ -606,14 +631,8 @@ impl KaRun {
     /// client's).
     pub fn same_tick_cuts(&self) -> u64 {
         let tick = kernel_tick();
-        let started: HashSet<&str> = self
-            .log
-            .iter()
-            .filter(|e| e.started)
-            .map(|e| e.id.as_str())
-            .collect();
-        self.failed()
-            .filter(|r| r.reused && started.contains(r.id.as_str()))
+        self.cuts()
+            .filter(|r| r.reused)
             .filter(|r| self.connection_idle(r).is_none_or(|d| d < tick))
             .count() as u64
     }
