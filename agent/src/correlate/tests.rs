@@ -2566,3 +2566,39 @@ fn a_cut_on_a_keep_alive_connection_carries_its_requests_age_not_the_connections
     assert_eq!(e.open_for, Some(10_001 * 1_000_000), "the connection's age");
     assert_eq!(e.request_for, Some(150 * 1_000_000), "the request's");
 }
+
+/// The host_network flake: an earlier connection's arrival and close at a reused socket
+/// address came after the arrival of the connection now there; its close must not end it.
+#[test]
+fn an_earlier_connections_late_close_at_a_reused_address_leaves_the_current_one_open() {
+    let mut t = running(0);
+    t.observe(ms(11), opened(1));
+    t.observe(ms(0), opened(1));
+    t.observe(ms(1), closed(1, streaming(1)));
+    t.observe(
+        ms(100),
+        O::Signal {
+            key: key(),
+            sig: SIGTERM,
+            sender: runc(),
+            ignored: None,
+        },
+    );
+    t.observe(
+        ms(101),
+        O::Exit {
+            key: key(),
+            exit: killed_by(SIGTERM),
+        },
+    );
+    // Its own close at the exit: a request pending.
+    let mut cut = closed(1, streaming(1));
+    if let O::InboundClosed { pending, .. } = &mut cut {
+        *pending = true;
+    }
+    t.observe(ms(102), cut);
+    t.observe(ms(200), O::CgroupRemoved { key: key() });
+    t.tick(ms(200) + 10 * SECOND);
+    let s = only_stop(&t);
+    assert_eq!(s.loss.inflight_cut, 1, "{s:?}");
+}

@@ -2526,3 +2526,69 @@ fn a_sidecar_connecting_over_loopback_to_its_pods_app_is_a_proxy_to_the_app() {
         "{obs:#?}"
     );
 }
+
+/// The host_network flake: a short connection's records came after the arrival of the next
+/// connection at the same (reused) kernel address. Its close must not end that one.
+#[test]
+fn an_earlier_connections_records_that_come_late_leave_the_one_now_at_its_address() {
+    const MS: u64 = 1_000_000;
+    let mut e = enricher();
+    e.scan();
+    let c1 = conn("10.88.0.5:8080", "10.88.0.1:41000");
+    let c2 = conn("10.88.0.5:8080", "10.88.0.1:41001");
+    let at = |ev, ms| stamped(ev, 1_000 * MS + ms * MS);
+    let est2 = at(
+        state(
+            0xa1,
+            NS,
+            "TCP_SYN_RECV",
+            "TCP_ESTABLISHED",
+            c2,
+            TcpCounters::default(),
+        ),
+        11,
+    );
+    assert!(matches!(
+        e.on_event(&est2).as_slice(),
+        [O::InboundEstablished { sock: 0xa1, .. }, ..]
+    ));
+    // The earlier connection's arrival and close, stamped before it, come now: ignored.
+    let est1 = at(
+        state(
+            0xa1,
+            NS,
+            "TCP_SYN_RECV",
+            "TCP_ESTABLISHED",
+            c1,
+            TcpCounters::default(),
+        ),
+        0,
+    );
+    assert!(e.on_event(&est1).is_empty());
+    let close1 = at(
+        state(
+            0xa1,
+            NS,
+            "TCP_ESTABLISHED",
+            "TCP_FIN_WAIT1",
+            c1,
+            TcpCounters::default(),
+        ),
+        1,
+    );
+    assert!(e.on_event(&close1).is_empty());
+    // The current connection's own close is still seen, and cut.
+    let cut = at(
+        state(0xa1, NS, "TCP_ESTABLISHED", "TCP_FIN_WAIT1", c2, pending()),
+        100,
+    );
+    assert!(matches!(
+        e.on_event(&cut).as_slice(),
+        [O::InboundClosed {
+            sock: 0xa1,
+            by_container: true,
+            pending: true,
+            ..
+        }]
+    ));
+}

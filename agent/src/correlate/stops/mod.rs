@@ -485,6 +485,12 @@ impl Tracker {
                 let Some(opened) = c.inbound.remove(&sock) else {
                     return; // unknown (duplicate)
                 };
+                // An earlier connection at a reused address, come after the current one's
+                // arrival: not the current one's close.
+                if opened.at().is_some_and(|at| now < at) {
+                    c.inbound.insert(sock, opened);
+                    return;
+                }
                 if c.tick_accepts.remove(&sock)
                     && self
                         .probes

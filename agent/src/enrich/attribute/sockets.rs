@@ -68,6 +68,10 @@ pub(super) struct Sockets {
     /// their time-wait or orphaned socket: the same four-tuple).
     pub(super) recent: HashMap<u64, (Key, Endpoints)>,
     pub(super) recent_order: VecDeque<u64>,
+    /// The last `RECENT` arrivals' times by kernel address (`Tracked` stays 8 bytes): a late
+    /// record of an earlier connection at a reused address is not the current one's.
+    arrived: HashMap<u64, Mono>,
+    arrived_order: VecDeque<(u64, Mono)>,
 }
 
 impl Sockets {
@@ -144,6 +148,23 @@ impl Sockets {
         true
     }
 
+    /// Notes an arrival at `skaddr`, keeping the last `cap`.
+    fn arrived(&mut self, skaddr: u64, at: Mono, cap: usize) {
+        self.arrived.insert(skaddr, at);
+        self.arrived_order.push_back((skaddr, at));
+        if self.arrived_order.len() > cap
+            && let Some((old, at)) = self.arrived_order.pop_front()
+            && self.arrived.get(&old) == Some(&at)
+        {
+            self.arrived.remove(&old);
+        }
+    }
+
+    /// Whether a record made at `at` is of a connection earlier than the one now at `skaddr`.
+    fn stale(&self, skaddr: u64, at: Mono) -> bool {
+        self.arrived.get(&skaddr).is_some_and(|&a| at < a)
+    }
+
     /// Forgets the connections of expired containers.
     pub(super) fn retain(&mut self, keep: impl Fn(&Key) -> bool) {
         self.tracked.retain(|_, t| keep(&t.key));
@@ -177,12 +198,20 @@ impl<H: HostView> Enricher<H> {
             (Some(Listen), Some(Close)) => {
                 self.listener_closed(s.meta.ns(), conn, s.meta.ts_ns, out)
             }
+            (Some(SynRecv), Some(Established)) | (Some(Established), _) | (Some(CloseWait), _)
+                if self.sockets.stale(s.skaddr, s.meta.ts_ns) =>
+            {
+                // An earlier connection's step, come after the arrival of the one now at its
+                // address: it must not end or replace that one.
+                tracing::debug!(skaddr = s.skaddr, at = s.meta.ts_ns, "stale socket step");
+            }
             (Some(SynRecv), Some(Established)) => {
                 let Some(key) = self.arrival_owner(s.meta.ns(), conn.local.port(), s.meta.ts_ns)
                 else {
                     return;
                 };
                 let queued = Some((s.meta.ts_ns, conn.local.port()));
+                self.sockets.arrived(s.skaddr, s.meta.ts_ns, Self::RECENT);
                 let seed = self.sockets.seed_id(ns, conn.local, conn.remote);
                 let adopted = self.sockets.adopt(seed, s.skaddr);
                 // A scan may have found it first (its arrival was held in the kernel, or
