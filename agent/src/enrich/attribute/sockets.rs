@@ -160,11 +160,6 @@ impl Sockets {
         }
     }
 
-    /// Whether a record made at `at` is of a connection earlier than the one now at `skaddr`.
-    fn stale(&self, skaddr: u64, at: Mono) -> bool {
-        self.arrived.get(&skaddr).is_some_and(|&a| at < a)
-    }
-
     /// Forgets the connections of expired containers.
     pub(super) fn retain(&mut self, keep: impl Fn(&Key) -> bool) {
         self.tracked.retain(|_, t| keep(&t.key));
@@ -199,10 +194,9 @@ impl<H: HostView> Enricher<H> {
                 self.listener_closed(s.meta.ns(), conn, s.meta.ts_ns, out)
             }
             (Some(SynRecv), Some(Established)) | (Some(Established), _) | (Some(CloseWait), _)
-                if self.sockets.stale(s.skaddr, s.meta.ts_ns) =>
+                if self.sockets.arrived.get(&s.skaddr) > Some(&s.meta.ts_ns) =>
             {
-                // An earlier connection's step, come after the arrival of the one now at its
-                // address: it must not end or replace that one.
+                // An earlier connection's, come after the arrival of the one now at its address.
                 tracing::debug!(skaddr = s.skaddr, at = s.meta.ts_ns, "stale socket step");
             }
             (Some(SynRecv), Some(Established)) => {
